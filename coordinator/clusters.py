@@ -1,0 +1,104 @@
+"""The connected clusters of one process: one shared client each, identity proven once.
+
+Every operation that talks to a cluster goes through :meth:`ClusterSet.check_identity`
+before it writes anything, so a kubeconfig context silently repointed at another
+cluster never receives locks or state.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from coordinator.errors import UsageError
+from coordinator.fanout import ClusterResult
+from coordinator.kube import client as kube
+from coordinator.kube.client import Endpoint, KubeClient, KubeError
+from coordinator.kube.identity import read_identity
+from coordinator.models import ClusterRecord, LocalConfig
+from coordinator.outcome import Outcome
+
+IDENTITY_MISMATCH = "identity-mismatch"
+
+_KIND_TO_OUTCOME = {
+    kube.UNREACHABLE: Outcome.UNREACHABLE,
+    kube.FORBIDDEN: Outcome.FORBIDDEN,
+    kube.CONFLICT: Outcome.CONFLICT,
+    kube.ALREADY_EXISTS: Outcome.CONFLICT,
+    IDENTITY_MISMATCH: Outcome.IDENTITY_MISMATCH,
+}
+
+
+def outcome_of(err: KubeError) -> Outcome:
+    """The one place that maps a failed request onto the outcomes users see."""
+    return _KIND_TO_OUTCOME.get(err.kind, Outcome.ERROR)
+
+
+def failed(cluster: str, err: KubeError) -> ClusterResult[object]:
+    return ClusterResult(cluster, outcome_of(err), detail=err.detail)
+
+
+class ClusterSet:
+    """Clients for the clusters in the local config, opened lazily and closed together."""
+
+    def __init__(self, config: LocalConfig, *, timeout: float = 5.0) -> None:
+        self.config = config
+        self.timeout = timeout
+        self._clients: dict[str, KubeClient] = {}
+        self._verified: dict[str, anyio.Event] = {}
+        self._verify_errors: dict[str, KubeError] = {}
+        self._proven: dict[str, bool] = {}
+
+    def record(self, name: str) -> ClusterRecord:
+        try:
+            return self.config.clusters[name]
+        except KeyError:
+            known = ", ".join(sorted(self.config.clusters)) or "none"
+            raise UsageError(
+                f"Unknown cluster {name!r} (connected clusters: {known}). Connect it with "
+                f"`coordinator cluster connect {name} --context CONTEXT`."
+            ) from None
+
+    def client(self, name: str) -> KubeClient:
+        found = self._clients.get(name)
+        if found is None:
+            rec = self.record(name)
+            found = KubeClient(Endpoint(rec.name, rec.context, rec.kubeconfig), timeout=self.timeout)
+            self._clients[name] = found
+        return found
+
+    async def check_identity(self, name: str) -> None:
+        """Raise KubeError (kind ``identity-mismatch``, or why it could not be read) unless
+        the context still leads to the recorded cluster. One request per cluster and
+        process; concurrent callers share it."""
+        while True:
+            if self._proven.get(name):
+                return
+            if name in self._verify_errors:
+                raise self._verify_errors[name]
+            pending = self._verified.get(name)
+            if pending is None:
+                break
+            await pending.wait()
+        event = self._verified[name] = anyio.Event()
+        rec = self.record(name)
+        try:
+            found = await read_identity(self.client(name), rec.identity_source, rec.identity_namespace)
+            if found != rec.identity:
+                err = KubeError(
+                    IDENTITY_MISMATCH,
+                    f"context {rec.context!r} now leads to a cluster whose identity is "
+                    f"{found or 'missing'}, but {name!r} was connected as {rec.identity} "
+                    f"({rec.identity_source})",
+                )
+                # A definite answer is remembered; a timeout may be retried later.
+                self._verify_errors[name] = err
+                raise err
+            self._proven[name] = True
+        finally:
+            del self._verified[name]
+            event.set()
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            await c.close()

@@ -1,0 +1,104 @@
+"""Run one coroutine per member cluster at once, with a deadline, and gather outcomes.
+
+This is the one fan-out helper every multi-cluster operation uses. The caller may say
+when the answer is decided (``until``); the helper then returns at once. Unfinished
+cluster tasks are either cancelled or, when the caller owns a longer-lived task group,
+left running there so that they can clean up after themselves (for example release a
+lease that landed after the attempt was already lost).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from coordinator.logs import get_logger
+from coordinator.outcome import Outcome
+
+T = TypeVar("T")
+log = get_logger(__name__)
+
+
+@dataclass
+class ClusterResult(Generic[T]):
+    """What one cluster answered to one operation."""
+
+    cluster: str
+    outcome: Outcome
+    value: T | None = None
+    detail: str = ""
+    elapsed_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+
+Results = Mapping[str, ClusterResult[T]]
+
+
+async def fan_out(
+    clusters: Iterable[str],
+    operation: Callable[[str], Awaitable[ClusterResult[T]]],
+    *,
+    timeout: float,
+    until: Callable[[Results[T]], bool] | None = None,
+    background: TaskGroup | None = None,
+) -> dict[str, ClusterResult[T]]:
+    """Run ``operation(cluster)`` for every cluster at once; each gets ``timeout`` seconds.
+
+    Returns when every cluster has answered or timed out, or as soon as ``until`` says
+    the question is decided. Clusters that had not answered by then are absent from the
+    result. They are cancelled, unless ``background`` is given: then they go on there
+    (still bounded by ``timeout``) and their results are dropped.
+    """
+    names = list(dict.fromkeys(clusters))
+    results: dict[str, ClusterResult[T]] = {}
+    scopes: dict[str, anyio.CancelScope] = {}
+    decided = anyio.Event()
+    if not names:
+        return results
+
+    async def run_one(name: str) -> None:
+        started = time.monotonic()
+        with anyio.CancelScope() as scope:
+            scopes[name] = scope
+            result: ClusterResult[T]
+            with anyio.move_on_after(timeout) as limit:
+                try:
+                    result = await operation(name)
+                except Exception as err:  # a bug in an operation must not sink the others
+                    log.exception("cluster operation failed unexpectedly", cluster=name)
+                    result = ClusterResult(name, Outcome.ERROR, detail=f"{type(err).__name__}: {err}")
+            if limit.cancelled_caught:
+                result = ClusterResult(name, Outcome.UNREACHABLE, detail=f"no answer within {timeout:g}s")
+            result.elapsed_s = time.monotonic() - started
+            if decided.is_set():
+                return  # a straggler: the caller has moved on
+            results[name] = result
+            log.info(
+                "cluster outcome",
+                cluster=name,
+                outcome=str(result.outcome),
+                detail=result.detail,
+                ms=round(result.elapsed_s * 1000, 1),
+            )
+            if len(results) == len(names) or (until is not None and until(results)):
+                decided.set()
+
+    async with anyio.create_task_group() as local:
+        owner = background if background is not None else local
+        for name in names:
+            owner.start_soon(run_one, name)
+        await decided.wait()
+        if background is None:
+            for name, scope in scopes.items():
+                if name not in results:
+                    scope.cancel()
+    return dict(results)

@@ -1,0 +1,77 @@
+"""Paths and shapes of the Kubernetes objects the tool reads and writes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+LABEL_MANAGED_BY = "coordinator.io/managed-by"
+LABEL_VALUE = "coordinator"
+LABEL_DEPLOYMENT = "coordinator.io/deployment"
+ANNOTATION_PREFIX = "coordinator.io/"
+FIELD_MANAGER = "coordinator"
+IDENTITY_CONFIGMAP = "coordinator-identity"
+
+
+def lease_name(deployment: str) -> str:
+    return f"coordinator-lock-{deployment}"
+
+
+def state_name(deployment: str) -> str:
+    return f"coordinator-state-{deployment}"
+
+
+def leases_path(namespace: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def lease_path(namespace: str, name: str) -> str:
+    return f"{leases_path(namespace)}/{name}"
+
+
+def configmaps_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps"
+
+
+def secrets_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/secrets"
+
+
+def namespace_path(name: str) -> str:
+    return f"/api/v1/namespaces/{name}"
+
+
+def owned_metadata(name: str, deployment: str | None = None) -> dict[str, Any]:
+    labels = {LABEL_MANAGED_BY: LABEL_VALUE}
+    if deployment:
+        labels[LABEL_DEPLOYMENT] = deployment
+    return {"name": name, "labels": labels}
+
+
+def micro_time(when: datetime) -> str:
+    """Kubernetes MicroTime text, e.g. 2026-11-30T08:00:00.123456Z."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def last_write_time(obj: dict[str, Any]) -> datetime | None:
+    """When the API server last changed ``obj``, by its own clock.
+
+    The server stamps ``metadata.managedFields[].time`` itself on every write that
+    changes a field, so this is server-side evidence, independent of client clocks.
+    """
+    meta = obj.get("metadata") or {}
+    times = [parse_time(e.get("time")) for e in meta.get("managedFields") or [] if isinstance(e, dict)]
+    stamps = [t for t in times if t is not None]
+    if stamps:
+        return max(stamps)
+    return parse_time(meta.get("creationTimestamp"))

@@ -1,0 +1,155 @@
+"""Pydantic models: the local config, lock records, and the in-cluster state envelope."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Leases are named coordinator-lock-<deployment>; keep the whole name a valid label.
+MAX_DEPLOYMENT_NAME = 63 - len("coordinator-state-")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def check_dns_label(value: str, *, what: str, max_len: int = 63) -> str:
+    """Return ``value`` if it is a DNS-1123 label, else raise ValueError saying why."""
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > max_len:
+        raise ValueError(f"{what} {value!r} is {len(value)} characters long; the limit is {max_len}")
+    if not DNS1123_LABEL.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a valid DNS-1123 label: use lower-case letters, digits "
+            "and '-', starting and ending with a letter or digit"
+        )
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClusterRecord(_Model):
+    """A connected cluster: how to reach it and which cluster it proved to be."""
+
+    name: str
+    context: str
+    kubeconfig: str | None = None
+    server: str = ""
+    identity: str
+    identity_source: Literal["kube-system-uid", "configmap-uuid"]
+    identity_namespace: str | None = None
+    connected_at: datetime = Field(default_factory=utcnow)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns_label(v, what="cluster name")
+
+
+class DeploymentRecord(_Model):
+    """A deployment: its namespace and the clusters it spans."""
+
+    name: str
+    namespace: str
+    clusters: list[str]
+    storage: Literal["configmap", "secret"] = "configmap"
+    created_at: datetime = Field(default_factory=utcnow)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dns_label(v, what="deployment name", max_len=MAX_DEPLOYMENT_NAME)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return check_dns_label(v, what="namespace")
+
+    @field_validator("clusters")
+    @classmethod
+    def _clusters(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("a deployment needs at least one cluster")
+        if len(set(v)) != len(v):
+            raise ValueError("a cluster is listed twice")
+        return v
+
+    @property
+    def quorum(self) -> int:
+        return len(self.clusters) // 2 + 1
+
+
+class LocalConfig(_Model):
+    """The whole local config file."""
+
+    version: Literal[1] = 1
+    clusters: dict[str, ClusterRecord] = Field(default_factory=dict)
+    deployments: dict[str, DeploymentRecord] = Field(default_factory=dict)
+
+
+class LockRecord(_Model):
+    """A lock this machine took, so that ``release``/``renew`` work without ``--lock-id``."""
+
+    deployment: str
+    lock_id: str
+    fencing_token: int
+    holder: str
+    ttl_s: float
+    acquired_at: datetime = Field(default_factory=utcnow)
+
+
+class LockBook(_Model):
+    version: Literal[1] = 1
+    locks: list[LockRecord] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- state envelope
+
+STATE_SCHEMA = 1
+HISTORY_LIMIT = 50
+
+
+class AuditEntry(BaseModel):
+    """One line of the bounded audit log kept inside the state envelope."""
+
+    model_config = ConfigDict(extra="allow")
+
+    at: datetime
+    who: str
+    host: str
+    command: str
+    version: int
+    token: int
+    keys: list[str] = Field(default_factory=list)
+    note: str | None = None
+
+
+class StateEnvelope(BaseModel):
+    """What one replica stores: the user's data plus what orders and audits it."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    schema_: int = Field(STATE_SCHEMA, alias="schema")
+    version: int
+    token: int
+    checksum: str
+    written_by: str
+    written_at: datetime
+    members: list[str]
+    data: dict[str, Any]
+    history: list[AuditEntry] = Field(default_factory=list)
+    # Lets `deployment import` map members onto locally connected clusters by identity.
+    member_ids: dict[str, str] = Field(default_factory=dict)
+    namespace: str | None = None
+    storage: str | None = None
+
+    def order(self) -> tuple[int, int]:
+        """Replicas are ordered by (fencing token, version); the highest wins."""
+        return (self.token, self.version)
