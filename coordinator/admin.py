@@ -1,0 +1,284 @@
+"""Connecting clusters and defining deployments: the local records and their checks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.clusters import ClusterSet, failed
+from coordinator.config import ConfigStore
+from coordinator.errors import CoordinatorError, IdentityMismatchError, NoQuorumError, UsageError
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube import client as kube
+from coordinator.kube.client import Endpoint, KubeClient, KubeError, load_client_configuration
+from coordinator.kube.identity import discover_identity
+from coordinator.kube.resources import LABEL_MANAGED_BY, LABEL_VALUE, namespace_path
+from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
+from coordinator.outcome import Outcome
+
+
+def valid_name(value: str, what: str, max_len: int = 63) -> str:
+    try:
+        return check_dns_label(value, what=what, max_len=max_len)
+    except ValueError as err:
+        raise UsageError(f"{str(err)[0].upper()}{str(err)[1:]}.") from None
+
+
+async def connect_cluster(
+    store: ConfigStore,
+    name: str,
+    context: str,
+    kubeconfig: str | None,
+    *,
+    identity_namespace: str = "default",
+    timeout: float = 5.0,
+) -> tuple[ClusterRecord, str]:
+    """Prove which cluster ``context`` leads to and record it under ``name``."""
+    valid_name(name, "cluster name")
+    valid_name(identity_namespace, "identity namespace")
+    cfg = store.load()
+    if name in cfg.clusters:
+        raise UsageError(
+            f"A cluster named {name!r} is already connected (context "
+            f"{cfg.clusters[name].context!r}). Pick another name, or run `coordinator cluster "
+            f"disconnect {name}` first."
+        )
+    endpoint = Endpoint(name, context, kubeconfig)
+    await load_client_configuration(endpoint)  # bad kubeconfig/context -> exit 2 here
+    client = KubeClient(endpoint, timeout=timeout)
+    try:
+        identity = await discover_identity(client, identity_namespace)
+        version = await _server_version(client)
+    except KubeError as err:
+        raise _connect_error(name, context, err) from err
+    finally:
+        await client.close()
+    record = ClusterRecord(
+        name=name,
+        context=context,
+        kubeconfig=kubeconfig,
+        server=client.server,
+        identity=identity.value,
+        identity_source=identity.source,  # type: ignore[arg-type]
+        identity_namespace=identity.namespace,
+    )
+    with store.edit() as live:
+        if name in live.clusters:
+            raise UsageError(f"A cluster named {name!r} was connected meanwhile; nothing changed.")
+        for other in live.clusters.values():
+            if other.identity == record.identity:
+                raise UsageError(
+                    f"Context {context!r} leads to the same cluster as {other.name!r} (identity "
+                    f"{record.identity}); one cluster cannot be a member twice under two names. "
+                    f"Use {other.name!r}, or disconnect it first."
+                )
+        live.clusters[name] = record
+    return record, version
+
+
+def _connect_error(name: str, context: str, err: KubeError) -> CoordinatorError:
+    if err.kind == kube.FORBIDDEN:
+        return UsageError(
+            f"Cannot connect {name!r}: context {context!r} may neither read the kube-system "
+            f"namespace nor create the identity ConfigMap ({err.detail}). Grant the rights in "
+            "`coordinator rbac print`, or pass --identity-namespace with a namespace it may write."
+        )
+    return NoQuorumError(
+        f"Cannot connect {name!r}: the API server of context {context!r} could not be "
+        f"observed ({err.kind}: {err.detail}). Check that it is running and reachable."
+    )
+
+
+async def _server_version(client: KubeClient) -> str:
+    try:
+        resp = await client.request("GET", "/version")
+        return str(resp.body.get("gitVersion") or "?")
+    except KubeError as err:
+        if err.kind == kube.FORBIDDEN:
+            return "?"
+        raise
+
+
+@dataclass
+class ClusterInfo:
+    name: str
+    context: str
+    server: str
+    identity: str
+    identity_source: str
+    reachable: bool
+    identity_ok: bool | None
+    latency_ms: float | None
+    version: str | None
+    error: str | None
+    namespace: str
+    permissions: dict[str, dict[str, bool | None]] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> list[str]:
+        return [f"{verb} {res}" for res, verbs in self.permissions.items() for verb, ok in verbs.items() if ok is False]
+
+
+PERMISSION_CHECKS = {
+    "leases": ("coordination.k8s.io", ["get", "list", "watch", "create", "update", "delete"]),
+    "configmaps": ("", ["get", "list", "create", "update", "delete"]),
+}
+
+
+async def cluster_info(clusters: ClusterSet, name: str, namespace: str) -> ClusterInfo:
+    rec = clusters.record(name)
+    client = clusters.client(name)
+    info = ClusterInfo(
+        name=name,
+        context=rec.context,
+        server=rec.server,
+        identity=rec.identity,
+        identity_source=rec.identity_source,
+        reachable=False,
+        identity_ok=None,
+        latency_ms=None,
+        version=None,
+        error=None,
+        namespace=namespace,
+    )
+    started = time.monotonic()
+    try:
+        resp = await client.request("GET", "/version")
+        info.latency_ms = round((time.monotonic() - started) * 1000, 1)
+        info.version = str(resp.body.get("gitVersion"))
+        info.reachable = True
+        info.server = client.server or info.server
+    except KubeError as err:
+        if err.kind == kube.FORBIDDEN:
+            info.reachable = True
+            info.latency_ms = round((time.monotonic() - started) * 1000, 1)
+        else:
+            info.error = f"{err.kind}: {err.detail}"
+            return info
+    try:
+        await clusters.check_identity(name)
+        info.identity_ok = True
+    except KubeError as err:
+        info.identity_ok = False if err.kind == "identity-mismatch" else None
+        info.error = err.detail
+    for resource, (group, verbs) in PERMISSION_CHECKS.items():
+        info.permissions[resource] = {}
+        for verb in verbs:
+            info.permissions[resource][verb] = await _can_i(client, verb, group, resource, namespace)
+    return info
+
+
+async def _can_i(client: KubeClient, verb: str, group: str, resource: str, namespace: str) -> bool | None:
+    body = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource}},
+    }
+    try:
+        resp = await client.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=body)
+    except KubeError:
+        return None
+    return bool((resp.body.get("status") or {}).get("allowed"))
+
+
+def disconnect_cluster(store: ConfigStore, name: str, *, force: bool) -> list[str]:
+    with store.edit() as cfg:
+        if name not in cfg.clusters:
+            raise UsageError(f"Unknown cluster {name!r}; `coordinator cluster list` shows the connected ones.")
+        users = sorted(d.name for d in cfg.deployments.values() if name in d.clusters)
+        if users and not force:
+            raise UsageError(
+                f"Cluster {name!r} is a member of deployment(s) {', '.join(users)}; "
+                "disconnecting it would leave them with a missing member. Pass --force to do it anyway."
+            )
+        del cfg.clusters[name]
+    return users
+
+
+async def create_deployment(
+    store: ConfigStore,
+    clusters: ClusterSet,
+    name: str,
+    namespace: str,
+    members: list[str],
+    storage: str,
+) -> tuple[DeploymentRecord, dict[str, ClusterResult[str]]]:
+    from coordinator.models import MAX_DEPLOYMENT_NAME
+
+    valid_name(name, "deployment name", MAX_DEPLOYMENT_NAME)
+    valid_name(namespace, "namespace")
+    if not members:
+        raise UsageError("A deployment needs at least one member cluster: pass --cluster NAME (repeatable).")
+    if len(set(members)) != len(members):
+        raise UsageError("A cluster is listed twice in --cluster; each member counts once.")
+    cfg = store.load()
+    if name in cfg.deployments:
+        raise UsageError(f"Deployment {name!r} already exists; `coordinator deployment show {name}` describes it.")
+    for m in members:
+        clusters.record(m)
+    record = DeploymentRecord(name=name, namespace=namespace, clusters=members, storage=storage)  # type: ignore[arg-type]
+
+    async def ensure_namespace(cluster: str) -> ClusterResult[str]:
+        client = clusters.client(cluster)
+        try:
+            await clusters.check_identity(cluster)
+            try:
+                await client.request("GET", namespace_path(namespace))
+                return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
+            except KubeError as err:
+                if err.kind not in (kube.NOT_FOUND, kube.FORBIDDEN):
+                    raise
+            body = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": {LABEL_MANAGED_BY: LABEL_VALUE}},
+            }
+            try:
+                await client.request("POST", "/api/v1/namespaces", body=body)
+                return ClusterResult(cluster, Outcome.OK, "created", detail="namespace created")
+            except KubeError as err:
+                if err.kind == kube.ALREADY_EXISTS:
+                    return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
+                if err.kind == kube.FORBIDDEN:
+                    return ClusterResult(
+                        cluster, Outcome.FORBIDDEN, None, detail="may not create namespaces; ask an admin to create it"
+                    )
+                raise
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+
+    results = await fan_out(members, ensure_namespace, timeout=clusters.timeout)
+    bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
+    if bad:
+        raise IdentityMismatchError(
+            "Not creating the deployment: "
+            + "; ".join(f"{k}: {r.detail}" for k, r in bad.items())
+            + ". Fix the kubeconfig context or reconnect the cluster."
+        )
+    with store.edit() as live:
+        if name in live.deployments:
+            raise UsageError(f"Deployment {name!r} was created meanwhile; nothing changed.")
+        for m in members:
+            if m not in live.clusters:
+                raise UsageError(f"Cluster {m!r} was disconnected meanwhile; nothing changed.")
+        live.deployments[name] = record
+    return record, results
+
+
+def delete_deployment_record(store: ConfigStore, name: str) -> DeploymentRecord:
+    with store.edit() as cfg:
+        if name not in cfg.deployments:
+            raise UsageError(f"Unknown deployment {name!r}; `coordinator deployment list` shows them.")
+        return cfg.deployments.pop(name)
+
+
+def deployment_document(cfg: LocalConfig, dep: DeploymentRecord) -> dict[str, Any]:
+    return {
+        "name": dep.name,
+        "namespace": dep.namespace,
+        "clusters": dep.clusters,
+        "quorum": dep.quorum,
+        "storage": dep.storage,
+        "created_at": dep.created_at,
+    }

@@ -1,0 +1,266 @@
+"""The importable async API; the CLI is a thin layer over it.
+
+async with Coordinator.from_config() as c:
+    async with c.lock("payments", ttl=180, wait=60, reason="release 1.2") as held:
+        await c.state("payments").set({"replicas": 3}, lock=held)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from coordinator.clusters import ClusterSet
+from coordinator.config import ConfigStore
+from coordinator.errors import LockLostError, StateConflictError, UsageError
+from coordinator.lock import (
+    AcquireResult,
+    LockEngine,
+    LockStatus,
+    current_command,
+    default_holder,
+    keep_renewed,
+)
+from coordinator.models import DeploymentRecord, LocalConfig, LockRecord
+
+if TYPE_CHECKING:
+    from coordinator.state import StateClient
+
+DEFAULT_TTL_S = 180.0
+
+
+@dataclass
+class HeldLock:
+    """A lock held by this process (yielded by :meth:`Coordinator.lock`)."""
+
+    deployment: str
+    lock_id: str
+    fencing_token: int
+    result: AcquireResult
+    lost: anyio.Event
+
+    @property
+    def valid(self) -> bool:
+        return not self.lost.is_set() and time.monotonic() < self.result.valid_until()
+
+    def expires_in(self) -> float:
+        return self.result.expires_in()
+
+
+class Coordinator:
+    """Entry point of the library: clusters, deployments, locks and state."""
+
+    def __init__(self, config: LocalConfig, *, store: ConfigStore | None = None, timeout: float = 5.0) -> None:
+        self.config = config
+        self.store = store
+        self.timeout = timeout
+        self.clusters = ClusterSet(config, timeout=timeout)
+        self._tg: TaskGroup | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    @classmethod
+    def from_config(cls, path: str | None = None, *, timeout: float = 5.0) -> Coordinator:
+        store = ConfigStore(path)
+        return cls(store.load(), store=store, timeout=timeout)
+
+    async def __aenter__(self) -> Coordinator:
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        stack.push_async_callback(self.clusters.aclose)
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool | None:
+        # The task group waits for stragglers of lost attempts to release what they got
+        # (each bounded by the per-cluster timeout); then the clients are closed.
+        stack, self._stack, self._tg = self._stack, None, None
+        if stack is not None:
+            return await stack.__aexit__(*exc)  # type: ignore[arg-type]
+        return None
+
+    # ------------------------------------------------------------------ lookups
+
+    def deployment(self, name: str) -> DeploymentRecord:
+        try:
+            return self.config.deployments[name]
+        except KeyError:
+            known = ", ".join(sorted(self.config.deployments)) or "none"
+            raise UsageError(
+                f"Unknown deployment {name!r} (known: {known}). Create it with `coordinator "
+                f"deployment create {name} --namespace NS --cluster A --cluster B ...`, or "
+                f"rebuild it from the clusters with `coordinator deployment import {name} --cluster A`."
+            ) from None
+
+    def lock_engine(self, deployment: str) -> LockEngine:
+        dep = self.deployment(deployment)
+        for c in dep.clusters:
+            self.clusters.record(c)
+        return LockEngine(self.clusters, dep, background=self._tg)
+
+    def state(self, deployment: str) -> StateClient:
+        from coordinator.state import StateClient
+
+        return StateClient(self, self.deployment(deployment))
+
+    # ------------------------------------------------------------------ lock
+
+    async def acquire(
+        self,
+        deployment: str,
+        *,
+        ttl: float = DEFAULT_TTL_S,
+        wait: float = 0.0,
+        reason: str = "",
+        holder: str | None = None,
+        on_wait: Callable[[AcquireResult, float], Awaitable[None] | None] | None = None,
+    ) -> AcquireResult:
+        if ttl < 1:
+            raise UsageError(f"--ttl must be at least 1s, not {ttl:g}s.")
+        engine = self.lock_engine(deployment)
+        who = holder or default_holder()
+        result = await engine.acquire(
+            ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait, on_wait=on_wait
+        )
+        self._remember(result)
+        return result
+
+    def _remember(self, result: AcquireResult) -> None:
+        if self.store is None:
+            return
+        with self.store.edit_locks() as book:
+            book.locks = [
+                r for r in book.locks if not (r.deployment == result.deployment and r.holder == result.holder)
+            ]
+            book.locks.append(
+                LockRecord(
+                    deployment=result.deployment,
+                    lock_id=result.lock_id,
+                    fencing_token=result.fencing_token or 0,
+                    holder=result.holder,
+                    ttl_s=result.ttl_s,
+                )
+            )
+
+    def _forget(self, deployment: str, lock_id: str) -> None:
+        if self.store is None:
+            return
+        with self.store.edit_locks() as book:
+            book.locks = [r for r in book.locks if not (r.deployment == deployment and r.lock_id == lock_id)]
+
+    def recorded_lock(self, deployment: str, holder: str | None = None) -> LockRecord | None:
+        if self.store is None:
+            return None
+        who = holder or default_holder()
+        for rec in reversed(self.store.load_locks().locks):
+            if rec.deployment == deployment and rec.holder == who:
+                return rec
+        return None
+
+    def resolve_lock_id(self, deployment: str, lock_id: str | None, holder: str | None = None) -> str:
+        if lock_id:
+            return lock_id
+        rec = self.recorded_lock(deployment, holder)
+        if rec is None:
+            raise StateConflictError(
+                f"No lock of deployment {deployment!r} is recorded for holder "
+                f"{holder or default_holder()!r} on this machine. Pass --lock-id ID (or set "
+                "COORDINATOR_LOCK_ID), or take the lock with `coordinator lock acquire`."
+            )
+        return rec.lock_id
+
+    async def release(self, deployment: str, lock_id: str | None = None, holder: str | None = None) -> dict[str, Any]:
+        lid = self.resolve_lock_id(deployment, lock_id, holder)
+        engine = self.lock_engine(deployment)
+        try:
+            results = await engine.release(lid)
+        except StateConflictError:
+            self._forget(deployment, lid)
+            raise
+        self._forget(deployment, lid)
+        return {"lock_id": lid, "results": results}
+
+    async def renew(
+        self, deployment: str, lock_id: str | None = None, *, ttl: float | None = None, holder: str | None = None
+    ) -> AcquireResult:
+        lid = self.resolve_lock_id(deployment, lock_id, holder)
+        engine = self.lock_engine(deployment)
+        status = await engine.status()
+        token = None
+        for row in status.clusters:
+            if row.lock_id == lid and row.token is not None:
+                token = max(token or 0, row.token)
+        rec = self.recorded_lock(deployment, holder)
+        if token is None:
+            from coordinator.errors import NoQuorumError
+
+            observable = [r for r in status.clusters if r.status in ("held", "free", "expired")]
+            if len(observable) < engine.q:
+                raise NoQuorumError(
+                    f"Cannot renew lock {lid} of {deployment!r}: only {len(observable)} of "
+                    f"{engine.n} clusters could be read."
+                )
+            raise StateConflictError(
+                f"Lock id {lid} no longer holds deployment {deployment!r} on any cluster that "
+                f"answered; it expired or was released. Take it again with `coordinator lock acquire {deployment}`."
+            )
+        ttl_s = ttl or (rec.ttl_s if rec and rec.lock_id == lid else DEFAULT_TTL_S)
+        result = await engine.renew(lid, token, ttl_s)
+        if not result.acquired:
+            from coordinator.errors import NoQuorumError
+            from coordinator.lock import _summarize
+
+            seen = [r for r in result.results.values() if r.outcome.observable]
+            msg = (
+                f"Could not renew lock {lid} of {deployment!r} on a majority of "
+                f"{engine.q} of {engine.n} clusters ({_summarize(result.results)})."
+            )
+            if len(seen) < engine.q:
+                raise NoQuorumError(msg + " Too few clusters answered; the lock may be lost.", payload=result)
+            raise StateConflictError(msg + " The lock is lost; take it again.", payload=result)
+        return result
+
+    async def status(self, deployment: str) -> LockStatus:
+        return await self.lock_engine(deployment).status()
+
+    async def break_lock(self, deployment: str, *, by: str | None = None, reason: str = "") -> dict[str, Any]:
+        results = await self.lock_engine(deployment).break_lock(by=by or default_holder(), reason=reason)
+        return dict(results)
+
+    @contextlib.asynccontextmanager
+    async def lock(
+        self,
+        deployment: str,
+        *,
+        ttl: float = DEFAULT_TTL_S,
+        wait: float = 0.0,
+        reason: str = "",
+        holder: str | None = None,
+    ) -> AsyncIterator[HeldLock]:
+        """Hold the lock for the block: renewed in the background, released at the end.
+
+        ``held.lost`` is set if a majority could not be renewed in time; check
+        ``held.valid`` before each critical step.
+        """
+        engine = self.lock_engine(deployment)
+        who = holder or default_holder()
+        result = await engine.acquire(ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait)
+        try:
+            async with keep_renewed(engine, result) as lost:
+                yield HeldLock(deployment, result.lock_id, result.fencing_token or 0, result, lost)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await engine.release(result.lock_id)
+                except (StateConflictError, LockLostError):
+                    pass
+                except Exception as err:  # release failures are reported, never masked
+                    from coordinator.logs import get_logger
+
+                    get_logger(__name__).warning("release failed", error=str(err))

@@ -1,0 +1,182 @@
+"""The ``coordinator`` command line: parse, call the API, print, exit.
+
+Command groups are imported lazily (only the group a command needs is imported), so
+``coordinator lock status`` does not pay for the sandbox or state code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from coordinator import __version__
+from coordinator.errors import CoordinatorError, ExitCode
+
+# name -> "module:attribute" of a click command or group
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "cluster": ("coordinator.cli.clusters", "cluster"),
+    "deployment": ("coordinator.cli.deployments", "deployment"),
+    "lock": ("coordinator.cli.lock", "lock"),
+    "state": ("coordinator.cli.state", "state"),
+    "sandbox": ("coordinator.cli.sandbox", "sandbox"),
+    "rbac": ("coordinator.cli.rbac", "rbac"),
+}
+
+_SUMMARIES = {
+    "cluster": "Connect clusters and inspect them (identity, reachability, permissions).",
+    "deployment": "Define which clusters a deployment spans, and in which namespace.",
+    "lock": "Take, hold, inspect and release the majority-wins lock of a deployment.",
+    "state": "Read and write the deployment's quorum-replicated state.",
+    "sandbox": "Run local Kubernetes control planes (etcd + kube-apiserver) for demos and tests.",
+    "rbac": "Print the minimal RBAC rules the tool needs.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module = importlib.import_module(target[0])
+        command: click.Command = getattr(module, target[1])
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Summaries are listed without importing every group.
+        rows = [(name, _SUMMARIES.get(name, "")) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@dataclass
+class App:
+    """What the root options decide, handed to every command through click's context."""
+
+    config_path: str | None = None
+    output: str = "table"
+    log_format: str = "console"
+    verbosity: int = 0
+    timeout: float = 5.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="Example: coordinator lock acquire payments --ttl 3m --reason 'release 1.2'",
+)
+@click.option(
+    "--config",
+    "config_path",
+    envvar="COORDINATOR_CONFIG",
+    type=click.Path(dir_okay=False),
+    help="Local config file [env COORDINATOR_CONFIG; default $XDG_CONFIG_HOME/coordinator/config.yaml].",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json", "yaml"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["console", "json"]),
+    default="console",
+    show_default=True,
+    help="Format of log lines on stderr.",
+)
+@click.option("-v", "--verbose", "verbosity", count=True, help="More logging (-v, -vv).")
+@click.option(
+    "--timeout",
+    type=str,
+    default=None,
+    envvar="COORDINATOR_TIMEOUT",
+    help="Per-cluster request timeout, e.g. 5s [env COORDINATOR_TIMEOUT; default 5s].",
+)
+@click.version_option(__version__, "--version", prog_name="coordinator")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    config_path: str | None,
+    output: str,
+    log_format: str,
+    verbosity: int,
+    timeout: str | None,
+) -> None:
+    """Coordinate work on a deployment that spans several Kubernetes clusters.
+
+    Shell completion (bash): eval "$(_COORDINATOR_COMPLETE=bash_source coordinator)"
+    """
+    from coordinator.durations import parse_duration
+    from coordinator.logs import configure_logging
+
+    app = App(
+        config_path=config_path,
+        output=output,
+        log_format=log_format,
+        verbosity=verbosity,
+    )
+    if timeout is not None:
+        app.timeout = parse_duration(timeout, what="--timeout")
+    configure_logging(log_format=log_format, verbosity=verbosity)
+    ctx.obj = app
+
+
+def _verbosity_from_argv(argv: list[str]) -> int:
+    count = 0
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg == "--verbose":
+            count += 1
+        elif arg.startswith("-") and not arg.startswith("--") and set(arg[1:]) == {"v"}:
+            count += len(arg) - 1
+    return count
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the CLI and maps every outcome to a documented exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = _verbosity_from_argv(args) > 0
+    try:
+        cli.main(args=args, prog_name="coordinator", standalone_mode=False)
+    except CoordinatorError as err:
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"Error: {err.message}", err=True)
+        sys.exit(int(err.exit_code))
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(int(ExitCode.USAGE) if err.exit_code == 2 else err.exit_code)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into `head`): not an error of ours.
+        os._exit(0)
+    except Exception as err:  # a bug: say so, keep the traceback behind -v
+        if verbose:
+            traceback.print_exc()
+        click.echo(
+            f"Internal error (this is a bug in coordinator {__version__}; please report it "
+            f"with the output of the same command run with -v): {type(err).__name__}: {err}",
+            err=True,
+        )
+        sys.exit(int(ExitCode.INTERNAL))
+    sys.exit(0)

@@ -1,0 +1,182 @@
+"""`coordinator cluster ...`: connect, list, info, disconnect."""
+
+from __future__ import annotations
+
+import click
+
+from coordinator.cli.output import app_of, emit, run, say, table
+
+
+def _store(ctx: click.Context):  # type: ignore[no-untyped-def]
+    from coordinator.config import ConfigStore
+
+    return ConfigStore(app_of(ctx).config_path)
+
+
+@click.group()
+def cluster() -> None:
+    """Connect clusters and inspect them (identity, reachability, permissions)."""
+
+
+@cluster.command("connect")
+@click.argument("name")
+@click.option("--context", required=True, help="kubeconfig context that leads to the cluster.")
+@click.option(
+    "--kubeconfig", default=None, help="kubeconfig path(s), ':'-separated [default: KUBECONFIG or ~/.kube/config]."
+)
+@click.option(
+    "--identity-namespace",
+    default="default",
+    show_default=True,
+    help="Where to keep the UUID ConfigMap if kube-system cannot be read.",
+)
+@click.pass_context
+def connect(ctx: click.Context, name: str, context: str, kubeconfig: str | None, identity_namespace: str) -> None:
+    """Record a cluster under NAME after proving its identity.
+
+    Example: coordinator cluster connect eu-1 --context kind-eu-1
+    """
+    from coordinator.admin import connect_cluster
+
+    app = app_of(ctx)
+    rec, version = run(
+        lambda: connect_cluster(
+            _store(ctx), name, context, kubeconfig, identity_namespace=identity_namespace, timeout=app.timeout
+        )
+    )
+    doc = rec.model_dump(mode="json") | {"version": version}
+
+    def text() -> None:
+        src = (
+            "UID of the kube-system namespace"
+            if rec.identity_source == "kube-system-uid"
+            else (f"UUID in ConfigMap {rec.identity_namespace}/coordinator-identity (kube-system is not readable)")
+        )
+        say(f"Connected {rec.name}: {rec.server} (Kubernetes {version}), context {rec.context}.")
+        say(f"Identity {rec.identity}, from the {src}.")
+
+    emit(ctx, doc, text)
+
+
+@cluster.command("list")
+@click.pass_context
+def list_(ctx: click.Context) -> None:
+    """List connected clusters.
+
+    Example: coordinator cluster list -o json
+    """
+    cfg = _store(ctx).load()
+    docs = [c.model_dump(mode="json") for c in cfg.clusters.values()]
+
+    def text() -> None:
+        if not docs:
+            say("No clusters connected. Connect one with `coordinator cluster connect NAME --context CTX`.")
+            return
+        table(
+            ["name", "context", "server", "identity"],
+            [
+                [
+                    c.name,
+                    c.context,
+                    c.server,
+                    c.identity[:13] + ("" if c.identity_source == "kube-system-uid" else " (cm)"),
+                ]
+                for c in cfg.clusters.values()
+            ],
+        )
+
+    emit(ctx, docs, text)
+
+
+@cluster.command("info")
+@click.argument("name")
+@click.option(
+    "--namespace",
+    "-n",
+    default=None,
+    help="Namespace whose permissions to check [default: of its deployments, else 'default'].",
+)
+@click.pass_context
+def info(ctx: click.Context, name: str, namespace: str | None) -> None:
+    """Show server, version, identity, reachability, latency and permissions.
+
+    Example: coordinator cluster info eu-1 --namespace payments
+    """
+    from coordinator.admin import cluster_info
+    from coordinator.clusters import ClusterSet
+
+    app = app_of(ctx)
+    cfg = _store(ctx).load()
+    if namespace is None:
+        namespaces = [d.namespace for d in cfg.deployments.values() if name in d.clusters]
+        namespace = namespaces[0] if namespaces else "default"
+
+    async def go():  # type: ignore[no-untyped-def]
+        cs = ClusterSet(cfg, timeout=app.timeout)
+        try:
+            return await cluster_info(cs, name, namespace)
+        finally:
+            await cs.aclose()
+
+    inf = run(go)
+    doc = {
+        "name": inf.name,
+        "context": inf.context,
+        "server": inf.server,
+        "version": inf.version,
+        "identity": inf.identity,
+        "identity_source": inf.identity_source,
+        "identity_ok": inf.identity_ok,
+        "reachable": inf.reachable,
+        "latency_ms": inf.latency_ms,
+        "error": inf.error,
+        "namespace": inf.namespace,
+        "permissions": inf.permissions,
+        "missing_permissions": inf.missing,
+    }
+
+    def text() -> None:
+        rows = [
+            ["server", inf.server],
+            ["context", inf.context],
+            ["version", inf.version or "-"],
+            ["identity", f"{inf.identity} ({inf.identity_source})"],
+            ["identity check", {True: "ok", False: "MISMATCH", None: "not checked"}[inf.identity_ok]],
+            ["reachable", f"yes, {inf.latency_ms} ms" if inf.reachable else f"no ({inf.error})"],
+        ]
+        for res, verbs in inf.permissions.items():
+            shown = " ".join(f"{v}:{'yes' if ok else ('no' if ok is False else '?')}" for v, ok in verbs.items())
+            rows.append([f"{res} in {inf.namespace}", shown])
+        if inf.error and inf.reachable:
+            rows.append(["error", inf.error])
+        table(["", inf.name], rows)
+        if inf.missing:
+            say(
+                f"Missing permissions in namespace {inf.namespace}: {', '.join(inf.missing)}. "
+                "`coordinator rbac print --namespace NS` prints the rules the tool needs."
+            )
+
+    emit(ctx, doc, text)
+    if inf.identity_ok is False:
+        from coordinator.errors import IdentityMismatchError
+
+        raise IdentityMismatchError(f"Cluster {name!r}: {inf.error}")
+
+
+@cluster.command("disconnect")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Disconnect even if deployments use it.")
+@click.pass_context
+def disconnect(ctx: click.Context, name: str, force: bool) -> None:
+    """Forget a connected cluster (nothing in the cluster changes).
+
+    Example: coordinator cluster disconnect eu-1
+    """
+    from coordinator.admin import disconnect_cluster
+
+    users = disconnect_cluster(_store(ctx), name, force=force)
+    emit(
+        ctx,
+        {"disconnected": name, "deployments_affected": users},
+        lambda: say(f"Disconnected {name}." + (f" Deployments still listing it: {', '.join(users)}." if users else "")),
+    )

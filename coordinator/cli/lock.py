@@ -1,0 +1,418 @@
+"""`coordinator lock ...`: acquire, renew, release, status, break, run."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
+
+
+def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
+    from coordinator.api import Coordinator
+
+    app = app_of(ctx)
+    return Coordinator.from_config(app.config_path, timeout=app.timeout)
+
+
+def _duration(value: str, what: str) -> float:
+    from coordinator.durations import parse_duration
+
+    return parse_duration(value, what=what)
+
+
+def acquire_document(result: Any) -> dict[str, Any]:
+    return {
+        "deployment": result.deployment,
+        "lock_id": result.lock_id if result.acquired else None,
+        "fencing_token": result.fencing_token if result.acquired else None,
+        "holder": result.holder,
+        "acquired": result.acquired,
+        "clusters": [
+            {
+                "name": name,
+                "outcome": str(r.outcome),
+                "detail": r.detail,
+            }
+            for name in result.members
+            for r in [result.results.get(name)]
+            if r is not None
+        ]
+        + [
+            {"name": name, "outcome": "unreachable", "detail": "no answer within the timeout"}
+            for name in result.members
+            if name not in result.results
+        ],
+        "expires_in_s": round(result.expires_in(), 1) if result.acquired else None,
+    }
+
+
+def _acquired_text(result: Any) -> None:
+    from coordinator.durations import format_duration
+
+    exp = result.expires_in()
+    say(
+        f"Locked {result.deployment} as {result.holder}: lock id {result.lock_id}, fencing token "
+        f"{result.fencing_token}, on {sum(1 for r in result.results.values() if r.ok)} of "
+        f"{len(result.members)} clusters; valid for {format_duration(exp)} unless renewed."
+    )
+    table(
+        ["cluster", "outcome", "detail"],
+        [[d["name"], d["outcome"], d["detail"]] for d in acquire_document(result)["clusters"]],
+    )
+    say(f"Release with: coordinator lock release {result.deployment} --lock-id {result.lock_id}")
+
+
+def _wait_reporter() -> Any:
+    """A live status line on a terminal; a log line now and then otherwise."""
+    last = [0.0]
+    tty = sys.stderr.isatty()
+
+    def report(result: Any, left: float) -> None:
+        from coordinator.durations import format_duration
+        from coordinator.outcome import Outcome
+
+        holders = sorted(
+            {
+                (r.value.view.info.get("holder") or "?")
+                for r in result.results.values()
+                if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view
+            }
+        )
+        rems = [
+            r.value.view.remaining_s()
+            for r in result.results.values()
+            if r.outcome is Outcome.HELD_BY_OTHER
+            and r.value
+            and r.value.view
+            and r.value.view.remaining_s() is not None
+        ]
+        who = ", ".join(holders) or "unobservable clusters"
+        exp = f"; its lease expires in {format_duration(min(rems))} unless renewed" if rems else ""
+        line = f"waiting for {result.deployment}: held by {who}{exp}; giving up in {format_duration(left)}"
+        now = time.monotonic()
+        if tty:
+            sys.stderr.write("\r\033[K" + line[:200])
+            sys.stderr.flush()
+        elif now - last[0] >= 10:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+            last[0] = now
+
+    return report
+
+
+@click.group()
+def lock() -> None:
+    """Take, hold, inspect and release the majority-wins lock of a deployment."""
+
+
+_ttl = click.option(
+    "--ttl", default="180s", show_default=True, help="Lease duration; a crashed holder frees the lock after it."
+)
+_wait = click.option("--wait", default="0s", show_default=True, help="Keep trying this long (e.g. 5m) if it is held.")
+_reason = click.option("--reason", default="", help="Why you take it (shown to others).")
+_holder = click.option(
+    "--holder",
+    envvar="COORDINATOR_HOLDER",
+    default=None,
+    help="Who holds it [env COORDINATOR_HOLDER; default user@host].",
+)
+_lock_id = click.option(
+    "--lock-id",
+    envvar="COORDINATOR_LOCK_ID",
+    default=None,
+    help="Lock id [env COORDINATOR_LOCK_ID; default: the one recorded for this holder].",
+)
+
+
+@lock.command("acquire")
+@click.argument("deployment")
+@_ttl
+@_wait
+@_reason
+@_holder
+@click.pass_context
+def acquire(ctx: click.Context, deployment: str, ttl: str, wait: str, reason: str, holder: str | None) -> None:
+    """Take the lock on a majority of the deployment's clusters.
+
+    Example: coordinator lock acquire payments --ttl 3m --wait 5m --reason "release 1.2"
+    """
+    from coordinator.errors import CoordinatorError
+
+    ttl_s, wait_s = _duration(ttl, "--ttl"), _duration(wait, "--wait")
+    c = _coordinator(ctx)
+    reporter = _wait_reporter() if wait_s > 0 else None
+
+    async def go() -> Any:
+        async with c:
+            return await c.acquire(deployment, ttl=ttl_s, wait=wait_s, reason=reason, holder=holder, on_wait=reporter)
+
+    try:
+        result = run(go)
+    except CoordinatorError as err:
+        if reporter is not None and sys.stderr.isatty():
+            sys.stderr.write("\n")
+        if err.payload is not None and hasattr(err.payload, "members"):
+            emit(ctx, acquire_document(err.payload), lambda: None)
+        raise
+    if reporter is not None and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    emit(ctx, acquire_document(result), lambda: _acquired_text(result))
+
+
+@lock.command("renew")
+@click.argument("deployment")
+@_lock_id
+@_holder
+@click.option("--ttl", default=None, help="New lease duration [default: as acquired].")
+@click.pass_context
+def renew(ctx: click.Context, deployment: str, lock_id: str | None, holder: str | None, ttl: str | None) -> None:
+    """Extend the lock's leases on a majority.
+
+    Example: coordinator lock renew payments
+    """
+    ttl_s = _duration(ttl, "--ttl") if ttl else None
+    c = _coordinator(ctx)
+
+    async def go() -> Any:
+        async with c:
+            return await c.renew(deployment, lock_id, ttl=ttl_s, holder=holder)
+
+    result = run(go)
+    emit(ctx, acquire_document(result), lambda: _acquired_text(result))
+
+
+@lock.command("release")
+@click.argument("deployment")
+@_lock_id
+@_holder
+@click.pass_context
+def release(ctx: click.Context, deployment: str, lock_id: str | None, holder: str | None) -> None:
+    """Release the lock wherever it is still ours (never someone else's).
+
+    Example: coordinator lock release payments --lock-id 3f2a9c0d1e4b5a69
+    """
+    c = _coordinator(ctx)
+
+    async def go() -> Any:
+        async with c:
+            return await c.release(deployment, lock_id, holder)
+
+    out = run(go)
+    rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(out["results"].items())]
+    doc = {"deployment": deployment, "lock_id": out["lock_id"], "clusters": rows}
+
+    def text() -> None:
+        released = sum(1 for r in out["results"].values() if r.extra.get("ours"))
+        say(f"Released lock {out['lock_id']} of {deployment} on {released} cluster(s).")
+        table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
+
+    emit(ctx, doc, text)
+
+
+def status_document(st: Any) -> dict[str, Any]:
+    return {
+        "deployment": st.deployment,
+        "namespace": st.namespace,
+        "quorum": st.quorum,
+        "holder": st.holder,
+        "lock_id": st.lock_id,
+        "fencing_token": st.fencing_token,
+        "held_by_majority": st.held_by_majority,
+        "expires_in_s": st.expires_in_s,
+        "clusters": [
+            {
+                "name": r.name,
+                "status": r.status,
+                "holder": r.holder,
+                "lock_id": r.lock_id,
+                "acquired_at": r.acquired_at,
+                "renewed_at": r.renewed_at,
+                "ttl_s": r.ttl_s,
+                "transitions": r.transitions,
+                "error": r.error,
+            }
+            for r in st.clusters
+        ],
+    }
+
+
+def _status_text(st: Any) -> None:
+    from coordinator.durations import format_duration
+
+    if st.held_by_majority:
+        info = st.info
+        say(
+            f"{st.deployment} is LOCKED by {st.holder} (lock {st.lock_id}, token {st.fencing_token}, "
+            f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, reason: {info.get('reason') or '-'}); "
+            f"majority held for {format_duration(st.expires_in_s or 0)} more unless renewed."
+        )
+    else:
+        unseen = [r.name for r in st.clusters if r.status in ("unreachable", "forbidden", "error", "identity-mismatch")]
+        extra = f" ({', '.join(unseen)} could not be observed)" if unseen else ""
+        say(f"{st.deployment} is not held by a majority of {st.quorum}{extra}.")
+    table(
+        ["cluster", "status", "holder", "since", "ttl", "detail"],
+        [
+            [
+                r.name,
+                r.status,
+                r.holder or "-",
+                when(r.acquired_at) if r.acquired_at else "-",
+                f"{r.ttl_s}s" if r.ttl_s else "-",
+                r.error or (f"expires in {format_duration(r.remaining_s)}" if r.remaining_s is not None else ""),
+            ]
+            for r in st.clusters
+        ],
+    )
+
+
+@lock.command("status")
+@click.argument("deployment")
+@click.option("--watch", "-w", is_flag=True, help="Keep printing changes until interrupted.")
+@click.option("--interval", default="1s", show_default=True, help="With --watch: how often to look.")
+@click.pass_context
+def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> None:
+    """Who holds the lock, where, since when, until when.
+
+    Example: coordinator lock status payments -o json
+    """
+    c = _coordinator(ctx)
+    fmt = app_of(ctx).output
+    every = _duration(interval, "--interval")
+
+    if not watch:
+
+        async def once() -> Any:
+            async with c:
+                return await c.status(deployment)
+
+        st = run(once)
+        emit(ctx, status_document(st), lambda: _status_text(st))
+        return
+
+    async def loop() -> None:
+        import anyio
+
+        last: str | None = None
+        async with c:
+            while True:
+                st = await c.status(deployment)
+                doc = status_document(st)
+                key = dump_document(
+                    {k: v for k, v in doc.items() if k != "expires_in_s"}
+                    | {"clusters": [{k: v for k, v in r.items()} for r in doc["clusters"]]},
+                    "json",
+                )
+                if key != last:
+                    last = key
+                    if fmt == "json":
+                        import json
+
+                        from coordinator.cli.output import to_jsonable
+
+                        click.echo(json.dumps(to_jsonable(doc)))
+                    elif fmt == "yaml":
+                        click.echo("---\n" + dump_document(doc, "yaml"))
+                    else:
+                        say(f"--- {when(__import__('datetime').datetime.now(__import__('datetime').UTC))}")
+                        _status_text(st)
+                await anyio.sleep(every)
+
+    try:
+        run(loop)
+    except KeyboardInterrupt:
+        pass
+
+
+@lock.command("break")
+@click.argument("deployment")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--reason", default="", help="Why (kept in the audit note on the leases).")
+@click.pass_context
+def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
+    """Clear the lock whatever its holder (admin override, like terraform force-unlock).
+
+    Example: coordinator lock break payments --yes --reason "holder's CI runner died"
+    """
+    c = _coordinator(ctx)
+    if not yes:
+
+        async def peek() -> Any:
+            async with c:
+                return await c.status(deployment)
+
+        st = run(peek)
+        who = st.holder or "nobody (by majority)"
+        click.confirm(f"Break the lock of {deployment!r}, held by {who}? The holder is not told.", abort=True)
+        c = _coordinator(ctx)
+
+    async def go() -> Any:
+        async with c:
+            return await c.break_lock(deployment, reason=reason)
+
+    results = run(go)
+    rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(results.items())]
+    def text() -> None:
+        say(f"Broke the lock of {deployment}; an audit note is on each lease.")
+        table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
+
+    emit(ctx, {"deployment": deployment, "clusters": rows}, text)
+    from coordinator.quorum import quorum_size
+
+    done = sum(1 for r in results.values() if r.ok)
+    if done < quorum_size(len(results)):
+        from coordinator.errors import NoQuorumError
+
+        raise NoQuorumError(
+            f"The lock of {deployment!r} was cleared on only {done} of {len(results)} clusters; "
+            "the others could not be observed. Run the command again when they are reachable."
+        )
+
+
+@lock.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("deployment")
+@_ttl
+@_wait
+@_reason
+@_holder
+@click.option(
+    "--grace", default="10s", show_default=True, help="After SIGTERM on a lost lock, wait this long before SIGKILL."
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run_(
+    ctx: click.Context,
+    deployment: str,
+    ttl: str,
+    wait: str,
+    reason: str,
+    holder: str | None,
+    grace: str,
+    command: tuple[str, ...],
+) -> None:
+    """Run a command while holding the lock (renewed in the background, released on exit).
+
+    The child gets COORDINATOR_LOCK_ID, COORDINATOR_FENCING_TOKEN and COORDINATOR_DEPLOYMENT.
+    If the lock is lost the child gets SIGTERM, then SIGKILL after --grace; exit status 7.
+
+    Example: coordinator lock run payments --wait 10m -- ./deploy.sh v1.2
+    """
+    from coordinator.lockrun import run_locked
+
+    code = run_locked(
+        app_of(ctx),
+        deployment,
+        list(command),
+        ttl_s=_duration(ttl, "--ttl"),
+        wait_s=_duration(wait, "--wait"),
+        reason=reason,
+        holder=holder,
+        grace_s=_duration(grace, "--grace"),
+    )
+    sys.stdout.flush()
+    ctx.exit(code)

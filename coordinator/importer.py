@@ -1,0 +1,113 @@
+"""``deployment import``: rebuild a local deployment record from what a member stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordinator.admin import valid_name
+from coordinator.clusters import ClusterSet
+from coordinator.config import ConfigStore
+from coordinator.errors import NoQuorumError, UsageError
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, state_name
+from coordinator.models import MAX_DEPLOYMENT_NAME, DeploymentRecord
+from coordinator.state import decode_replica
+
+
+async def _list(cs: ClusterSet, cluster: str, path: str, selector: str) -> list[dict[str, Any]]:
+    resp = await cs.client(cluster).request("GET", path, query={"labelSelector": selector})
+    return list(resp.body.get("items") or [])
+
+
+async def import_deployment(
+    store: ConfigStore, name: str, source: str, namespace: str | None, *, timeout: float = 5.0
+) -> tuple[DeploymentRecord, str]:
+    valid_name(name, "deployment name", MAX_DEPLOYMENT_NAME)
+    cfg = store.load()
+    if name in cfg.deployments:
+        raise UsageError(f"Deployment {name!r} already exists locally; delete it first to re-import.")
+    cs = ClusterSet(cfg, timeout=timeout)
+    selector = f"{LABEL_DEPLOYMENT}={name}"
+    try:
+        cs.record(source)
+        try:
+            await cs.check_identity(source)
+            found: list[tuple[str, dict[str, Any]]] = []
+            for kind, base in (("configmap", "configmaps"), ("secret", "secrets")):
+                path = f"/api/v1/namespaces/{namespace}/{base}" if namespace else f"/api/v1/{base}"
+                try:
+                    found += [
+                        (kind, o)
+                        for o in await _list(cs, source, path, selector)
+                        if (o.get("metadata") or {}).get("name") == state_name(name)
+                    ]
+                except KubeError as err:
+                    if err.kind != kube.FORBIDDEN:
+                        raise
+            for kind, obj in found:
+                rep = decode_replica(source, obj, kind)
+                if rep.envelope is None:
+                    continue
+                ns = rep.envelope.namespace or str(obj["metadata"]["namespace"])
+                members = _map_members(cfg, list(rep.envelope.members), rep.envelope.member_ids)
+                return _save(
+                    store, DeploymentRecord(name=name, namespace=ns, clusters=members, storage="secret" if kind == "secret" else "configmap")
+                ), f"state replica (version {rep.envelope.version})"
+            path = (
+                f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+                if namespace
+                else "/apis/coordination.k8s.io/v1/leases"
+            )
+            leases = [
+                o
+                for o in await _list(cs, source, path, selector)
+                if (o.get("metadata") or {}).get("name") == lease_name(name)
+            ]
+        except KubeError as err:
+            if err.kind == "identity-mismatch":
+                from coordinator.errors import IdentityMismatchError
+
+                raise IdentityMismatchError(f"Cluster {source!r}: {err.detail}") from err
+            raise NoQuorumError(f"Cannot read deployment {name!r} from {source!r}: {err.kind}: {err.detail}.") from err
+    finally:
+        await cs.aclose()
+    for lease in leases:
+        ann = (lease.get("metadata") or {}).get("annotations") or {}
+        names = [m for m in str(ann.get("coordinator.io/members", "")).split(",") if m]
+        if names:
+            members = _map_members(cfg, names, {})
+            ns = str(lease["metadata"]["namespace"])
+            return _save(store, DeploymentRecord(name=name, namespace=ns, clusters=members)), "lock lease"
+    where = f"namespace {namespace!r}" if namespace else "any namespace"
+    raise UsageError(
+        f"No state or lock of deployment {name!r} was found on {source!r} in {where}. Check the "
+        "name, or pass --namespace if the cluster does not let you list across namespaces."
+    )
+
+
+def _map_members(cfg: Any, names: list[str], ids: dict[str, str]) -> list[str]:
+    by_identity = {c.identity: c.name for c in cfg.clusters.values()}
+    out, missing = [], []
+    for n in names:
+        ident = ids.get(n)
+        if ident and ident in by_identity:
+            out.append(by_identity[ident])
+        elif not ident and n in cfg.clusters:
+            out.append(n)
+        else:
+            missing.append(f"{n} (identity {ident})" if ident else n)
+    if missing:
+        raise UsageError(
+            f"The deployment's members include clusters not connected here: {', '.join(missing)}. "
+            "Connect them with `coordinator cluster connect`, then import again."
+        )
+    return out
+
+
+def _save(store: ConfigStore, rec: DeploymentRecord) -> DeploymentRecord:
+    with store.edit() as cfg:
+        if rec.name in cfg.deployments:
+            raise UsageError(f"Deployment {rec.name!r} was created meanwhile; nothing changed.")
+        cfg.deployments[rec.name] = rec
+    return rec

@@ -1,0 +1,1062 @@
+"""The multi-cluster lease: acquire, renew, release, break, status.
+
+What it guarantees
+------------------
+A deployment spans n clusters; its lock is one ``coordination.k8s.io/v1`` Lease named
+``coordinator-lock-<deployment>`` in the deployment's namespace on every member. A
+contender holds the lock when its lock id is the ``holderIdentity`` of live leases on a
+majority q = floor(n/2) + 1 of them. Two majorities of the same n always share a
+cluster, and on one cluster a Lease has one holder at a time, because every write is a
+compare-and-swap on ``resourceVersion`` (a 409 means someone else wrote first: we
+re-read and decide again, never overwrite). So at most one contender holds the lock at a
+time, as long as leases are not taken over before they really expired.
+
+Expiry without trusting clocks
+------------------------------
+A contender may take over a lease held by someone else only when it has expired, and
+that is judged from one API server's clock alone: the server stamps the time of every
+change of the lease in ``metadata.managedFields[].time``, and stamps its current time
+on every response in the HTTP ``Date`` header. The lease has expired when
+
+    Date − last change > leaseDurationSeconds + drift allowance + 2 s
+
+(the two seconds cover the one-second resolution of both stamps). No client's wall
+clock enters this rule, so a contender whose clock is minutes off behaves exactly like
+one whose clock is right. When a server gives no such evidence, a waiting contender
+falls back to local observation the way client-go's leader election does: a lease whose
+``resourceVersion`` has not changed for a whole TTL, timed on the contender's own
+monotonic clock, has expired.
+
+The holder, for its part, counts its validity on its own monotonic clock from the
+moment *before* it sent the writes that took (or renewed) the leases:
+validity = TTL − elapsed − drift allowance. Each server stamped its write after that
+moment, so the server-side expiry above comes strictly later than the end of the
+holder's validity, provided the clocks' *rates* differ by less than the drift allowance
+(1 % of the TTL). Offsets between clocks do not matter at all.
+
+What it does not guarantee
+--------------------------
+A holder that stops (paused, swapped out) and resumes after its validity ended may
+still believe it holds the lock: it must check validity before acting. That is what the
+fencing token is for: every successful acquisition gets an integer strictly greater than
+every token granted before for that deployment (it is one more than the highest token
+found on a majority of leases, and any two majorities share a cluster), and the state
+replicas refuse writes carrying a token lower than one they have seen. A lock is only as
+good as the checks its holder makes: an unobservable cluster is never treated as free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import math
+import os
+import random
+import secrets
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from coordinator import quorum
+from coordinator.clusters import ClusterSet, failed
+from coordinator.errors import (
+    IdentityMismatchError,
+    LockHeldError,
+    NoQuorumError,
+    StateConflictError,
+)
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import (
+    ANNOTATION_PREFIX,
+    FIELD_MANAGER,
+    last_write_time,
+    lease_name,
+    lease_path,
+    leases_path,
+    micro_time,
+    owned_metadata,
+    parse_time,
+)
+from coordinator.logs import get_logger
+from coordinator.models import DeploymentRecord
+from coordinator.outcome import Outcome
+
+log = get_logger(__name__)
+
+A_HOLDER = ANNOTATION_PREFIX + "holder"
+A_HOST = ANNOTATION_PREFIX + "host"
+A_PID = ANNOTATION_PREFIX + "pid"
+A_REASON = ANNOTATION_PREFIX + "reason"
+A_COMMAND = ANNOTATION_PREFIX + "command"
+A_TOKEN = ANNOTATION_PREFIX + "fencing-token"
+A_MEMBERS = ANNOTATION_PREFIX + "members"
+A_NAMESPACE = ANNOTATION_PREFIX + "namespace"
+A_LAST_BREAK = ANNOTATION_PREFIX + "last-break"
+HOLDER_ANNOTATIONS = (A_HOLDER, A_HOST, A_PID, A_REASON, A_COMMAND)
+MAX_CAS_RETRIES = 4
+
+
+def default_holder() -> str:
+    env = os.environ.get("COORDINATOR_HOLDER")
+    if env:
+        return env
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def new_lock_id() -> str:
+    return secrets.token_hex(8)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# ------------------------------------------------------------------ one lease, observed
+
+
+@dataclass
+class LeaseView:
+    """One cluster's lease as read, with expiry judged by that server's clock."""
+
+    exists: bool
+    obj: dict[str, Any] = field(default_factory=dict)
+    lock_id: str | None = None
+    ttl_s: int | None = None
+    acquired_at: datetime | None = None
+    renewed_at: datetime | None = None
+    transitions: int | None = None
+    token: int = 0
+    token_malformed: bool = False
+    info: dict[str, str] = field(default_factory=dict)
+    server_now: datetime | None = None
+    last_write: datetime | None = None
+    resource_version: str | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any] | None, server_now: datetime | None) -> LeaseView:
+        if not obj:
+            return cls(exists=False, server_now=server_now)
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        ann = meta.get("annotations") or {}
+        token, malformed = 0, False
+        raw = ann.get(A_TOKEN)
+        if raw is not None:
+            try:
+                token = int(raw)
+                malformed = token < 0
+            except (TypeError, ValueError):
+                malformed = True
+        ttl = spec.get("leaseDurationSeconds")
+        return cls(
+            exists=True,
+            obj=obj,
+            lock_id=spec.get("holderIdentity") or None,
+            ttl_s=int(ttl) if isinstance(ttl, int) else None,
+            acquired_at=parse_time(spec.get("acquireTime")),
+            renewed_at=parse_time(spec.get("renewTime")),
+            transitions=spec.get("leaseTransitions"),
+            token=max(token, 0),
+            token_malformed=malformed,
+            info={k[len(ANNOTATION_PREFIX) :]: str(v) for k, v in ann.items() if k in HOLDER_ANNOTATIONS},
+            server_now=server_now,
+            last_write=last_write_time(obj),
+            resource_version=meta.get("resourceVersion"),
+        )
+
+    @property
+    def held(self) -> bool:
+        return self.lock_id is not None
+
+    def expired(self) -> bool | None:
+        """True/False by the server's clock; None when the server gave no evidence."""
+        if not self.held:
+            return True
+        if self.ttl_s is None:
+            return True  # a lease without a duration cannot be live
+        return quorum.lease_expired_by_server(self.ttl_s, self.server_now, self.last_write)
+
+    def remaining_s(self) -> float | None:
+        if not self.held or self.ttl_s is None:
+            return None
+        return quorum.server_remaining(self.ttl_s, self.server_now, self.last_write)
+
+    def live_for_other(self, lock_id: str) -> bool:
+        """Held by another lock id and not provably expired."""
+        return self.held and self.lock_id != lock_id and self.expired() is not True
+
+
+@dataclass
+class ClusterLease:
+    """What an operation left on one cluster (the report's row)."""
+
+    view: LeaseView | None = None
+    action: str = ""
+
+
+# ------------------------------------------------------------------ results
+
+
+@dataclass
+class AcquireResult:
+    deployment: str
+    namespace: str
+    lock_id: str
+    holder: str
+    fencing_token: int | None
+    acquired: bool
+    quorum: int
+    results: dict[str, ClusterResult[ClusterLease]]
+    members: list[str]
+    ttl_s: float
+    validity_s: float = 0.0
+    started: float = 0.0  # monotonic time before the writes were sent
+
+    def valid_until(self) -> float:
+        return self.started + quorum.remaining_validity(self.ttl_s, 0.0)
+
+    def expires_in(self) -> float:
+        return max(0.0, self.valid_until() - time.monotonic())
+
+
+@dataclass
+class ClusterStatus:
+    name: str
+    status: str
+    holder: str | None = None
+    lock_id: str | None = None
+    acquired_at: datetime | None = None
+    renewed_at: datetime | None = None
+    ttl_s: int | None = None
+    transitions: int | None = None
+    error: str | None = None
+    token: int | None = None
+    remaining_s: float | None = None
+    info: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LockStatus:
+    deployment: str
+    namespace: str
+    quorum: int
+    holder: str | None
+    lock_id: str | None
+    fencing_token: int | None
+    held_by_majority: bool
+    expires_in_s: float | None
+    clusters: list[ClusterStatus]
+    info: dict[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ the engine
+
+
+class LockEngine:
+    """The lock of one deployment over its member clusters."""
+
+    def __init__(
+        self,
+        clusters: ClusterSet,
+        deployment: DeploymentRecord,
+        *,
+        background: TaskGroup | None = None,
+    ) -> None:
+        self.clusters = clusters
+        self.dep = deployment
+        self.name = lease_name(deployment.name)
+        self.path = lease_path(deployment.namespace, self.name)
+        self.members = list(deployment.clusters)
+        self.n = len(self.members)
+        self.q = quorum.quorum_size(self.n)
+        self.background = background
+
+    @property
+    def timeout(self) -> float:
+        return self.clusters.timeout
+
+    # -- reading
+
+    async def _read(self, cluster: str) -> LeaseView:
+        client = self.clusters.client(cluster)
+        try:
+            resp = await client.request("GET", self.path)
+        except KubeError as err:
+            if err.kind == kube.NOT_FOUND:
+                # A 404 is an answer: the lease does not exist (yet) on this cluster.
+                return LeaseView(exists=False)
+            raise
+        return LeaseView.parse(resp.body, resp.server_time)
+
+    async def _checked_read(self, cluster: str) -> LeaseView:
+        """Identity check and lease read in flight together (two requests, one round trip);
+        nothing is written to a cluster before its identity is proven."""
+        view: LeaseView | None = None
+
+        async def read() -> None:
+            nonlocal view
+            view = await self._read(cluster)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await self.clusters.check_identity(cluster)
+        except BaseExceptionGroup as group:
+            raise first_kube_error(group) from None
+        assert view is not None
+        return view
+
+    # -- writing one lease
+
+    def _lease_body(
+        self,
+        view: LeaseView,
+        *,
+        lock_id: str | None,
+        token: int,
+        ttl_s: float,
+        holder: str | None = None,
+        reason: str | None = None,
+        command: str | None = None,
+        renew_only: bool = False,
+    ) -> dict[str, Any]:
+        now = micro_time(_now())
+        if view.exists:
+            obj = {k: v for k, v in view.obj.items() if k not in ("status",)}
+            meta = dict(obj.get("metadata") or {})
+            spec = dict(obj.get("spec") or {})
+        else:
+            obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+            meta = owned_metadata(self.name, self.dep.name)
+            spec = {}
+        ann = dict(meta.get("annotations") or {})
+        if lock_id is None:  # release: clear the holder, keep the object and the token
+            for key in HOLDER_ANNOTATIONS:
+                ann.pop(key, None)
+            spec.pop("holderIdentity", None)
+            spec.pop("acquireTime", None)
+            spec.pop("renewTime", None)
+        elif renew_only:
+            spec["renewTime"] = now
+            spec["leaseDurationSeconds"] = math.ceil(ttl_s)
+        else:
+            if view.lock_id != lock_id:
+                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if view.exists else 0)
+                spec["acquireTime"] = now
+            spec["holderIdentity"] = lock_id
+            spec["leaseDurationSeconds"] = math.ceil(ttl_s)
+            spec["renewTime"] = now
+            ann.update(
+                {
+                    A_HOLDER: holder or "",
+                    A_HOST: socket.gethostname(),
+                    A_PID: str(os.getpid()),
+                    A_REASON: reason or "",
+                    A_COMMAND: command or "",
+                }
+            )
+        if lock_id is not None:
+            ann[A_TOKEN] = str(token)
+        ann[A_MEMBERS] = ",".join(self.members)
+        ann[A_NAMESPACE] = self.dep.namespace
+        meta["annotations"] = ann
+        labels = dict(meta.get("labels") or {})
+        labels.update(owned_metadata(self.name, self.dep.name)["labels"])
+        meta["labels"] = labels
+        obj["metadata"] = meta
+        obj["spec"] = spec
+        return obj
+
+    async def _write(self, cluster: str, view: LeaseView, body: dict[str, Any]) -> LeaseView:
+        client = self.clusters.client(cluster)
+        query = {"fieldManager": FIELD_MANAGER}
+        if view.exists:
+            resp = await client.request("PUT", self.path, body=body, query=query)
+        else:
+            resp = await client.request("POST", leases_path(self.dep.namespace), body=body, query=query)
+        return LeaseView.parse(resp.body, resp.server_time)
+
+    # -- acquire
+
+    async def acquire(
+        self,
+        *,
+        ttl_s: float,
+        holder: str,
+        reason: str = "",
+        command: str = "",
+        wait_s: float = 0.0,
+        lock_id: str | None = None,
+        on_wait: Callable[[AcquireResult, float], Awaitable[None] | None] | None = None,
+    ) -> AcquireResult:
+        """Take the lock on a majority, waiting up to ``wait_s`` (woken by lease watches).
+
+        Raises LockHeldError (3), NoQuorumError (4) or IdentityMismatchError (5) with a
+        report; returns an :class:`AcquireResult` on success.
+        """
+        lock_id = lock_id or new_lock_id()
+        deadline = time.monotonic() + wait_s
+        if wait_s <= 0:
+            result = await self._attempt(lock_id, ttl_s, holder, reason, command)
+            return self._settle(result, final=True)
+        changed = anyio.Event()
+        seen: dict[str, str | None] = {}
+        wake = _Wake(changed)
+        async with anyio.create_task_group() as watchers:
+            for cluster in self.members:
+                watchers.start_soon(self._watch_leases, cluster, wake, seen)
+            backoff = 0.2
+            try:
+                while True:
+                    wake.event = anyio.Event()
+                    result = await self._attempt(lock_id, ttl_s, holder, reason, command)
+                    for name, r in result.results.items():
+                        if r.value and r.value.view:
+                            seen[name] = r.value.view.resource_version
+                    left = deadline - time.monotonic()
+                    if result.acquired or left <= 0 or self._mismatch(result):
+                        return self._settle(result, final=True)
+                    if on_wait is not None:
+                        maybe = on_wait(result, left)
+                        if maybe is not None:
+                            await maybe
+                    sleep = min(left, backoff * (0.5 + random.random()), _next_expiry(result))
+                    backoff = min(backoff * 2, 2.0)
+                    with anyio.move_on_after(max(0.0, sleep)):
+                        await wake.event.wait()
+            finally:
+                watchers.cancel_scope.cancel()
+        raise AssertionError("the wait loop only ends by returning or raising")
+
+    def _mismatch(self, result: AcquireResult) -> bool:
+        return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
+
+    async def _watch_leases(self, cluster: str, wake: _Wake, seen: dict[str, str | None]) -> None:
+        """Wake the waiting contender whenever this cluster's lease changes."""
+        client = self.clusters.client(cluster)
+        query = {"fieldSelector": f"metadata.name={self.name}"}
+        delay = 0.5
+        while True:
+            try:
+                async for event in client.watch(leases_path(self.dep.namespace), query=query, timeout=55):
+                    obj = event.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if event.get("type") == "DELETED" or rv != seen.get(cluster):
+                        wake.event.set()
+                delay = 0.5
+            except KubeError as err:
+                log.debug("lease watch interrupted", cluster=cluster, detail=err.detail)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _attempt(self, lock_id: str, ttl_s: float, holder: str, reason: str, command: str) -> AcquireResult:
+        """One acquisition attempt on every member at once."""
+        started = time.monotonic()
+        reads: dict[str, LeaseView] = {}
+        reads_done = 0
+        token_ready = anyio.Event()
+        chosen: dict[str, int] = {}
+        attempt_over = {"lost": False, "won": False, "mismatch": False}
+        result_holder: dict[str, AcquireResult] = {}
+
+        def maybe_choose_token() -> None:
+            if token_ready.is_set():
+                return
+            if len(reads) >= self.q or reads_done >= self.n:
+                chosen["token"] = quorum.next_fencing_token(v.token for v in reads.values())
+                token_ready.set()
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            nonlocal reads_done
+            try:
+                try:
+                    view = await self._checked_read(cluster)
+                except KubeError as err:
+                    if err.kind == "identity-mismatch":
+                        attempt_over["mismatch"] = True
+                    return failed(cluster, err)  # type: ignore[return-value]
+                reads[cluster] = view
+            finally:
+                reads_done += 1
+                maybe_choose_token()
+            await token_ready.wait()
+            if len(reads) < self.q:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "not attempted"),
+                    detail="not attempted: fewer than a majority of clusters could be read",
+                )
+            token = chosen["token"]
+            outcome = await self._take_one(cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over)
+            if outcome.ok and (attempt_over["lost"] or attempt_over["mismatch"]):
+                # Landed after the attempt was already decided lost: give it back now.
+                await self._release_one(cluster, lock_id)
+                outcome.value = ClusterLease(outcome.value.view if outcome.value else None, "released")
+            return outcome
+
+        def decided(results: Mapping[str, ClusterResult[ClusterLease]]) -> bool:
+            outcomes = [r.outcome for r in results.values()]
+            if any(o is Outcome.IDENTITY_MISMATCH for o in outcomes):
+                attempt_over["mismatch"] = True
+                return True
+            if quorum.quorum_reached(outcomes, self.n):
+                attempt_over["won"] = True
+                return True
+            if quorum.quorum_impossible(outcomes, self.n):
+                attempt_over["lost"] = True
+                return True
+            return False
+
+        results = await fan_out(
+            self.members,
+            on_cluster,
+            timeout=self.timeout,
+            until=decided,
+            background=self.background,
+        )
+        token = chosen.get("token")
+        result = AcquireResult(
+            deployment=self.dep.name,
+            namespace=self.dep.namespace,
+            lock_id=lock_id,
+            holder=holder,
+            fencing_token=token,
+            acquired=False,
+            quorum=self.q,
+            results=results,
+            members=self.members,
+            ttl_s=ttl_s,
+            started=started,
+        )
+        result_holder["r"] = result
+        outcomes = [r.outcome for r in results.values()]
+        won = quorum.quorum_reached(outcomes, self.n) and not attempt_over["mismatch"]
+        validity = quorum.remaining_validity(ttl_s, time.monotonic() - started)
+        if won and validity > 0:
+            result.acquired = True
+            result.validity_s = validity
+            return result
+        # Lost (or won too late to be of use): give back everything this attempt took.
+        attempt_over["lost"] = True
+        if won:
+            for r in results.values():
+                if r.ok:
+                    r.detail = "taken, but validity ran out before a majority answered"
+        taken = [name for name, r in results.items() if r.ok]
+        if taken:
+            await self._release_many(taken, lock_id, results)
+        return result
+
+    async def _take_one(
+        self,
+        cluster: str,
+        view: LeaseView,
+        lock_id: str,
+        token: int,
+        ttl_s: float,
+        holder: str,
+        reason: str,
+        command: str,
+        attempt_over: dict[str, bool],
+    ) -> ClusterResult[ClusterLease]:
+        for _ in range(MAX_CAS_RETRIES):
+            if attempt_over["lost"] or attempt_over["mismatch"]:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "skipped"),
+                    detail="not attempted: the attempt was already lost",
+                )
+            if view.live_for_other(lock_id):
+                return ClusterResult(
+                    cluster,
+                    Outcome.HELD_BY_OTHER,
+                    ClusterLease(view, "held"),
+                    detail=_held_detail(view),
+                )
+            if view.token_malformed:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "malformed"),
+                    detail=f"the lease's {A_TOKEN} annotation is not a whole number; "
+                    "`coordinator lock break` rewrites it",
+                )
+            if view.token > token:
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(view, "newer token"),
+                    detail=f"a concurrent attempt recorded token {view.token} here",
+                )
+            action = (
+                "created"
+                if not view.exists
+                else ("renewed" if view.lock_id == lock_id else ("took over expired" if view.held else "took free"))
+            )
+            body = self._lease_body(
+                view,
+                lock_id=lock_id,
+                token=token,
+                ttl_s=ttl_s,
+                holder=holder,
+                reason=reason,
+                command=command,
+            )
+            try:
+                new_view = await self._write(cluster, view, body)
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(new_view, action), detail=action)
+            except KubeError as err:
+                if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
+                    return failed(cluster, err)  # type: ignore[return-value]
+            # Lost a compare-and-swap race: read again and decide again.
+            try:
+                view = await self._read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(
+            cluster, Outcome.CONFLICT, ClusterLease(view, "raced"), detail="lost the compare-and-swap race repeatedly"
+        )
+
+    def _settle(self, result: AcquireResult, *, final: bool) -> AcquireResult:
+        if result.acquired:
+            return result
+        outcomes = [r.outcome for r in result.results.values()]
+        # clusters that never answered count as unreachable
+        outcomes += [Outcome.UNREACHABLE] * (self.n - len(outcomes))
+        report = acquire_report(result)
+        if self._mismatch(result):
+            raise IdentityMismatchError(report, payload=result)
+        if quorum.failure_outcome(outcomes, self.n) is Outcome.HELD_BY_OTHER:
+            raise LockHeldError(report, payload=result)
+        raise NoQuorumError(report, payload=result)
+
+    # -- release / renew / break
+
+    async def _release_one(self, cluster: str, lock_id: str) -> ClusterResult[ClusterLease]:
+        try:
+            await self.clusters.check_identity(cluster)
+            view = await self._read(cluster)
+            for _ in range(MAX_CAS_RETRIES):
+                if view.lock_id != lock_id:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.OK,
+                        ClusterLease(view, "not ours"),
+                        detail="not held by this lock id",
+                        extra={"ours": False},
+                    )
+                body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
+                try:
+                    new_view = await self._write(cluster, view, body)
+                    return ClusterResult(
+                        cluster, Outcome.OK, ClusterLease(new_view, "released"), detail="released", extra={"ours": True}
+                    )
+                except KubeError as err:
+                    if err.kind != kube.CONFLICT:
+                        raise
+                view = await self._read(cluster)
+            return ClusterResult(
+                cluster,
+                Outcome.CONFLICT,
+                ClusterLease(view, "raced"),
+                detail="lost the compare-and-swap race repeatedly",
+            )
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+
+    async def _release_many(
+        self, clusters: list[str], lock_id: str, into: dict[str, ClusterResult[ClusterLease]]
+    ) -> None:
+        released = await fan_out(clusters, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
+        for name, r in released.items():
+            prev = into.get(name)
+            if prev is not None and prev.ok:
+                prev.detail = (
+                    f"{prev.detail}; then released"
+                    if r.ok
+                    else (f"{prev.detail}; release failed ({r.outcome}: {r.detail}) — it expires by itself")
+                )
+                if prev.value:
+                    prev.value.action = "released" if r.ok else prev.value.action
+
+    async def release(self, lock_id: str) -> dict[str, ClusterResult[ClusterLease]]:
+        """Clear the holder wherever it is still ``lock_id`` (never someone else's)."""
+        results = await fan_out(self.members, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
+        self._raise_on_mismatch(results)
+        ours = [r for r in results.values() if r.ok and r.extra.get("ours")]
+        observable = [r for r in results.values() if r.outcome.observable]
+        if not ours and len(observable) >= self.q:
+            raise StateConflictError(
+                f"Lock id {lock_id} holds nothing on deployment {self.dep.name!r}: none of the "
+                f"{len(observable)} clusters that answered has it as holder. It was already "
+                "released, expired and was taken over, or the id is wrong; see "
+                f"`coordinator lock status {self.dep.name}`.",
+                payload=results,
+            )
+        if not ours:
+            raise NoQuorumError(
+                f"Could not release lock {lock_id} of {self.dep.name!r}: only "
+                f"{len(observable)} of {self.n} clusters answered "
+                f"({_summarize(results)}). Leases left behind expire by themselves after their TTL.",
+                payload=results,
+            )
+        return results
+
+    async def renew(self, lock_id: str, token: int, ttl_s: float) -> AcquireResult:
+        """Extend the leases still ours; re-take free ones; succeed only on a majority."""
+        started = time.monotonic()
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+            for _ in range(MAX_CAS_RETRIES):
+                if view.lock_id == lock_id:
+                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
+                    action = "renewed"
+                elif not view.live_for_other(lock_id) and view.token <= token and not view.token_malformed:
+                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=default_holder())
+                    action = "re-taken"
+                else:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.HELD_BY_OTHER,
+                        ClusterLease(view, "lost"),
+                        detail=_held_detail(view) if view.held else "no longer ours",
+                    )
+                try:
+                    new = await self._write(cluster, view, body)
+                    return ClusterResult(cluster, Outcome.OK, ClusterLease(new, action), detail=action)
+                except KubeError as err:
+                    if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
+                        return failed(cluster, err)  # type: ignore[return-value]
+                try:
+                    view = await self._read(cluster)
+                except KubeError as err:
+                    return failed(cluster, err)  # type: ignore[return-value]
+            return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+
+        results = await fan_out(
+            self.members,
+            on_cluster,
+            timeout=self.timeout,
+            until=lambda rs: quorum.quorum_reached([r.outcome for r in rs.values()], self.n) and len(rs) == self.n,
+        )
+        self._raise_on_mismatch(results)
+        result = AcquireResult(
+            deployment=self.dep.name,
+            namespace=self.dep.namespace,
+            lock_id=lock_id,
+            holder=default_holder(),
+            fencing_token=token,
+            acquired=False,
+            quorum=self.q,
+            results=results,
+            members=self.members,
+            ttl_s=ttl_s,
+            started=started,
+        )
+        validity = quorum.remaining_validity(ttl_s, time.monotonic() - started)
+        if quorum.quorum_reached([r.outcome for r in results.values()], self.n) and validity > 0:
+            result.acquired = True
+            result.validity_s = validity
+        return result
+
+    async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
+        """Clear the lease whatever its holder (admin override), leaving an audit note."""
+        note = f'{{"by": "{by}", "host": "{socket.gethostname()}", "at": "{micro_time(_now())}", "reason": {reason!r}}}'
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+                for _ in range(MAX_CAS_RETRIES):
+                    if not view.exists:
+                        return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "absent"), detail="no lease")
+                    if not view.held and not view.token_malformed:
+                        return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
+                    body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
+                    ann = body["metadata"]["annotations"]
+                    previous = view.lock_id or "-"
+                    ann[A_LAST_BREAK] = note.replace("}", f', "previous_lock_id": "{previous}"}}')
+                    if view.token_malformed:
+                        ann.pop(A_TOKEN, None)
+                    try:
+                        new = await self._write(cluster, view, body)
+                        return ClusterResult(
+                            cluster, Outcome.OK, ClusterLease(new, "broken"), detail=f"cleared holder {previous}"
+                        )
+                    except KubeError as err:
+                        if err.kind != kube.CONFLICT:
+                            raise
+                    view = await self._read(cluster)
+                return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+
+        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        self._raise_on_mismatch(results)
+        log.warning("lock broken", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
+        return results
+
+    def _raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
+        bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
+        if bad:
+            raise IdentityMismatchError(identity_report(bad), payload=results)
+
+    # -- status
+
+    async def status(self) -> LockStatus:
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+            return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
+
+        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        self._raise_on_mismatch(results)
+        rows: list[ClusterStatus] = []
+        live: dict[str, str | None] = {}
+        remaining: dict[str, float] = {}
+        for name in self.members:
+            r = results.get(name)
+            if r is None or not r.ok or r.value is None or r.value.view is None:
+                status = str(r.outcome) if r else "unreachable"
+                if status not in ("unreachable", "forbidden", "identity-mismatch"):
+                    status = "error"
+                rows.append(ClusterStatus(name, status, error=r.detail if r else "no answer"))
+                continue
+            v = r.value.view
+            expired = v.expired()
+            if not v.held:
+                st = "free"
+            elif expired:
+                st = "expired"
+            else:
+                st = "held"
+                live[name] = v.lock_id
+                rem = v.remaining_s()
+                if rem is not None:
+                    remaining[name] = rem
+            rows.append(
+                ClusterStatus(
+                    name,
+                    st,
+                    holder=v.info.get("holder") or None,
+                    lock_id=v.lock_id,
+                    acquired_at=v.acquired_at,
+                    renewed_at=v.renewed_at,
+                    ttl_s=v.ttl_s,
+                    transitions=v.transitions,
+                    token=v.token if v.exists else None,
+                    remaining_s=v.remaining_s() if st == "held" else None,
+                    info=v.info,
+                    error="fencing-token annotation is malformed" if v.token_malformed else None,
+                )
+            )
+        winner = quorum.majority_holder(live, self.n)
+        holder_row = next((row for row in rows if winner and row.lock_id == winner), None)
+        expires = None
+        if winner:
+            expires = quorum.majority_expiry(
+                [remaining[c] for c, lid in live.items() if lid == winner and c in remaining], self.n
+            )
+        return LockStatus(
+            deployment=self.dep.name,
+            namespace=self.dep.namespace,
+            quorum=self.q,
+            holder=holder_row.holder if holder_row else None,
+            lock_id=winner,
+            fencing_token=holder_row.token if holder_row else None,
+            held_by_majority=winner is not None,
+            expires_in_s=round(expires, 1) if expires is not None else None,
+            clusters=rows,
+            info=holder_row.info if holder_row else {},
+        )
+
+
+def first_kube_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report from a group of concurrent requests to one cluster: an identity
+    mismatch first, then any other classified failure, else the group itself."""
+    found: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup[BaseException]) -> None:
+        for e in g.exceptions:
+            if isinstance(e, BaseExceptionGroup):
+                walk(e)
+            else:
+                found.append(e)
+
+    walk(group)
+    kube_errors = [e for e in found if isinstance(e, KubeError)]
+    if len(kube_errors) != len(found):
+        return group
+    kube_errors.sort(key=lambda e: e.kind != "identity-mismatch")
+    return kube_errors[0]
+
+
+class _Wake:
+    def __init__(self, event: anyio.Event) -> None:
+        self.event = event
+
+
+def _next_expiry(result: AcquireResult) -> float:
+    """Seconds until the soonest lease held by another could expire (a wake-up hint)."""
+    hints = []
+    for r in result.results.values():
+        if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view:
+            rem = r.value.view.remaining_s()
+            if rem is not None:
+                hints.append(max(0.05, rem + 0.05))
+    return min(hints) if hints else 2.0
+
+
+def _held_detail(view: LeaseView) -> str:
+    who = view.info.get("holder") or "an unknown holder"
+    rem = view.remaining_s()
+    tail = f", expires in {rem:.0f}s unless renewed" if rem is not None else ""
+    return f"held by {who} (lock {view.lock_id}){tail}"
+
+
+def _summarize(results: dict[str, ClusterResult[ClusterLease]]) -> str:
+    return ", ".join(f"{k}: {r.outcome}" for k, r in sorted(results.items()))
+
+
+def identity_report(bad: dict[str, ClusterResult[ClusterLease]]) -> str:
+    parts = [f"cluster {name!r}: {r.detail}" for name, r in sorted(bad.items())]
+    return (
+        "Cluster identity mismatch — nothing was written to these clusters: "
+        + "; ".join(parts)
+        + ". A kubeconfig context was pointed at another cluster. Fix the context, or if "
+        "the cluster was really rebuilt, run `coordinator cluster disconnect NAME --force` "
+        "and connect it again."
+    )
+
+
+def _fmt_time(when: datetime | None) -> str:
+    if when is None:
+        return "?"
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def acquire_report(result: AcquireResult) -> str:
+    """The paragraph a person reads when the lock could not be had."""
+    from coordinator.durations import format_duration
+
+    n = len(result.members)
+    got = [k for k, r in result.results.items() if r.ok]
+    lines = []
+    holders: dict[str, list[str]] = {}
+    unseen: list[str] = []
+    for name in result.members:
+        r = result.results.get(name)
+        if r is None:
+            lines.append(f"{name}: unreachable (no answer within the timeout)")
+            unseen.append(name)
+            continue
+        v = r.value.view if r.value else None
+        if r.outcome is Outcome.HELD_BY_OTHER and v is not None:
+            who = v.info.get("holder") or "?"
+            rem = v.remaining_s()
+            until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
+            host = v.info.get("host") or "?"
+            pid = v.info.get("pid") or "?"
+            why = v.info.get("reason") or "no reason given"
+            lines.append(
+                f"{name}: held by {who} (host {host}, pid {pid}, lock {v.lock_id}, "
+                f"reason: {why}) since {_fmt_time(v.acquired_at)}, renewed "
+                f"{_fmt_time(v.renewed_at)}, {until}"
+            )
+            holders.setdefault(who, []).append(name)
+        else:
+            lines.append(f"{name}: {r.outcome} — {r.detail}")
+            if not r.outcome.observable:
+                unseen.append(name)
+    head = (
+        f"Could not lock deployment {result.deployment!r}: a majority of {result.quorum} of "
+        f"{n} clusters is needed, this attempt got {len(got)}"
+        + (f" ({', '.join(got)}), which were released again" if got else "")
+        + ". "
+    )
+    advice = []
+    if holders:
+        who = ", ".join(f"{h} on {', '.join(cs)}" for h, cs in holders.items())
+        advice.append(
+            f"It is held by {who}. Wait for it with --wait 5m, ask the holder to release "
+            f"it, or if the holder is gone for good, run `coordinator lock break {result.deployment}`."
+        )
+    if unseen:
+        advice.append(
+            f"Could not observe {', '.join(unseen)}; an unobservable cluster is never counted "
+            f"as free. Check `coordinator cluster info NAME` for reachability and permissions."
+        )
+    return head + "Per cluster: " + "; ".join(lines) + ". " + " ".join(advice)
+
+
+@contextlib.asynccontextmanager
+async def keep_renewed(
+    engine: LockEngine,
+    held: AcquireResult,
+    *,
+    on_lost: Callable[[str], None] | None = None,
+) -> AsyncIterator[anyio.Event]:
+    """Renew ``held`` in the background while the block runs; yield an event set if lost.
+
+    Renews every TTL/3. When a majority can no longer be renewed before the validity
+    ends, the lock is lost: the event is set and ``on_lost`` is called with the reason.
+    """
+    lost = anyio.Event()
+    interval = max(0.5, held.ttl_s / 3)
+
+    async def loop() -> None:
+        valid_until = held.valid_until()
+        while True:
+            await anyio.sleep(min(interval, max(0.05, valid_until - time.monotonic())))
+            if time.monotonic() >= valid_until:
+                break
+            try:
+                renewed = await engine.renew(held.lock_id, held.fencing_token or 0, held.ttl_s)
+            except Exception as err:  # identity mismatch or worse: the lock is not safe
+                reason = f"renewal failed: {err}"
+                log.warning("lock renewal failed", error=str(err))
+                if time.monotonic() >= valid_until:
+                    break
+                await anyio.sleep(0.5)
+                continue
+            if renewed.acquired:
+                held.started = renewed.started
+                valid_until = renewed.valid_until()
+                log.info("lock renewed", deployment=engine.dep.name, valid_for=round(renewed.validity_s, 1))
+            else:
+                log.warning("lock renewal reached no majority", clusters=_summarize(renewed.results))
+        reason = f"the lock on {engine.dep.name!r} could not be renewed on a majority before its validity ended"
+        lost.set()
+        if on_lost is not None:
+            on_lost(reason)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loop)
+        try:
+            yield lost
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def current_command() -> str:
+    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
