@@ -23,7 +23,7 @@ def check_dns_label(value: str, *, what: str, max_len: int = 63) -> str:
         raise ValueError(f"{what} must not be empty")
     if len(value) > max_len:
         raise ValueError(f"{what} {value!r} is {len(value)} characters long; the limit is {max_len}")
-    if not DNS1123_LABEL.match(value):
+    if not DNS1123_LABEL.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a valid DNS-1123 label: use lower-case letters, digits "
             "and '-', starting and ending with a letter or digit"
