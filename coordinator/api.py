@@ -80,9 +80,11 @@ class Coordinator:
     async def __aexit__(self, *exc: object) -> bool | None:
         # The task group waits for stragglers of lost attempts to release what they got
         # (each bounded by the per-cluster timeout); then the clients are closed.
+        # The body's own exception is not fed to the task group (it would come back
+        # wrapped in an ExceptionGroup); it propagates unchanged after the clean-up.
         stack, self._stack, self._tg = self._stack, None, None
         if stack is not None:
-            return await stack.__aexit__(*exc)  # type: ignore[arg-type]
+            await stack.__aexit__(None, None, None)
         return None
 
     # ------------------------------------------------------------------ lookups

@@ -50,18 +50,23 @@ async def fan_out(
     timeout: float,
     until: Callable[[Results[T]], bool] | None = None,
     background: TaskGroup | None = None,
+    grace_factor: float = 0.25,
 ) -> dict[str, ClusterResult[T]]:
     """Run ``operation(cluster)`` for every cluster at once; each gets ``timeout`` seconds.
 
     Returns when every cluster has answered or timed out, or as soon as ``until`` says
-    the question is decided. Clusters that had not answered by then are absent from the
-    result. They are cancelled, unless ``background`` is given: then they go on there
+    the question is decided, plus a short grace (``grace_factor`` times the time taken so
+    far) so that healthy clusters answering together are all reported. Clusters that had
+    not answered by then are absent from the result. They are cancelled, unless ``background`` is given: then they go on there
     (still bounded by ``timeout``) and their results are dropped.
     """
     names = list(dict.fromkeys(clusters))
     results: dict[str, ClusterResult[T]] = {}
     scopes: dict[str, anyio.CancelScope] = {}
     decided = anyio.Event()
+    all_done = anyio.Event()
+    closed = False
+    begun = time.monotonic()
     if not names:
         return results
 
@@ -79,9 +84,11 @@ async def fan_out(
             if limit.cancelled_caught:
                 result = ClusterResult(name, Outcome.UNREACHABLE, detail=f"no answer within {timeout:g}s")
             result.elapsed_s = time.monotonic() - started
-            if decided.is_set():
+            if closed:
                 return  # a straggler: the caller has moved on
             results[name] = result
+            if len(results) == len(names):
+                all_done.set()
             log.info(
                 "cluster outcome",
                 cluster=name,
@@ -97,6 +104,10 @@ async def fan_out(
         for name in names:
             owner.start_soon(run_one, name)
         await decided.wait()
+        if not all_done.is_set():
+            with anyio.move_on_after(grace_factor * (time.monotonic() - begun) + 0.01):
+                await all_done.wait()
+        closed = True
         if background is None:
             for name, scope in scopes.items():
                 if name not in results:

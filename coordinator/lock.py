@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import math
 import os
 import random
@@ -574,13 +575,6 @@ class LockEngine:
         attempt_over: dict[str, bool],
     ) -> ClusterResult[ClusterLease]:
         for _ in range(MAX_CAS_RETRIES):
-            if attempt_over["lost"] or attempt_over["mismatch"]:
-                return ClusterResult(
-                    cluster,
-                    Outcome.ERROR,
-                    ClusterLease(view, "skipped"),
-                    detail="not attempted: the attempt was already lost",
-                )
             if view.live_for_other(lock_id):
                 return ClusterResult(
                     cluster,
@@ -602,6 +596,13 @@ class LockEngine:
                     Outcome.CONFLICT,
                     ClusterLease(view, "newer token"),
                     detail=f"a concurrent attempt recorded token {view.token} here",
+                )
+            if attempt_over["lost"] or attempt_over["mismatch"]:
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(view, "skipped"),
+                    detail="free, but not taken: the attempt was already lost elsewhere",
                 )
             action = (
                 "created"
@@ -780,7 +781,7 @@ class LockEngine:
 
     async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
         """Clear the lease whatever its holder (admin override), leaving an audit note."""
-        note = f'{{"by": "{by}", "host": "{socket.gethostname()}", "at": "{micro_time(_now())}", "reason": {reason!r}}}'
+        note = {"by": by, "host": socket.gethostname(), "at": micro_time(_now()), "reason": reason}
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
@@ -793,7 +794,7 @@ class LockEngine:
                     body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
                     ann = body["metadata"]["annotations"]
                     previous = view.lock_id or "-"
-                    ann[A_LAST_BREAK] = note.replace("}", f', "previous_lock_id": "{previous}"}}')
+                    ann[A_LAST_BREAK] = json.dumps(note | {"previous_lock_id": previous})
                     if view.token_malformed:
                         ann.pop(A_TOKEN, None)
                     try:
@@ -967,7 +968,7 @@ def acquire_report(result: AcquireResult) -> str:
     for name in result.members:
         r = result.results.get(name)
         if r is None:
-            lines.append(f"{name}: unreachable (no answer within the timeout)")
+            lines.append(f"{name}: unreachable (no answer in time)")
             unseen.append(name)
             continue
         v = r.value.view if r.value else None
@@ -1006,7 +1007,7 @@ def acquire_report(result: AcquireResult) -> str:
             f"Could not observe {', '.join(unseen)}; an unobservable cluster is never counted "
             f"as free. Check `coordinator cluster info NAME` for reachability and permissions."
         )
-    return head + "Per cluster: " + "; ".join(lines) + ". " + " ".join(advice)
+    return head + "Per cluster:\n" + "".join(f"  {line}\n" for line in lines) + " ".join(advice)
 
 
 @contextlib.asynccontextmanager

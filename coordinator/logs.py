@@ -28,5 +28,9 @@ def configure_logging(*, log_format: str = "console", verbosity: int = 0) -> Non
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    # Used as a library with structlog unconfigured, stay quiet below warnings and keep
+    # stdout clean (structlog's own default prints everything to stdout).
+    if not structlog.is_configured():
+        configure_logging()
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)
     return logger

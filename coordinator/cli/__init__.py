@@ -145,12 +145,32 @@ def _verbosity_from_argv(argv: list[str]) -> int:
     return count
 
 
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """A group holding one user-facing error (possibly nested) is that error."""
+    leaves: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup[BaseException]) -> None:
+        for e in g.exceptions:
+            if isinstance(e, BaseExceptionGroup):
+                walk(e)
+            else:
+                leaves.append(e)
+
+    walk(group)
+    wanted = [e for e in leaves if isinstance(e, CoordinatorError | KeyboardInterrupt)]
+    return wanted[0] if wanted else group
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI and maps every outcome to a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = _verbosity_from_argv(args) > 0
     try:
-        cli.main(args=args, prog_name="coordinator", standalone_mode=False)
+        try:
+            # Without standalone mode click returns ctx.exit()'s code instead of exiting.
+            code = cli.main(args=args, prog_name="coordinator", standalone_mode=False)
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
     except CoordinatorError as err:
         if verbose:
             traceback.print_exc()
@@ -179,4 +199,4 @@ def main(argv: list[str] | None = None) -> None:
             err=True,
         )
         sys.exit(int(ExitCode.INTERNAL))
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -42,7 +42,7 @@ def acquire_document(result: Any) -> dict[str, Any]:
             if r is not None
         ]
         + [
-            {"name": name, "outcome": "unreachable", "detail": "no answer within the timeout"}
+            {"name": name, "outcome": "unreachable", "detail": "no answer yet when a majority had decided"}
             for name in result.members
             if name not in result.results
         ],
@@ -374,7 +374,7 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
         )
 
 
-@lock.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@lock.command("run", context_settings={"ignore_unknown_options": True})
 @click.argument("deployment")
 @_ttl
 @_wait

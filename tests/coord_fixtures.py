@@ -1,0 +1,113 @@
+"""Fixtures that put coordinator itself on top of the sandbox clusters.
+
+``dep3`` / ``dep5``: a fresh local config with every sandbox cluster connected
+(``c1``..``cN``) and a deployment ``web`` in a fresh namespace spanning them all.
+``Env.cli(...)`` runs the real command line in a subprocess; ``Env.api()`` gives an
+in-process :class:`Coordinator` for the same config.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from coordinator.admin import connect_cluster, create_deployment
+from coordinator.api import Coordinator
+from coordinator.clusters import ClusterSet
+from coordinator.config import ConfigStore
+from coordinator.kube.client import Endpoint, KubeClient
+
+
+@dataclass
+class Env:
+    sandbox: Any
+    config: Path
+    namespace: str
+    deployment: str = "web"
+    clusters: list[str] = field(default_factory=list)
+    home: Path | None = None
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.sandbox.kubeconfig)
+
+    def environ(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("COORDINATOR_LOCK_ID", None)
+        env.pop("COORDINATOR_HOLDER", None)
+        env.update(
+            {
+                "COORDINATOR_CONFIG": str(self.config),
+                "KUBECONFIG": self.kubeconfig,
+                "COORDINATOR_TIMEOUT": "3s",
+                "XDG_STATE_HOME": str(self.config.parent / "state"),
+                "NO_COLOR": "1",
+            }
+        )
+        env.update(extra)
+        return env
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+            prefix: list[str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [*(prefix or []), sys.executable, "-m", "coordinator", *args]
+        return subprocess.run(cmd, env=self.environ(**(env or {})), capture_output=True, text=True,
+                              timeout=timeout, input=input)
+
+    def popen(self, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None,
+              **kw: Any) -> subprocess.Popen[str]:
+        cmd = [*(prefix or []), sys.executable, "-m", "coordinator", *args]
+        return subprocess.Popen(cmd, env=self.environ(**(env or {})), text=True, **kw)
+
+    def api(self, timeout: float = 3.0) -> Coordinator:
+        return Coordinator.from_config(str(self.config), timeout=timeout)
+
+    def client(self, index: int) -> KubeClient:
+        """A raw client to sandbox cluster ``index`` (1-based), for arranging and inspecting."""
+        return KubeClient(Endpoint(f"c{index}", f"sandbox-{index}", self.kubeconfig), timeout=5)
+
+    async def raw(self, index: int, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        client = self.client(index)
+        try:
+            return (await client.request(method, path, body=body)).body
+        finally:
+            await client.close()
+
+
+def make_env(sandbox: Any, tmp_path: Path, *, deployment: str = "web") -> Env:
+    namespace = "t-" + secrets.token_hex(4)
+    cfg = tmp_path / "config" / "config.yaml"
+    env = Env(sandbox=sandbox, config=cfg, namespace=namespace, deployment=deployment)
+    store = ConfigStore(cfg)
+    names = [f"c{i}" for i in range(1, sandbox.n + 1)]
+
+    async def setup() -> None:
+        for i, name in enumerate(names, start=1):
+            await connect_cluster(store, name, f"sandbox-{i}", str(sandbox.kubeconfig))
+        cs = ClusterSet(store.load(), timeout=5)
+        try:
+            await create_deployment(store, cs, deployment, namespace, names, "configmap")
+        finally:
+            await cs.aclose()
+
+    anyio.run(setup)
+    env.clusters = names
+    return env
+
+
+@pytest.fixture
+def dep3(sandbox3: Any, tmp_path: Path) -> Iterator[Env]:
+    yield make_env(sandbox3, tmp_path)
+
+
+@pytest.fixture
+def dep5(sandbox5: Any, tmp_path: Path) -> Iterator[Env]:
+    yield make_env(sandbox5, tmp_path)

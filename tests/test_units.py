@@ -1,0 +1,150 @@
+"""Parsing and local-file behaviour that needs no cluster."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from coordinator.config import ConfigStore
+from coordinator.durations import format_duration, parse_duration
+from coordinator.errors import ConfigError, UsageError
+from coordinator.models import ClusterRecord, StateEnvelope
+from coordinator.state import (
+    ENVELOPE_LIMIT,
+    changed_keys,
+    check_size,
+    checksum,
+    decode_replica,
+    get_path,
+    set_path,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("3m", 180), ("1h", 3600), ("1m30s", 90), ("45", 45), ("0", 0), ("2.5s", 2.5), ("250ms", 0.25)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "3x", "-5", "5s3", "m", "1h-2m", "nan", "inf"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_duration(text, what="--ttl")
+
+
+def test_format_duration() -> None:
+    assert format_duration(130.4) == "2m10s"
+    assert format_duration(3.25) == "3.2s"
+    assert format_duration(7322) == "2h02m02s"
+
+
+def _record(name: str, identity: str) -> ClusterRecord:
+    return ClusterRecord(name=name, context=f"ctx-{name}", identity=identity, identity_source="kube-system-uid")
+
+
+def test_config_round_trip_and_atomic_file(tmp_path: Path) -> None:
+    store = ConfigStore(tmp_path / "cfg.yaml")
+    with store.edit() as cfg:
+        cfg.clusters["a"] = _record("a", "uid-a")
+    assert store.load().clusters["a"].identity == "uid-a"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("clusters: [unclosed", "not valid YAML at line"),
+        ("- a\n- b\n", "mapping at the top level"),
+        ("clusters:\n  a:\n    name: a\n", "clusters.a.context"),
+        ("version: 99\n", "version"),
+        ("clusters: {}\nbogus: 1\n", "bogus"),
+    ],
+)
+def test_bad_config_is_reported_and_never_overwritten(tmp_path: Path, content: str, needle: str) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(content)
+    store = ConfigStore(path)
+    with pytest.raises(ConfigError) as err:
+        with store.edit() as cfg:
+            cfg.clusters["x"] = _record("x", "uid-x")
+    assert needle in err.value.message
+    assert str(path) in err.value.message
+    assert path.read_text() == content
+
+
+def test_concurrent_edits_lose_nothing(tmp_path: Path) -> None:
+    store_path = tmp_path / "cfg.yaml"
+
+    def add(i: int) -> None:
+        with ConfigStore(store_path).edit() as cfg:
+            cfg.clusters[f"c{i}"] = _record(f"c{i}", f"uid-{i}")
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(ConfigStore(store_path).load().clusters) == sorted(f"c{i}" for i in range(12))
+
+
+def test_dotted_keys() -> None:
+    data: dict[str, object] = {}
+    set_path(data, "app.version", "1.2")
+    set_path(data, "replicas", 3)
+    assert get_path(data, "app.version") == "1.2"
+    assert get_path(data, "app") == {"version": "1.2"}
+    with pytest.raises(UsageError):
+        get_path(data, "app.missing")
+    with pytest.raises(UsageError):
+        set_path(data, "replicas.x", 1)
+    with pytest.raises(UsageError):
+        set_path(data, "a..b", 1)
+    assert changed_keys({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == ["a.c", "d"]
+
+
+def _envelope_text(payload: dict[str, object], **over: object) -> str:
+    data = payload
+    doc = {
+        "schema": 1, "version": 3, "token": 2, "checksum": checksum(data), "written_by": "me",
+        "written_at": "2026-11-30T08:00:00Z", "members": ["a"], "data": data, "history": [],
+    }
+    doc.update(over)
+    return json.dumps(doc)
+
+
+def test_decode_replica_classifies_garbage() -> None:
+    good = decode_replica("a", {"data": {"envelope.json": _envelope_text({"x": 1})}}, "configmap")
+    assert good.envelope is not None and good.envelope.order() == (2, 3)
+    assert decode_replica("a", {"data": {"envelope.json": "{not json"}}, "configmap").corrupt
+    assert "checksum" in (decode_replica("a", {"data": {"envelope.json": _envelope_text({"x": 1}, data={"x": 2})}},
+                                         "configmap").corrupt or "")
+    assert decode_replica("a", {"data": {"envelope.json": '{"version": 1}'}}, "configmap").corrupt
+    assert decode_replica("a", {"data": {}}, "configmap").corrupt
+    newer = decode_replica("a", {"data": {"envelope.json": _envelope_text({}, schema=7)}}, "configmap")
+    assert newer.newer_schema == 7 and newer.envelope is None
+    assert not decode_replica("a", None, "configmap").exists
+
+
+def test_old_schema_is_migrated() -> None:
+    data = {"k": "v"}
+    text = json.dumps({"version": 1, "token": 1, "checksum": checksum(data), "written_by": "x",
+                       "written_at": "2026-01-01T00:00:00Z", "members": [], "data": data,
+                       "history": [{"at": "2026-01-01T00:00:00Z", "who": "x", "host": "h", "command": "c",
+                                    "version": 1, "token": 1}]})
+    rep = decode_replica("a", {"data": {"envelope.json": text}}, "configmap")
+    assert isinstance(rep.envelope, StateEnvelope)
+    assert rep.envelope.schema_ == 1 and rep.envelope.history[0].keys == []
+
+
+def test_size_limit() -> None:
+    check_size("x" * 1000, "configmap")
+    with pytest.raises(UsageError) as err:
+        check_size("x" * (ENVELOPE_LIMIT + 1), "configmap")
+    assert f"{ENVELOPE_LIMIT:,}" in err.value.message
+    with pytest.raises(UsageError):
+        check_size("x" * (ENVELOPE_LIMIT - 10), "secret")  # base64 grows it by a third
