@@ -263,7 +263,7 @@ def _status_text(st: Any) -> None:
                 r.status,
                 r.holder or "-",
                 when(r.acquired_at) if r.acquired_at else "-",
-                f"{r.ttl_s}s" if r.ttl_s else "-",
+                f"{r.ttl_s}s" if r.ttl_s and r.status != "free" else "-",
                 r.error or (f"expires in {format_duration(r.remaining_s)}" if r.remaining_s is not None else ""),
             ]
             for r in st.clusters
@@ -319,7 +319,9 @@ def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> N
                     elif fmt == "yaml":
                         click.echo("---\n" + dump_document(doc, "yaml"))
                     else:
-                        say(f"--- {when(__import__('datetime').datetime.now(__import__('datetime').UTC))}")
+                        from datetime import UTC, datetime
+
+                        say(f"--- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}")
                         _status_text(st)
                 await anyio.sleep(every)
 

@@ -1,0 +1,38 @@
+# Shared set-up for scripts/test.sh, scripts/demo.sh and the benchmarks (sourced, not run).
+# Leaves VENV, COORDINATOR_BIN_DIR and COORDINATOR_TOXIPROXY exported.
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+if ! command -v faketime >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing Debian's faketime (for the clock-skew tests)"
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+    else
+        say "faketime is missing and cannot be installed here; the clock-skew tests will be skipped"
+    fi
+fi
+
+export VENV="${COORDINATOR_VENV:-$PWD/.venv}"
+if [[ ! -x "${VENV}/bin/python" ]]; then
+    say "creating a virtualenv in ${VENV}"
+    python3 -m venv "${VENV}"
+fi
+stamp="${VENV}/.coordinator-installed"
+if [[ ! -f "${stamp}" || pyproject.toml -nt "${stamp}" ]]; then
+    say "installing coordinator and its test dependencies"
+    log="${VENV}/pip-install.log"
+    if ! { "${VENV}/bin/python" -m pip install --upgrade pip &&
+           "${VENV}/bin/python" -m pip install -e ".[test,bench]"; } >"${log}" 2>&1; then
+        tail -n 30 "${log}" >&2
+        say "pip install failed; the whole log is in ${log}"
+        exit 1
+    fi
+    touch "${stamp}"
+fi
+
+say "building (or finding) etcd and kube-apiserver; a cold build takes several minutes"
+COORDINATOR_BIN_DIR="$(scripts/build-controlplane.sh | tail -n 1)"
+export COORDINATOR_BIN_DIR
+say "building (or finding) toxiproxy"
+COORDINATOR_TOXIPROXY="$(scripts/build-toxiproxy.sh | tail -n 1)"
+export COORDINATOR_TOXIPROXY
+export PATH="${VENV}/bin:${PATH}"
