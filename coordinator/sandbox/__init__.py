@@ -1,0 +1,76 @@
+"""Local Kubernetes control planes for demos and tests.
+
+Each sandbox cluster is one etcd and one kube-apiserver on 127.0.0.1, started from
+binaries built by ``scripts/build-controlplane.sh``; there is no kubelet, scheduler or
+controller-manager, which the tool never needs. Clusters are independent (own etcd,
+own identity) but share one CA, so a context re-pointed at another sandbox cluster still
+authenticates: exactly the situation the identity check must catch.
+
+    sb = up(3, "/tmp/sb")          # contexts sandbox-1..3 in /tmp/sb/kubeconfig
+    sb.pause(1); sb.resume(1)      # cluster 1 accepts connections but never answers
+    sb.kill(2); sb.start(2)        # cluster 2's API server goes away and comes back
+    down("/tmp/sb")
+
+This package does not import the lock and state engine, nor the Kubernetes client.
+"""
+
+from coordinator.sandbox.admin import AdminClient, AdminRequestError
+from coordinator.sandbox.binaries import (
+    BUILD_SCRIPT,
+    ETCD_VERSION,
+    KUBE_VERSION,
+    Binaries,
+    default_bin_dir,
+    find_binaries,
+)
+from coordinator.sandbox.control import (
+    RESTRICTED_NAMESPACE,
+    RESTRICTED_USER,
+    Sandbox,
+    SandboxError,
+    down,
+    heal,
+    kill,
+    mint_kubeconfig,
+    pause,
+    resume,
+    start,
+    status,
+    up,
+)
+from coordinator.sandbox.records import (
+    ClusterStatus,
+    DownReport,
+    SandboxStatus,
+    UserKubeconfig,
+    default_dir,
+)
+
+__all__ = [
+    "BUILD_SCRIPT",
+    "ETCD_VERSION",
+    "KUBE_VERSION",
+    "RESTRICTED_NAMESPACE",
+    "RESTRICTED_USER",
+    "AdminClient",
+    "AdminRequestError",
+    "Binaries",
+    "ClusterStatus",
+    "DownReport",
+    "Sandbox",
+    "SandboxError",
+    "SandboxStatus",
+    "UserKubeconfig",
+    "default_bin_dir",
+    "default_dir",
+    "down",
+    "find_binaries",
+    "heal",
+    "kill",
+    "mint_kubeconfig",
+    "pause",
+    "resume",
+    "start",
+    "status",
+    "up",
+]

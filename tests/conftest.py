@@ -1,0 +1,172 @@
+"""Shared fixtures: real local control planes (etcd + kube-apiserver) for integration tests.
+
+``sandbox3`` / ``sandbox5``
+    A session-wide :class:`coordinator.sandbox.Sandbox` of 3 / 5 clusters, each in a
+    temporary directory, started the first time a test asks for it and stopped at the
+    end of the session (also on Ctrl-C) with no process left behind. Useful attributes:
+    ``kubeconfig``, ``contexts`` (``sandbox-1`` …), ``restricted_contexts``,
+    ``token_contexts``, ``token``, ``dir``, ``n``; methods ``pause(i)``, ``resume(i)``,
+    ``kill(i)``, ``start(i)``, ``admin(i)``, ``mint_kubeconfig(user, groups)``.
+    Whatever a test pauses or kills is resumed or restarted right after the test body,
+    before any fixture is torn down, so the next test sees every cluster up.
+``namespace``
+    A fresh namespace (random DNS-1123 name) on every cluster of ``sandbox3``.
+
+Missing binaries make these fixtures *fail*, not skip: run scripts/build-controlplane.sh.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import secrets
+import signal
+import sys
+import threading
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from coordinator import sandbox as sb
+from coordinator.errors import UsageError
+from coordinator.sandbox import process as sb_process
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+# Directories of the sandboxes this session started, in start order.
+_started: dict[Path, sb.Sandbox] = {}
+
+
+def _require_binaries() -> None:
+    try:
+        sb.find_binaries()
+    except UsageError as err:
+        pytest.fail(err.message, pytrace=False)
+
+
+def _stop(directory: Path) -> None:
+    handle = _started.pop(directory, None)
+    if handle is not None:
+        handle.down(grace=5.0)
+
+
+def _stop_all() -> None:
+    errors: list[BaseException] = []
+    for directory in list(_started):
+        try:
+            _stop(directory)
+        except Exception as err:  # keep stopping the others
+            errors.append(err)
+    if errors:
+        raise errors[0]
+
+
+def _heal_all() -> None:
+    # Servers a `coordinator sandbox` subprocess started and stopped are our zombies now.
+    sb_process.reap_exited_children(("etcd", "kube-apiserver"))
+    for handle in list(_started.values()):
+        if handle.exists:
+            handle.heal()
+
+
+def _session_sandbox(n: int, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> sb.Sandbox:
+    _require_binaries()
+    directory = tmp_path_factory.mktemp(f"sandbox{n}-")
+    # Registered before starting: an interrupted start-up is cleaned up as well.
+    _started[directory] = sb.Sandbox(directory)
+    request.addfinalizer(lambda: _stop(directory))
+    return sb.up(n, directory)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def sandbox3(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> sb.Sandbox:
+    """Three independent clusters, shared by the whole session."""
+    return _session_sandbox(3, tmp_path_factory, request)
+
+
+@pytest.fixture(scope="session")
+def sandbox5(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> sb.Sandbox:
+    """Five independent clusters, shared by the whole session (started on first use)."""
+    return _session_sandbox(5, tmp_path_factory, request)
+
+
+@pytest.fixture
+def namespace(sandbox3: sb.Sandbox) -> Iterator[str]:
+    """A fresh namespace on every cluster of ``sandbox3``.
+
+    It is left in place afterwards: without a controller-manager a deleted namespace
+    would only sit in Terminating, and random names never collide.
+    """
+    name = "t-" + secrets.token_hex(5)
+    for index in range(1, sandbox3.n + 1):
+        sandbox3.admin(index).create(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            exist_ok=False,
+        )
+    yield name
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    # Undo pauses and kills right after the test body, before fixtures are torn down
+    # (their teardown may need every cluster to answer).
+    try:
+        return (yield)
+    finally:
+        _heal_all()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    try:
+        return (yield)
+    finally:
+        _heal_all()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Fixture finalizers normally did this already; this catches interrupted sessions.
+    _stop_all()
+    sb_process.reap_exited_children(("etcd", "kube-apiserver"))
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # A CI job killed on timeout gets SIGTERM: unwind like Ctrl-C so teardown runs.
+    raise KeyboardInterrupt
+
+
+def _become_subreaper() -> None:
+    # Servers started by a `coordinator sandbox up` subprocess are orphaned when it
+    # exits. As a child subreaper this session inherits them, so the sandbox can reap
+    # them when they stop instead of leaving zombies to an init that may never reap.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if sys.platform == "linux":
+        _become_subreaper()
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _stop_all_quietly() -> None:
+    try:
+        _stop_all()
+    except Exception as err:  # at exit there is nobody left to raise to
+        print(f"coordinator sandbox cleanup failed: {err}")
+
+
+atexit.register(_stop_all_quietly)
