@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,11 @@ async def connect_cluster(
             f"A cluster named {name!r} is already connected (context "
             f"{cfg.clusters[name].context!r}). Pick another name, or run `coordinator cluster "
             f"disconnect {name}` first."
+        )
+    if kubeconfig:
+        # Recorded for later runs from any directory: relative paths would break there.
+        kubeconfig = os.pathsep.join(
+            os.path.abspath(os.path.expanduser(p)) for p in kubeconfig.split(os.pathsep) if p
         )
     endpoint = Endpoint(name, context, kubeconfig)
     await load_client_configuration(endpoint)  # bad kubeconfig/context -> exit 2 here
@@ -144,6 +150,8 @@ async def cluster_info(clusters: ClusterSet, name: str, namespace: str) -> Clust
     )
     started = time.monotonic()
     try:
+        await client.open()  # reading the kubeconfig is not part of the round trip
+        started = time.monotonic()
         resp = await client.request("GET", "/version")
         info.latency_ms = round((time.monotonic() - started) * 1000, 1)
         info.version = str(resp.body.get("gitVersion"))
@@ -223,12 +231,14 @@ async def create_deployment(
         client = clusters.client(cluster)
         try:
             await clusters.check_identity(cluster)
+            readable = True
             try:
                 await client.request("GET", namespace_path(namespace))
                 return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
             except KubeError as err:
                 if err.kind not in (kube.NOT_FOUND, kube.FORBIDDEN):
                     raise
+                readable = err.kind != kube.FORBIDDEN
             body = {
                 "apiVersion": "v1",
                 "kind": "Namespace",
@@ -241,21 +251,35 @@ async def create_deployment(
                 if err.kind == kube.ALREADY_EXISTS:
                     return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
                 if err.kind == kube.FORBIDDEN:
-                    return ClusterResult(
-                        cluster, Outcome.FORBIDDEN, None, detail="may not create namespaces; ask an admin to create it"
+                    detail = (
+                        f"may not create namespace {namespace}; ask an admin to create it"
+                        if readable
+                        else f"may neither read nor create namespace {namespace}; if it does not exist "
+                        "yet, ask an admin to create it"
                     )
+                    return ClusterResult(cluster, Outcome.FORBIDDEN, None, detail=detail)
                 raise
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
 
-    results = await fan_out(members, ensure_namespace, timeout=clusters.timeout)
-    bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
-    if bad:
-        raise IdentityMismatchError(
-            "Not creating the deployment: "
-            + "; ".join(f"{k}: {r.detail}" for k, r in bad.items())
-            + ". Fix the kubeconfig context or reconnect the cluster."
-        )
+    async def prove(cluster: str) -> ClusterResult[str]:
+        try:
+            await clusters.check_identity(cluster)
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(cluster, Outcome.OK, "proven")
+
+    # Every member proves its identity before any namespace is created anywhere, so a
+    # repointed context stops the command before it changes even the true members.
+    for step in (prove, ensure_namespace):
+        results = await fan_out(members, step, timeout=clusters.timeout)
+        bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
+        if bad:
+            raise IdentityMismatchError(
+                "Cluster identity mismatch — the deployment was not created: "
+                + "; ".join(f"cluster {k!r}: {r.detail}" for k, r in bad.items())
+                + ". Fix the kubeconfig context, or reconnect the cluster if it was really rebuilt."
+            )
     with store.edit() as live:
         if name in live.deployments:
             raise UsageError(f"Deployment {name!r} was created meanwhile; nothing changed.")

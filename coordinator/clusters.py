@@ -43,6 +43,7 @@ class ClusterSet:
     def __init__(self, config: LocalConfig, *, timeout: float = 5.0) -> None:
         self.config = config
         self.timeout = timeout
+        kube.preload()  # before any per-cluster deadline starts counting
         self._clients: dict[str, KubeClient] = {}
         self._verified: dict[str, anyio.Event] = {}
         self._verify_errors: dict[str, KubeError] = {}

@@ -57,8 +57,9 @@ async def fan_out(
     Returns when every cluster has answered or timed out, or as soon as ``until`` says
     the question is decided, plus a short grace (``grace_factor`` times the time taken so
     far) so that healthy clusters answering together are all reported. Clusters that had
-    not answered by then are absent from the result. They are cancelled, unless ``background`` is given: then they go on there
-    (still bounded by ``timeout``) and their results are dropped.
+    not answered by then are absent from the result. They are cancelled, unless
+    ``background`` is given: then they go on there (still bounded by ``timeout``) and
+    their results are dropped.
     """
     names = list(dict.fromkeys(clusters))
     results: dict[str, ClusterResult[T]] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from coordinator.admin import valid_name
 from coordinator.clusters import ClusterSet
@@ -24,6 +24,8 @@ async def import_deployment(
     store: ConfigStore, name: str, source: str, namespace: str | None, *, timeout: float = 5.0
 ) -> tuple[DeploymentRecord, str]:
     valid_name(name, "deployment name", MAX_DEPLOYMENT_NAME)
+    if namespace is not None:
+        valid_name(namespace, "namespace")
     cfg = store.load()
     if name in cfg.deployments:
         raise UsageError(f"Deployment {name!r} already exists locally; delete it first to re-import.")
@@ -45,25 +47,21 @@ async def import_deployment(
                 except KubeError as err:
                     if err.kind != kube.FORBIDDEN:
                         raise
-            for kind, obj in found:
-                rep = decode_replica(source, obj, kind)
-                if rep.envelope is None:
-                    continue
-                ns = rep.envelope.namespace or str(obj["metadata"]["namespace"])
-                members = _map_members(cfg, list(rep.envelope.members), rep.envelope.member_ids)
-                return _save(
-                    store, DeploymentRecord(name=name, namespace=ns, clusters=members, storage="secret" if kind == "secret" else "configmap")
-                ), f"state replica (version {rep.envelope.version})"
             path = (
                 f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
                 if namespace
                 else "/apis/coordination.k8s.io/v1/leases"
             )
-            leases = [
-                o
-                for o in await _list(cs, source, path, selector)
-                if (o.get("metadata") or {}).get("name") == lease_name(name)
-            ]
+            leases: list[dict[str, Any]] = []
+            try:
+                leases = [
+                    o
+                    for o in await _list(cs, source, path, selector)
+                    if (o.get("metadata") or {}).get("name") == lease_name(name)
+                ]
+            except KubeError as err:
+                if err.kind != kube.FORBIDDEN:
+                    raise
         except KubeError as err:
             if err.kind == "identity-mismatch":
                 from coordinator.errors import IdentityMismatchError
@@ -72,6 +70,22 @@ async def import_deployment(
             raise NoQuorumError(f"Cannot read deployment {name!r} from {source!r}: {err.kind}: {err.detail}.") from err
     finally:
         await cs.aclose()
+    # Deployment names are unique per namespace only: never pick one of several at random.
+    namespaces = sorted({str(o["metadata"]["namespace"]) for o in [*(obj for _, obj in found), *leases]})
+    if len(namespaces) > 1:
+        raise UsageError(
+            f"Deployment {name!r} is stored on {source!r} in {len(namespaces)} namespaces "
+            f"({', '.join(namespaces)}). Pass --namespace NS to say which one to import."
+        )
+    for kind, obj in found:
+        rep = decode_replica(source, obj, kind)
+        if rep.envelope is None:
+            continue
+        ns = rep.envelope.namespace or str(obj["metadata"]["namespace"])
+        members = _map_members(cfg, list(rep.envelope.members), rep.envelope.member_ids)
+        storage: Literal["configmap", "secret"] = "secret" if kind == "secret" else "configmap"
+        record = DeploymentRecord(name=name, namespace=ns, clusters=members, storage=storage)
+        return _save(store, record), f"state replica (version {rep.envelope.version})"
     for lease in leases:
         ann = (lease.get("metadata") or {}).get("annotations") or {}
         names = [m for m in str(ann.get("coordinator.io/members", "")).split(",") if m]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from coordinator.api import Coordinator
 from coordinator.clusters import failed
 from coordinator.config import ConfigStore
+from coordinator.errors import NoQuorumError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -34,4 +35,13 @@ async def purge_deployment(store: ConfigStore, name: str, *, timeout: float = 5.
 
             # The lease goes last on each cluster; releasing it afterwards finds nothing.
             results = await fan_out(engine.members, wipe, timeout=timeout)
-    return {k: f"{r.outcome}: {r.detail}" for k, r in results.items()}
+    left = {m: results.get(m) for m in engine.members if m not in results or not results[m].ok}
+    if left:
+        done = [m for m in engine.members if m not in left]
+        why = "; ".join(f"{m}: {r.outcome}: {r.detail}" if r else f"{m}: no answer" for m, r in left.items())
+        raise NoQuorumError(
+            f"Deployment {name!r} was purged on {', '.join(done) or 'no cluster'} but not on "
+            f"{', '.join(left)} ({why}). The local record is kept so that you can run "
+            f"`coordinator deployment delete {name} --purge` again once they answer."
+        )
+    return {m: f"{results[m].outcome}: {results[m].detail}" for m in engine.members}

@@ -57,7 +57,9 @@ def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ..
         "quorum": rec.quorum,
         "storage": rec.storage,
         "namespace_on_clusters": [
-            {"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in results.items()
+            {"name": k, "outcome": str(results[k].outcome), "detail": results[k].detail}
+            for k in rec.clusters
+            if k in results
         ],
     }
 
@@ -142,11 +144,15 @@ def delete(ctx: click.Context, name: str, purge: bool, yes: bool) -> None:
         app = app_of(ctx)
         purged = run(lambda: purge_deployment(store, name, timeout=app.timeout))
     delete_deployment_record(store, name)
-    emit(
-        ctx,
-        {"deleted": name, "purged": purged},
-        lambda: say(f"Deleted deployment {name}" + (f"; purged: {purged}" if purge else " (local record only)") + "."),
-    )
+
+    def text() -> None:
+        if not purge:
+            say(f"Deleted deployment {name} (local record only; nothing in the clusters changed).")
+            return
+        say(f"Deleted deployment {name} and its lease and state objects on {len(purged)} cluster(s).")
+        table(["cluster", "outcome"], [[k, v] for k, v in purged.items()])
+
+    emit(ctx, {"deleted": name, "purged": purged}, text)
 
 
 @deployment.command("import")

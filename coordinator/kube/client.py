@@ -8,7 +8,9 @@ texts carry URLs and status messages only.
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 import ssl
 from collections.abc import AsyncIterator
@@ -17,10 +19,15 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 
 from coordinator.errors import UsageError
+
+# The client library logs some failures itself (an exec credential plugin that cannot
+# run, for one) through the root handler; they reach the user once, in our own words.
+logging.getLogger("kubernetes_asyncio").addHandler(logging.NullHandler())
 
 # Kinds of failure, finer than Outcome: "not-found" and "already-exists" are answers
 # that the lock and state engines decide on, never reported to users as such.
@@ -63,11 +70,45 @@ class ApiResponse:
     server_time: datetime | None
 
 
+def preload() -> None:
+    """Import the Kubernetes client library now (it takes seconds on a slow machine).
+
+    Call it before any per-cluster deadline starts: otherwise the first cluster's
+    deadline pays for the import and a healthy cluster is reported unreachable.
+    """
+    import kubernetes_asyncio.client
+    import kubernetes_asyncio.config.kube_config  # noqa: F401
+
+
+# Parsed and merged kubeconfig files, keyed by the files' identity: every cluster of a
+# command usually comes from the same kubeconfig, and parsing it (pure-Python YAML) costs
+# tens of milliseconds per cluster otherwise. A changed or replaced file is parsed again.
+_merged_cache: dict[tuple[tuple[str, int, int, int], ...], Any] = {}
+
+
+def _kubeconfig_key(existing: list[str]) -> tuple[tuple[str, int, int, int], ...]:
+    return tuple(
+        (p, st.st_ino, st.st_mtime_ns, st.st_size) for p in existing for st in [Path(p).expanduser().stat()]
+    )
+
+
+def _merged_kubeconfig(existing: list[str], key: tuple[tuple[str, int, int, int], ...]) -> Any:
+    """``KubeConfigMerger(paths).config`` for these files, parsed once per process; each
+    caller gets its own copy (the loader may change it, e.g. refreshed tokens)."""
+    from kubernetes_asyncio.config.kube_config import KubeConfigMerger
+
+    found = _merged_cache.get(key)
+    if found is None:
+        found = KubeConfigMerger(os.pathsep.join(existing)).config
+        _merged_cache[key] = found
+    return copy.deepcopy(found)
+
+
 async def load_client_configuration(endpoint: Endpoint) -> Any:
     """Build a kubernetes_asyncio ``Configuration``; bad kubeconfigs become UsageError."""
     from kubernetes_asyncio.client import Configuration
     from kubernetes_asyncio.config.config_exception import ConfigException
-    from kubernetes_asyncio.config.kube_config import KubeConfigLoader, KubeConfigMerger
+    from kubernetes_asyncio.config.kube_config import KubeConfigLoader
 
     paths = endpoint.kubeconfig_paths()
     existing = [p for p in paths.split(os.pathsep) if p and Path(p).expanduser().is_file()]
@@ -75,9 +116,12 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
         raise UsageError(
             f"No kubeconfig file found at {paths}. Pass --kubeconfig PATH or set KUBECONFIG to a file that exists."
         )
+    key = _kubeconfig_key(existing)
+    if key not in _merged_cache:  # files already parsed and merged passed these checks
+        for path in existing:
+            _check_kubeconfig_file(Path(path).expanduser())
     try:
-        merger = KubeConfigMerger(os.pathsep.join(existing))
-        merged = merger.config
+        merged = _merged_kubeconfig(existing, key)
         contexts = [c["name"] for c in (merged.value.get("contexts") or [])] if merged else []
     except Exception as err:
         raise UsageError(
@@ -98,7 +142,58 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
         raise UsageError(
             f"The context {endpoint.context!r} in {paths} cannot be used: {err}. Check its cluster and user entries."
         ) from err
+    _check_connection_settings(cfg, endpoint.context, paths)
     return cfg
+
+
+def _check_connection_settings(cfg: Any, context: str, paths: str) -> None:
+    """Reject now what the HTTP client would only trip over later (as an internal error,
+    or as a misleading "unreachable"): a server that is not a URL, TLS material that is
+    not PEM."""
+    where = f"The context {context!r} in {paths} cannot be used"
+    server = urlsplit(str(cfg.host or ""))
+    try:
+        port_ok = server.port is None or server.port > 0
+    except ValueError:
+        port_ok = False
+    if server.scheme not in ("http", "https") or not server.hostname or not port_ok:
+        raise UsageError(
+            f"{where}: its server {cfg.host!r} is not an http(s) URL with a host name. Check the "
+            "server entry of its cluster."
+        )
+    try:
+        tls = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else None
+        if cfg.cert_file:
+            (tls or ssl.create_default_context()).load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
+    except (ssl.SSLError, OSError, ValueError) as err:
+        raise UsageError(
+            f"{where}: its certificate authority, client certificate or client key is not valid PEM "
+            f"({err}). Check certificate-authority(-data) of its cluster and client-certificate(-data) "
+            "and client-key(-data) of its user."
+        ) from err
+
+
+def _check_kubeconfig_file(path: Path) -> None:
+    """Say in words what is wrong with a kubeconfig file that is not a YAML mapping
+    (the client library would fail on it with a bare TypeError or a multi-line trace)."""
+    import yaml
+
+    hint = "Check that it is a valid kubeconfig YAML file, or leave it out of --kubeconfig/KUBECONFIG."
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"The kubeconfig {path} cannot be read: {err}. {hint}") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UsageError(
+            f"The kubeconfig {path} is not valid YAML{where}: {getattr(err, 'problem', None) or err}. {hint}"
+        ) from err
+    if doc is not None and not isinstance(doc, dict):
+        raise UsageError(
+            f"The kubeconfig {path} holds a {type(doc).__name__} at the top level, not a kubeconfig "
+            f"mapping (apiVersion, clusters, contexts, users). {hint}"
+        )
 
 
 def _status_message(raw: bytes) -> str:
@@ -148,6 +243,10 @@ class KubeClient:
                 self.server = str(cfg.host)
                 self._api = ApiClient(configuration=cfg)
             return self._api
+
+    async def open(self) -> None:
+        """Build the client now (reads the kubeconfig); requests do this on first use."""
+        await self._client()
 
     async def close(self) -> None:
         if self._api is not None:
