@@ -279,6 +279,8 @@ def _status_text(st: Any) -> None:
 def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> None:
     """Who holds the lock, where, since when, until when.
 
+    Exits 4 (after printing) when fewer than a majority of clusters could be observed.
+
     Example: coordinator lock status payments -o json
     """
     c = _coordinator(ctx)
@@ -293,6 +295,16 @@ def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> N
 
         st = run(once)
         emit(ctx, status_document(st), lambda: _status_text(st))
+        seen = [r.name for r in st.clusters if r.status in ("held", "free", "expired")]
+        if len(seen) < st.quorum:
+            from coordinator.errors import NoQuorumError
+
+            unseen = ", ".join(f"{r.name} ({r.status})" for r in st.clusters if r.name not in seen)
+            raise NoQuorumError(
+                f"Only {len(seen)} of {len(st.clusters)} clusters of {deployment!r} could be observed "
+                f"({unseen}); {st.quorum} are needed to say who holds the lock. Nobody is assumed to hold "
+                "it or not; check the clusters with `coordinator cluster info NAME`."
+            )
         return
 
     async def loop() -> None:
