@@ -429,7 +429,7 @@ class LockEngine:
                             seen[name] = r.value.view.resource_version
                     left = deadline - time.monotonic()
                     if result.acquired or left <= 0 or self._mismatch(result):
-                        return self._settle(result, final=True)
+                        break
                     if on_wait is not None:
                         maybe = on_wait(result, left)
                         if maybe is not None:
@@ -438,15 +438,24 @@ class LockEngine:
                     backoff = min(backoff * 2, 2.0)
                     with anyio.move_on_after(max(0.0, sleep)):
                         await wake.event.wait()
+                        # Several waiters woken by the same release: spread them a little.
+                        await anyio.sleep(random.random() * 0.03)
             finally:
                 watchers.cancel_scope.cancel()
-        raise AssertionError("the wait loop only ends by returning or raising")
+        # Settled outside the watchers' task group, so that the documented errors reach
+        # the caller as themselves, not wrapped in an ExceptionGroup.
+        return self._settle(result, final=True)
 
     def _mismatch(self, result: AcquireResult) -> bool:
         return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
 
     async def _watch_leases(self, cluster: str, wake: _Wake, seen: dict[str, str | None]) -> None:
-        """Wake the waiting contender whenever this cluster's lease changes."""
+        """Wake the waiting contender when this cluster's lease is freed or deleted.
+
+        A change of holder, or a renewal, does not make the lock available; an expiry is
+        waited for by time. Our own writes (their resourceVersions are in ``seen``) are
+        ignored, so a contender does not wake itself up by releasing a partial attempt.
+        """
         client = self.clusters.client(cluster)
         query = {"fieldSelector": f"metadata.name={self.name}"}
         delay = 0.5
@@ -455,7 +464,8 @@ class LockEngine:
                 async for event in client.watch(leases_path(self.dep.namespace), query=query, timeout=55):
                     obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if event.get("type") == "DELETED" or rv != seen.get(cluster):
+                    freed = not (obj.get("spec") or {}).get("holderIdentity")
+                    if event.get("type") == "DELETED" or (freed and rv != seen.get(cluster)):
                         wake.event.set()
                 delay = 0.5
             except KubeError as err:
@@ -694,6 +704,8 @@ class LockEngine:
                 )
                 if prev.value:
                     prev.value.action = "released" if r.ok else prev.value.action
+                    if r.ok and r.value and r.value.view:
+                        prev.value.view = r.value.view
 
     async def release(self, lock_id: str) -> dict[str, ClusterResult[ClusterLease]]:
         """Clear the holder wherever it is still ``lock_id`` (never someone else's)."""
@@ -1051,12 +1063,19 @@ async def keep_renewed(
         if on_lost is not None:
             on_lost(reason)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(loop)
-        try:
-            yield lost
-        finally:
-            tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop)
+            try:
+                yield lost
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The renewal loop never raises, so the group holds the block's own exception:
+        # give it back to the caller as it was raised, not wrapped.
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
 
 
 def current_command() -> str:

@@ -415,6 +415,25 @@ class StateClient:
                 "cluster is never taken as empty; retry when they are reachable."
             )
 
+    def _refuse_unreadable(self, results: dict[str, ClusterResult[Replica]], what: str) -> None:
+        """With no valid replica, the state is empty only if a majority holds none at all:
+        corrupt replicas are never taken as empty, any more than unobservable ones are."""
+        answered = {k: r.value for k, r in results.items() if r.ok and r.value}
+        corrupt = {k: rep.corrupt for k, rep in answered.items() if rep.corrupt}
+        absent = [k for k, rep in answered.items() if not rep.exists]
+        if not corrupt or len(absent) >= self.q:
+            return
+        name = self.dep.name
+        raise StateConflictError(
+            f"Cannot {what} the state of {name!r}: no valid replica was found and the ones on "
+            f"{', '.join(sorted(corrupt))} are corrupt ("
+            + "; ".join(f"{k}: {why}" for k, why in sorted(corrupt.items()))
+            + f"), so it is not known to be empty. Nothing was changed. `coordinator state diff {name}` "
+            f"shows every replica; `coordinator state restore {name} -f BACKUP` or `coordinator state "
+            f"apply {name} -f FILE` (under the lock) writes a whole valid state over them, saving the "
+            "corrupt replicas to files first."
+        )
+
     # -- read
 
     @staticmethod
@@ -428,13 +447,19 @@ class StateClient:
     async def read(self, *, repair: bool = True) -> ReadReport:
         """Read a majority; the newest replica wins; stale ones are repaired first."""
         results = await self._read_all(early=True)
+        if len(results) < self.n and any(r.ok and r.value and r.value.corrupt for r in results.values()):
+            # A corrupt replica counts for nothing: hear every member before deciding.
+            results = await self._read_all()
         self._need_quorum(results, "read")
         winner = self._winner(results)
         report = ReadReport(
             self.dep.name, winner.envelope if winner else None, winner.cluster if winner else None, results
         )
         report.corrupt = sorted(k for k, r in results.items() if r.ok and r.value and r.value.corrupt)
-        if winner is None or winner.envelope is None or not repair:
+        if winner is None or winner.envelope is None:
+            self._refuse_unreadable(results, "read")
+            return report
+        if not repair:
             return report
         env = winner.envelope
         stale = [
@@ -500,9 +525,14 @@ class StateClient:
         lock: HeldLock | str | None = None,
         command: str = "api",
         note: str | None = None,
+        replaces: bool = False,
         _token: int | None = None,
     ) -> WriteReport:
         """Apply ``change(data) -> new data`` as a new version on every member.
+
+        ``replaces``: the change ignores the old data (apply, restore), so it may be
+        written over replicas that are all corrupt; a change that builds on the old data
+        may not. Corrupt replicas are saved to files before they are overwritten.
 
         ``_token`` is for tests of fencing only: it skips the lease check and writes with
         the given token, as a holder whose lease was taken over in the meantime would.
@@ -528,6 +558,8 @@ class StateClient:
             token = _token
         winner = self._winner(results)
         base = winner.envelope if winner else None
+        if base is None and not replaces:
+            self._refuse_unreadable(results, "change")
         top = max((rep.envelope.token for rep in reps.values() if rep.envelope), default=0)
         if top > token:
             raise StateConflictError(
@@ -538,6 +570,14 @@ class StateClient:
         new = change(copy.deepcopy(old))
         if not isinstance(new, dict):
             raise UsageError("The state document must be a mapping at the top level.")
+        try:
+            # NaN and infinities would be stored as null, and the checksum would not match.
+            json.dumps(new, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise UsageError(
+                f"The new state of {self.dep.name!r} holds a value that cannot be stored as JSON ({err}): "
+                "use strings, finite numbers, booleans, lists and maps. Nothing was written."
+            ) from err
         version = max((rep.envelope.version for rep in reps.values() if rep.envelope), default=0) + 1
         history = list(base.history) if base else []
         history.append(
@@ -571,6 +611,9 @@ class StateClient:
             env.history = env.history[len(env.history) // 2 :]
             text = encode_envelope(env)
         check_size(text, self.storage)
+        for rep in reps.values():
+            if rep.corrupt:
+                self._save_corrupt(rep, None)
         writes = await fan_out(list(reps), lambda c: self._cas_write(reps[c], env), timeout=self.clusters.timeout)
         merged: dict[str, ClusterResult[Replica]] = {}
         for k in self.members:
@@ -582,8 +625,13 @@ class StateClient:
         if len(confirmed) >= self.q:
             return report
         refused = [k for k, r in writes.items() if r.outcome is Outcome.CONFLICT]
+        # A write sent without an answer (timeout, lost connection, server error) may have
+        # been applied all the same: "nothing was written" only when every one said no.
+        unanswered = [
+            k for k, r in writes.items() if not r.ok and r.outcome not in (Outcome.CONFLICT, Outcome.FORBIDDEN)
+        ]
         per = "; ".join(f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(merged.items()))
-        if not confirmed and refused:
+        if not confirmed and refused and not unanswered:
             raise StateConflictError(
                 f"The write to {self.dep.name!r} was refused ({per}). Another writer with a newer "
                 "fencing token or version got there first. Nothing was written.",
@@ -612,7 +660,7 @@ class StateClient:
     ) -> WriteReport:
         if not isinstance(document, dict):
             raise UsageError("The state document must be a mapping at the top level.")
-        return await self.write(lambda _old: document, lock=lock, command=command)
+        return await self.write(lambda _old: document, lock=lock, command=command, replaces=True)
 
     # -- diff / sync / history / backup / restore
 
@@ -708,7 +756,10 @@ class StateClient:
             raise UsageError(f"The deployment {self.dep.name!r} has no state yet; nothing to back up.")
         from coordinator.config import _atomic_write
 
-        _atomic_write(path, json.dumps(report.envelope.model_dump(mode="json", by_alias=True), indent=2) + "\n")
+        try:
+            _atomic_write(path, json.dumps(report.envelope.model_dump(mode="json", by_alias=True), indent=2) + "\n")
+        except OSError as err:
+            raise UsageError(f"Cannot write the backup file {path}: {err.strerror or err}.") from err
         return report.envelope
 
     async def restore(self, path: Path, *, lock: HeldLock | str | None = None) -> WriteReport:
@@ -717,6 +768,7 @@ class StateClient:
             lambda _old: copy.deepcopy(env.data),
             lock=lock,
             command="state restore",
+            replaces=True,
             note=f"restored from {path.name} (version {env.version}, token {env.token}, "
             f"written by {env.written_by} at {env.written_at.isoformat()})",
         )

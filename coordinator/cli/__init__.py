@@ -161,6 +161,20 @@ def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return wanted[0] if wanted else group
 
 
+_NO_ARGS_IS_HELP: tuple[type[Exception], ...] = tuple(
+    t for t in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if isinstance(t, type)
+)
+
+
+def _usage_paragraph(err: click.UsageError) -> str:
+    """What was wrong with the command line, then how the command is used."""
+    text = " ".join(err.format_message().split()).rstrip(".") + "."
+    if err.ctx is not None:
+        usage = " ".join(err.ctx.get_usage().split())
+        text += f" {usage} (see `{err.ctx.command_path} --help`)."
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI and maps every outcome to a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -179,6 +193,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.UsageError as err:
+        if isinstance(err, _NO_ARGS_IS_HELP):  # a bare group: its help is the answer
+            err.show()
+        else:
+            # One paragraph like every other error (click's own: usage, blank line, error).
+            click.echo(f"Error: {_usage_paragraph(err)}", err=True)
+        sys.exit(int(ExitCode.USAGE))
     except click.ClickException as err:
         err.show()
         sys.exit(int(ExitCode.USAGE) if err.exit_code == 2 else err.exit_code)

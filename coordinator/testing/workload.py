@@ -1,0 +1,1378 @@
+"""Safety under faults: contenders hammer one deployment while faults are injected.
+
+:func:`run_torture` starts its own sandbox clusters, puts a toxiproxy proxy in front of
+every API server (the kubeconfig it writes points at the proxies), connects the clusters
+into a private local config and creates a deployment. Then several contender *processes*
+loop: take the lock, enter the critical section, write the state (unique values), read
+it, renew, leave, release, read again. Some use the command line (``coordinator lock
+acquire`` / ``state set`` / ``state get`` / ``lock renew`` / ``lock release``), some the
+Python API (``Coordinator.lock`` and ``state().set`` / ``get``); some run under
+``faketime`` minutes ahead of or behind the real clock. Meanwhile a seeded fault schedule
+pauses and resumes API servers (a minority, and a majority), kills and restarts them,
+adds latency, cuts connections, black-holes requests or responses (a write whose answer
+is lost has an unknown outcome), and SIGKILLs or SIGSTOPs holders inside their critical
+section. At the end every fault is undone, the contenders stop, a final read is taken,
+and the histories are judged by :mod:`coordinator.testing.checkers`.
+
+One clock
+---------
+Every time in the histories is a reading of ``CLOCK_BOOTTIME`` taken with a raw system
+call (:func:`machine_clock`): one clock for the whole machine, which libfaketime cannot
+fake (it replaces the C library's ``clock_gettime``, not the kernel's), so a contender
+under faketime stamps its history on the same clock as everyone else.
+
+What a critical section is
+--------------------------
+A holder reads the clock, and enters only if its lock is still valid at that reading
+(with a margin); it records the reading and its fencing token. Validity is the holder's
+own count, as the product defines it: TTL − elapsed − drift allowance, counted from just
+before the lock was asked for, extended by renewals (a command-line holder counts from
+just before it started ``lock acquire`` or ``lock renew``, which is earlier than the
+product's own count, so never longer). The section ends when the holder leaves it, or
+when its validity ends, whichever comes first: a holder frozen past its validity is no
+longer protected by the lock, only by fencing, and what it writes then is judged by the
+register checks. A holder killed inside its section is out of it when it died (or when
+its validity ended, if that came first). So the lock check asks exactly what the lock
+promises: no two holders ever believe, on their own clocks, that they hold it at the
+same time, and fencing tokens rise.
+
+The register
+------------
+The state key ``v`` is the register. Writes are ``state set v=<unique value>``: exit 0
+is ``ok``, exit 3 or 6 (refused, nothing written) is ``fail``, exit 4 (outcome unknown,
+or no quorum), a timeout, or a contender killed during the write is ``unknown``. Reads
+are ``state get``; a failed read carries no information. Any exit code outside the
+documented table, exit 1 (a bug, by definition), or a traceback is a violation too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+from coordinator.quorum import quorum_size, remaining_validity
+
+if TYPE_CHECKING:
+    from coordinator.api import Coordinator, HeldLock
+    from coordinator.sandbox import Sandbox
+    from coordinator.state import StateClient
+    from coordinator.testing.checkers import CheckResult
+    from coordinator.testing.toxiproxy import Proxy, ToxiproxyServer
+
+__all__ = [
+    "DEPLOYMENT",
+    "ContenderSpec",
+    "Report",
+    "TortureOptions",
+    "default_contenders",
+    "machine_clock",
+    "run_torture",
+]
+
+DEPLOYMENT = "torture"
+STATE_KEY = "v"
+# A holder enters, and starts each step, only with at least this much validity left:
+# a step of a command-line holder starts a process, which takes seconds.
+STEP_MARGIN_S = {"api": 0.5, "cli": 3.0}
+
+Mode = Literal["cli", "api"]
+Progress = Callable[[str], None]
+
+
+# ------------------------------------------------------------------------- the clock
+
+_CLOCK_BOOTTIME = 7
+_SYS_CLOCK_GETTIME = {"x86_64": 228, "amd64": 228, "aarch64": 113, "arm64": 113}
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _raw_boottime_reader() -> Callable[[], float] | None:
+    """CLOCK_BOOTTIME straight from the kernel, past any LD_PRELOADed clock faker."""
+    number = _SYS_CLOCK_GETTIME.get(platform.machine().lower())
+    if number is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+
+    def read() -> float:
+        ts = _Timespec()
+        if syscall(ctypes.c_long(number), ctypes.c_long(_CLOCK_BOOTTIME), ctypes.byref(ts)) != 0:
+            raise OSError(ctypes.get_errno(), "clock_gettime(CLOCK_BOOTTIME) failed")
+        return float(ts.tv_sec) + float(ts.tv_nsec) / 1e9
+
+    try:
+        read()
+    except OSError:
+        return None
+    return read
+
+
+_read_boottime = _raw_boottime_reader()
+
+
+def machine_clock() -> float:
+    """Seconds on one clock shared by every process of the machine, faked or not."""
+    if _read_boottime is not None:
+        return _read_boottime()
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def monotonic_to_machine(reading: float) -> float:
+    """Convert a ``time.monotonic()`` reading of this process to :func:`machine_clock`.
+
+    Under faketime the two differ by a constant offset (the rates are the same), which
+    is read afresh on every call.
+    """
+    return reading + (machine_clock() - time.monotonic())
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())[:1500]
+
+
+# ----------------------------------------------------------------------- contenders
+
+
+@dataclass(frozen=True)
+class ContenderSpec:
+    """One contender process: how it talks to the tool, its lease TTL, its clock."""
+
+    name: str
+    mode: Mode
+    ttl: float
+    faketime: str | None = None  # e.g. "+7m": run under faketime this far off
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("cli", "api"):
+            raise ValueError(f"contender mode must be 'cli' or 'api', not {self.mode!r}")
+        if self.ttl < 2:
+            raise ValueError("a contender's TTL must be at least 2 s")
+
+
+def default_contenders(count: int = 4) -> list[ContenderSpec]:
+    """API and command-line contenders, alternating; every second pair off by minutes.
+
+    Command-line holders get a longer TTL: every step starts a Python process, which
+    on a loaded machine takes seconds.
+    """
+    offsets = [None, None, "-5m", "+7m", "+13m", "-11m"]
+    specs = []
+    for i in range(count):
+        mode: Mode = "api" if i % 2 == 0 else "cli"
+        specs.append(
+            ContenderSpec(
+                name=f"{mode}{i // 2 + 1}",
+                mode=mode,
+                ttl=8.0 if mode == "api" else 30.0,
+                faketime=offsets[i % len(offsets)],
+            )
+        )
+    return specs
+
+
+class _Emitter:
+    """Events go to stdout as JSON lines; the harness reads them as they come."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"ev": event, **fields}, default=str)
+        with self._lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+
+@dataclass
+class _WorkerArgs:
+    name: str
+    generation: int
+    mode: Mode
+    ttl: float
+    wait: float
+    deployment: str
+    stop_file: str
+    deadline: float
+    seed: int
+    timeout: float
+
+    @property
+    def instance(self) -> str:
+        return f"{self.name}g{self.generation}"
+
+
+class _Contender:
+    def __init__(self, args: _WorkerArgs, emit: _Emitter) -> None:
+        self.args = args
+        self.emit = emit
+        self.instance = args.instance
+        self.rng = random.Random(f"{args.seed}:{self.instance}")
+        self.values = 0
+        self.ops = 0
+        self.margin = STEP_MARGIN_S[args.mode]
+
+    def stopping(self) -> bool:
+        return os.path.exists(self.args.stop_file) or machine_clock() > self.args.deadline
+
+    def next_value(self) -> str:
+        self.values += 1
+        return f"{self.instance}n{self.values}"
+
+    def begin(self, kind: str, value: str | None) -> str:
+        self.ops += 1
+        op = f"{self.instance}:{self.ops}"
+        self.emit("invoke", op=op, kind=kind, value=value, t=machine_clock())
+        return op
+
+    def end(self, op: str, status: str, value: Any = None) -> None:
+        self.emit("complete", op=op, status=status, value=value, t=machine_clock())
+
+    def problem(self, what: str, detail: str) -> None:
+        self.emit("problem", what=what, detail=detail)
+
+    def stat(self, name: str) -> None:
+        self.emit("stat", name=f"{self.args.mode} {name}")
+
+    def steps(self) -> int:
+        return self.rng.randint(1, 3)
+
+
+class _CliContender(_Contender):
+    """Everything through the command line, one process per command."""
+
+    def cli(self, *argv: str, allowed: set[int], timeout: float = 120.0) -> tuple[int | None, str]:
+        command = [sys.executable, "-m", "coordinator", *argv]
+        shown = "coordinator " + " ".join(argv)
+        try:
+            proc = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            self.problem("hung", f"`{shown}` did not finish within {timeout:g}s")
+            return None, ""
+        if proc.returncode not in allowed:
+            self.problem(f"exit {proc.returncode}", f"`{shown}`: {_tail(proc.stderr)}")
+        elif "Traceback (most recent call last)" in proc.stderr:
+            self.problem("traceback", f"`{shown}` (exit {proc.returncode}): {_tail(proc.stderr)}")
+        return proc.returncode, proc.stdout
+
+    def run(self) -> None:
+        while not self.stopping():
+            self.iteration()
+            time.sleep(self.rng.uniform(0.05, 0.5))
+
+    def iteration(self) -> None:
+        a = self.args
+        # Validity is counted from just before the command starts, so waiting inside it
+        # would use the lease up: wait a little there, and retry out here.
+        wait = self.rng.choice((0.0, 2.0, 5.0))
+        asked = machine_clock()
+        rc, out = self.cli(
+            "-o", "json", "lock", "acquire", a.deployment,
+            "--ttl", f"{a.ttl:g}s", "--wait", f"{wait:g}s",
+            "--holder", self.instance, "--reason", "torture",
+            allowed={0, 3, 4}, timeout=wait + 120,
+        )  # fmt: skip
+        self.stat(f"acquire exit {rc}")
+        if rc != 0:
+            time.sleep(self.rng.uniform(0.5, 2.5))  # every attempt costs a process start
+            return
+        try:
+            doc = json.loads(out)
+            lock_id, token = str(doc["lock_id"]), int(doc["fencing_token"])
+        except (ValueError, KeyError, TypeError) as err:
+            self.problem("bad output", f"`lock acquire -o json` printed {out[:300]!r}: {err}")
+            return
+        try:
+            self.critical(lock_id, token, asked + remaining_validity(a.ttl, 0.0))
+        finally:
+            self.cli(
+                "lock", "release", a.deployment, "--lock-id", lock_id, "--holder", self.instance,
+                allowed={0, 4, 6},
+            )  # fmt: skip
+        if not self.stopping() and self.rng.random() < 0.4:
+            self.read()
+
+    def critical(self, lock_id: str, token: int, valid_until: float) -> None:
+        entered = machine_clock()
+        if entered >= valid_until - self.margin:
+            self.stat("validity gone before entry")
+            return
+        self.emit("enter", t=entered, token=token, valid_until=valid_until, lock_id=lock_id)
+        try:
+            for _ in range(self.steps()):
+                if self.stopping() or machine_clock() >= valid_until - self.margin:
+                    break
+                action = self.rng.choices(("write", "read", "renew", "hold"), weights=(6, 2, 1, 1))[0]
+                if action == "write":
+                    self.write(lock_id)
+                elif action == "read":
+                    self.read()
+                elif action == "renew":
+                    asked = machine_clock()
+                    rc, _ = self.cli(
+                        "-o", "json", "lock", "renew", self.args.deployment,
+                        "--lock-id", lock_id, "--holder", self.instance,
+                        allowed={0, 4, 6},
+                    )  # fmt: skip
+                    self.stat(f"renew exit {rc}")
+                    if rc != 0:
+                        break  # lost, or not known to be held: leave
+                    valid_until = max(valid_until, asked + remaining_validity(self.args.ttl, 0.0))
+                    self.emit("valid", valid_until=valid_until)
+                else:
+                    time.sleep(max(0.0, min(self.rng.uniform(0.1, 1.0), valid_until - machine_clock())))
+        finally:
+            left = machine_clock()
+            self.emit("exit", t=min(left, valid_until), overstay=left > valid_until)
+
+    def write(self, lock_id: str) -> None:
+        value = self.next_value()
+        op = self.begin("write", value)
+        rc, _ = self.cli(
+            "-o", "json", "state", "set", self.args.deployment, f"{STATE_KEY}={value}", "--lock-id", lock_id,
+            allowed={0, 3, 4, 6},
+        )  # fmt: skip
+        self.end(op, "ok" if rc == 0 else "fail" if rc in (3, 6) else "unknown")
+
+    def read(self) -> None:
+        op = self.begin("read", None)
+        rc, out = self.cli("-o", "json", "state", "get", self.args.deployment, allowed={0, 4})
+        if rc != 0:
+            self.end(op, "fail")
+            return
+        try:
+            doc = json.loads(out)
+        except ValueError:
+            self.problem("bad output", f"`state get -o json` printed {out[:300]!r}")
+            self.end(op, "fail")
+            return
+        if not isinstance(doc, dict):
+            self.problem("bad output", f"`state get -o json` printed a {type(doc).__name__}, not a mapping")
+            self.end(op, "fail")
+            return
+        self.end(op, "ok", doc.get(STATE_KEY))
+
+
+class _ApiContender(_Contender):
+    """Everything through the Python API, in one long-lived process."""
+
+    async def run(self) -> None:
+        import anyio
+
+        from coordinator.api import Coordinator
+
+        async with Coordinator.from_config(timeout=self.args.timeout) as c:
+            state = c.state(self.args.deployment)
+            while not self.stopping():
+                await self.iteration(c, state)
+                # In-process contenders are quick to come back: give the others a chance.
+                await anyio.sleep(self.rng.uniform(0.5, 4.0))
+
+    async def iteration(self, c: Coordinator, state: StateClient) -> None:
+        from coordinator.errors import CoordinatorError, LockHeldError, NoQuorumError
+
+        a = self.args
+        # Mostly short waits: a contender always waiting wins every release, and the
+        # command-line ones (a process start per attempt) would hardly ever get a turn.
+        wait = self.rng.choice((0.0, 2.0, 5.0, a.wait))
+        try:
+            async with c.lock(a.deployment, ttl=a.ttl, wait=wait, holder=self.instance, reason="torture") as held:
+                self.stat("acquire exit 0")
+                await self.critical(state, held)
+        except LockHeldError:
+            self.stat("acquire exit 3")
+        except NoQuorumError:
+            self.stat("acquire exit 4")
+        except CoordinatorError as err:
+            self.problem(f"exit {int(err.exit_code)}", f"Coordinator.lock: {type(err).__name__}: {err.message[:800]}")
+        except Exception as err:
+            self.problem("internal", f"Coordinator.lock raised {type(err).__name__}: {_tail(traceback.format_exc())}")
+        if not self.stopping() and self.rng.random() < 0.4:
+            await self.read(state)
+
+    async def critical(self, state: StateClient, held: HeldLock) -> None:
+        import anyio
+
+        def valid_until() -> float:
+            return monotonic_to_machine(held.result.valid_until())
+
+        entered = machine_clock()
+        until = valid_until()
+        if not held.valid or entered >= until - self.margin:
+            self.stat("validity gone before entry")
+            return
+        self.emit("enter", t=entered, token=held.fencing_token, valid_until=until, lock_id=held.lock_id)
+        reported = until
+
+        async def report_renewals() -> None:
+            # Renewals run in the background: tell the harness at once how far they
+            # extended validity, so that a holder killed just after one is judged right.
+            nonlocal reported
+            while True:
+                await anyio.sleep(0.1)
+                now = valid_until()
+                if now > reported + 0.01:
+                    reported = now
+                    self.emit("valid", valid_until=now)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(report_renewals)
+                try:
+                    for _ in range(self.steps()):
+                        if self.stopping() or not held.valid or machine_clock() >= valid_until() - self.margin:
+                            break
+                        action = self.rng.choices(("write", "read", "hold"), weights=(6, 2, 2))[0]
+                        if action == "write":
+                            await self.write(state, held)
+                        elif action == "read":
+                            await self.read(state)
+                        else:
+                            hold = min(self.rng.uniform(0.2, 2.0), valid_until() - machine_clock())
+                            await anyio.sleep(max(0.0, hold))
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            left = machine_clock()
+            until = valid_until()
+            self.emit("exit", t=min(left, until), overstay=left > until)
+
+    async def write(self, state: StateClient, held: HeldLock) -> None:
+        import anyio
+
+        from coordinator.errors import CoordinatorError, LockHeldError, NoQuorumError, StateConflictError
+
+        value = self.next_value()
+        op = self.begin("write", value)
+        status = "unknown"
+        try:
+            with anyio.fail_after(120):
+                await state.set({STATE_KEY: value}, lock=held)
+            status = "ok"
+        except NoQuorumError:
+            status = "unknown"
+        except (StateConflictError, LockHeldError):
+            status = "fail"
+        except TimeoutError:
+            self.problem("hung", "state.set did not finish within 120 s")
+        except CoordinatorError as err:
+            self.problem(f"exit {int(err.exit_code)}", f"state.set: {type(err).__name__}: {err.message[:800]}")
+        except Exception as err:
+            self.problem("internal", f"state.set raised {type(err).__name__}: {_tail(traceback.format_exc())}")
+        self.end(op, status)
+
+    async def read(self, state: StateClient) -> None:
+        import anyio
+
+        from coordinator.errors import CoordinatorError, NoQuorumError
+
+        op = self.begin("read", None)
+        try:
+            with anyio.fail_after(120):
+                data = await state.get()
+        except NoQuorumError:
+            self.end(op, "fail")
+            return
+        except TimeoutError:
+            self.problem("hung", "state.get did not finish within 120 s")
+            self.end(op, "fail")
+            return
+        except CoordinatorError as err:
+            self.problem(f"exit {int(err.exit_code)}", f"state.get: {type(err).__name__}: {err.message[:800]}")
+            self.end(op, "fail")
+            return
+        except Exception as err:
+            self.problem("internal", f"state.get raised {type(err).__name__}: {_tail(traceback.format_exc())}")
+            self.end(op, "fail")
+            return
+        if not isinstance(data, dict):
+            self.problem("bad value", f"state.get returned a {type(data).__name__}, not a mapping")
+            self.end(op, "fail")
+            return
+        self.end(op, "ok", data.get(STATE_KEY))
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    """Entry point of one contender process (``python -m coordinator.testing.workload worker``)."""
+    parser = argparse.ArgumentParser(prog="workload worker")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--generation", type=int, default=0)
+    parser.add_argument("--mode", choices=("cli", "api"), required=True)
+    parser.add_argument("--ttl", type=float, required=True)
+    parser.add_argument("--wait", type=float, default=20.0)
+    parser.add_argument("--deployment", default=DEPLOYMENT)
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--deadline", type=float, required=True, help="on the machine clock")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=2.0)
+    ns = parser.parse_args(list(argv))
+    args = _WorkerArgs(**vars(ns))
+    emit = _Emitter()
+    emit("start", pid=os.getpid(), mode=args.mode, faketime=os.environ.get("FAKETIME"), wall=time.time())
+    try:
+        if args.mode == "cli":
+            _CliContender(args, emit).run()
+        else:
+            import anyio
+
+            anyio.run(_ApiContender(args, emit).run)
+    except Exception as err:
+        emit("problem", what="contender crashed", detail=f"{type(err).__name__}: {_tail(traceback.format_exc(), 12)}")
+        return 1
+    emit("done")
+    return 0
+
+
+# ------------------------------------------------------------------------ histories
+
+
+@dataclass
+class _Section:
+    process: str
+    mode: str
+    token: int
+    enter: float
+    valid_until: float
+    exit: float | None = None
+    how: str = ""  # left | clipped (stayed past validity) | killed | vanished
+
+
+class Recorder:
+    """Collects the contenders' events into lock sections and register operations.
+
+    Thread-safe: one reader thread per contender feeds it.
+    """
+
+    def __init__(self, event_log: Path | None = None) -> None:
+        self._lock = threading.Lock()
+        self._log = event_log.open("a") if event_log is not None else None
+        self.sections: list[_Section] = []
+        self.inside: dict[str, _Section] = {}
+        self.ops: dict[str, dict[str, Any]] = {}
+        self.in_flight: dict[str, set[str]] = {}
+        self.problems: list[str] = []
+        self.stats: Counter[str] = Counter()
+        self.modes: dict[str, str] = {}
+
+    def handle(self, instance: str, event: dict[str, Any]) -> None:
+        kind = event.get("ev")
+        with self._lock:
+            if self._log is not None:
+                self._log.write(json.dumps({"instance": instance, "at": machine_clock(), **event}) + "\n")
+                self._log.flush()
+            try:
+                self._handle(instance, kind, event)
+            except (KeyError, TypeError, ValueError) as err:
+                self.problems.append(f"{instance}: malformed event {event!r}: {err}")
+
+    def _handle(self, instance: str, kind: Any, event: dict[str, Any]) -> None:
+        if kind == "start":
+            self.modes[instance] = str(event.get("mode"))
+        elif kind == "enter":
+            self.inside[instance] = _Section(
+                instance,
+                self.modes.get(instance, "?"),
+                int(event["token"]),
+                float(event["t"]),
+                float(event["valid_until"]),
+            )
+        elif kind == "valid":
+            renewed = self.inside.get(instance)
+            if renewed is not None:
+                renewed.valid_until = max(renewed.valid_until, float(event["valid_until"]))
+        elif kind == "exit":
+            left = self.inside.pop(instance, None)
+            if left is not None:
+                left.exit = max(left.enter, float(event["t"]))
+                left.how = "clipped" if event.get("overstay") else "left"
+                self.sections.append(left)
+        elif kind == "invoke":
+            op_id = str(event["op"])
+            self.ops[op_id] = {
+                "process": instance,
+                "kind": str(event["kind"]),
+                "value": event.get("value"),
+                "invoke": float(event["t"]),
+                "complete": None,
+                "status": "unknown",
+            }
+            self.in_flight.setdefault(instance, set()).add(op_id)
+        elif kind == "complete":
+            op_id = str(event["op"])
+            op = self.ops[op_id]
+            op["status"] = str(event["status"])
+            op["complete"] = float(event["t"])
+            if op["kind"] == "read":
+                op["value"] = event.get("value")
+            self.in_flight.get(instance, set()).discard(op_id)
+            self.stats[f"{self.modes.get(instance, '?')} {op['kind']} {op['status']}"] += 1
+        elif kind == "problem":
+            self.problems.append(f"{instance}: {event.get('what')}: {event.get('detail')}")
+        elif kind == "stat":
+            self.stats[str(event["name"])] += 1
+
+    def gone(self, instance: str, when: float, how: str) -> None:
+        """The contender died (``how``: killed | vanished): close what it had open."""
+        with self._lock:
+            section = self.inside.pop(instance, None)
+            if section is not None:
+                section.exit = max(section.enter, min(when, section.valid_until))
+                section.how = how
+                self.sections.append(section)
+            for op_id in self.in_flight.pop(instance, set()):
+                op = self.ops[op_id]
+                op["status"], op["complete"] = "unknown", None
+                self.stats[f"{self.modes.get(instance, '?')} {op['kind']} unknown ({how})"] += 1
+
+    def add_op(self, op: dict[str, Any]) -> None:
+        with self._lock:
+            self.ops[f"{op['process']}:{len(self.ops)}"] = op
+
+    def holders_inside(self) -> list[str]:
+        with self._lock:
+            return list(self.inside)
+
+    def problem(self, text: str) -> None:
+        with self._lock:
+            self.problems.append(text)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+# ---------------------------------------------------------------------------- report
+
+
+@dataclass
+class Report:
+    """What happened, and the verdict."""
+
+    sections: list[dict[str, Any]]
+    operations: list[dict[str, Any]]
+    faults: Counter[str]
+    checks: list[CheckResult]
+    problems: list[str]
+    stats: Counter[str]
+    seconds: float = 0.0
+    seed: int = 0
+    clusters: int = 0
+    workdir: Path | None = None
+
+    @property
+    def violations(self) -> list[str]:
+        found = [v.message for c in self.checks for v in c.violations]
+        return found + self.problems
+
+    @property
+    def undecided(self) -> list[str]:
+        return [f"{c.check}: {c.undecided}" for c in self.checks if c.undecided]
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations and not self.undecided
+
+    def summary_line(self) -> str:
+        return (
+            f"{len(self.sections)} lock sections, {len(self.operations)} state ops, "
+            f"{sum(self.faults.values())} faults injected, {len(self.violations)} violations"
+        )
+
+    def render(self) -> str:
+        how = Counter(str(s["how"]) for s in self.sections)
+        modes = Counter(str(s["mode"]) for s in self.sections)
+        ops = Counter(f"{o['kind']} {o['status']}" for o in self.operations)
+        lines = [
+            f"seed {self.seed}, {self.clusters} clusters, {self.seconds:.0f}s of workload",
+            "lock sections: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(modes.items()))
+            + "; ended by "
+            + ", ".join(f"{k} {v}" for k, v in sorted(how.items())),
+            "state ops: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())),
+            "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())),
+            "contender outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items())),
+        ]
+        for check in self.checks:
+            extra = f" ({check.states_explored} states, {check.segments} segments)" if check.segments else ""
+            lines.append(check.summary() + extra)
+        if self.problems:
+            lines.append(f"problems: {len(self.problems)}")
+            lines += [f"  - {p}" for p in self.problems[:50]]
+        for text in self.undecided:
+            lines.append(f"UNDECIDED: {text}")
+        if self.workdir is not None:
+            lines.append(f"artifacts kept in {self.workdir}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass
+class TortureOptions:
+    """How big, how long, how random."""
+
+    clusters: int = 3
+    seconds: float = 100.0
+    seed: int = 1
+    contenders: list[ContenderSpec] = field(default_factory=default_contenders)
+    request_timeout: float = 2.0
+    wait: float = 20.0
+    workdir: Path | None = None  # kept afterwards; default: a temporary directory, removed
+    fault_gap: tuple[float, float] = (1.0, 3.0)  # quiet time between fault episodes, s
+    fault_length: tuple[float, float] = (2.0, 6.0)  # how long most faults last, s
+    progress: Progress | None = None
+
+
+def _say(progress: Progress | None, started: float) -> Progress:
+    def say(text: str) -> None:
+        if progress is not None:
+            progress(f"[{machine_clock() - started:7.1f}s] {text}")
+
+    return say
+
+
+# ------------------------------------------------------------------------------ rig
+
+
+class _Rig:
+    """Sandbox clusters behind toxiproxy, and a local config that reaches them."""
+
+    def __init__(self, workdir: Path, n: int, say: Progress) -> None:
+        self.workdir = workdir
+        self.n = n
+        self.say = say
+        self.sandbox: Sandbox | None = None
+        self.toxiproxy: ToxiproxyServer | None = None
+        self.proxies: list[Proxy] = []
+        self.kubeconfig = workdir / "kubeconfig"
+        self.config = workdir / "config" / "config.yaml"
+        self.namespace = "torture-" + secrets.token_hex(3)
+
+    def start(self) -> None:
+        from coordinator import sandbox as sb
+        from coordinator.testing.toxiproxy import ToxiproxyServer
+
+        sandbox_dir = self.workdir / "sandbox"
+        self.sandbox = sb.Sandbox(sandbox_dir)  # known before start-up, to be stopped even if it fails
+        self.say(f"starting {self.n} sandbox clusters in {sandbox_dir}")
+        sb.up(self.n, sandbox_dir, on_progress=lambda msg: self.say(f"sandbox: {msg}"))
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        self.toxiproxy = ToxiproxyServer.start(log_path=self.workdir / "logs" / "toxiproxy.log")
+        for c in self.sandbox.record.clusters:
+            self.proxies.append(self.toxiproxy.create_proxy(f"apiserver-{c.index}", ("127.0.0.1", c.apiserver_port)))
+        self._write_kubeconfig()
+        self._connect()
+
+    def _write_kubeconfig(self) -> None:
+        import yaml
+
+        assert self.sandbox is not None
+        doc = yaml.safe_load(self.sandbox.kubeconfig.read_text())
+        ports = {f"sandbox-{i}": proxy.port for i, proxy in enumerate(self.proxies, start=1)}
+        for entry in doc["clusters"]:
+            entry["cluster"]["server"] = f"https://127.0.0.1:{ports[entry['name']]}"
+        fd = os.open(self.kubeconfig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(doc, fh, sort_keys=False)
+
+    def _connect(self) -> None:
+        import anyio
+
+        from coordinator.admin import connect_cluster, create_deployment
+        from coordinator.clusters import ClusterSet
+        from coordinator.config import ConfigStore
+
+        store = ConfigStore(self.config)
+        names = [f"c{i}" for i in range(1, self.n + 1)]
+
+        async def setup() -> None:
+            for i, name in enumerate(names, start=1):
+                await connect_cluster(store, name, f"sandbox-{i}", str(self.kubeconfig), timeout=15)
+            cs = ClusterSet(store.load(), timeout=15)
+            try:
+                await create_deployment(store, cs, DEPLOYMENT, self.namespace, names, "configmap")
+            finally:
+                await cs.aclose()
+
+        anyio.run(setup)
+        self.say(f"deployment {DEPLOYMENT} in namespace {self.namespace} on {', '.join(names)} (through toxiproxy)")
+
+    def heal(self) -> None:
+        if self.toxiproxy is not None and self.toxiproxy.running:
+            self.toxiproxy.reset()
+        if self.sandbox is not None and self.sandbox.exists:
+            self.sandbox.heal()
+
+    def stop(self) -> None:
+        try:
+            if self.toxiproxy is not None:
+                self.toxiproxy.stop()
+        finally:
+            if self.sandbox is not None:
+                self.sandbox.down(grace=5.0)
+
+
+# ------------------------------------------------------------------------ processes
+
+
+@dataclass
+class _Worker:
+    spec: ContenderSpec
+    generation: int
+    proc: subprocess.Popen[str]
+    log: IO[bytes]
+    reader: threading.Thread | None = None
+    killed: bool = False
+    paused: bool = False
+    done: bool = False
+    reaped: bool = False
+
+    @property
+    def instance(self) -> str:
+        return f"{self.spec.name}g{self.generation}"
+
+
+class _Workers:
+    """The contender processes: started, watched, frozen, killed, replaced, stopped."""
+
+    def __init__(
+        self, opts: TortureOptions, rig: _Rig, recorder: Recorder, deadline: float, say: Progress
+    ) -> None:
+        self.opts = opts
+        self.rig = rig
+        self.recorder = recorder
+        self.deadline = deadline
+        self.say = say
+        self.stop_file = rig.workdir / "stop"
+        self.all: list[_Worker] = []
+        self.live: dict[str, _Worker] = {}  # spec name -> current worker
+        self.faketime = shutil.which("faketime")
+
+    def _environ(self, instance: str, config: Path) -> dict[str, str]:
+        import coordinator
+
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("COORDINATOR_LOCK_ID", "COORDINATOR_HOLDER", "COORDINATOR_CONFIG", "COORDINATOR_TIMEOUT")
+            and not k.startswith(("FAKETIME", "LD_PRELOAD"))
+        }
+        root = str(Path(coordinator.__file__).resolve().parent.parent)
+        env.update(
+            {
+                "COORDINATOR_CONFIG": str(config),
+                "KUBECONFIG": str(self.rig.kubeconfig),
+                "COORDINATOR_TIMEOUT": f"{self.opts.request_timeout:g}s",
+                "XDG_STATE_HOME": str(config.parent / "state"),
+                "NO_COLOR": "1",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+            }
+        )
+        return env
+
+    def spawn(self, spec: ContenderSpec, generation: int = 0) -> _Worker:
+        instance = f"{spec.name}g{generation}"
+        home = self.rig.workdir / "contenders" / instance
+        home.mkdir(parents=True, exist_ok=True)
+        # Each contender is its own machine: its own copy of the config and lock records.
+        config = home / "config.yaml"
+        shutil.copyfile(self.rig.config, config)
+        prefix: list[str] = []
+        if spec.faketime:
+            if self.faketime is None:
+                self.say(f"faketime is not installed: {instance} runs on the real clock")
+            else:
+                prefix = [self.faketime, "-f", spec.faketime]
+        command = [
+            *prefix, sys.executable, "-m", "coordinator.testing.workload", "worker",
+            "--name", spec.name, "--generation", str(generation), "--mode", spec.mode,
+            "--ttl", f"{spec.ttl:g}", "--wait", f"{self.opts.wait:g}", "--deployment", DEPLOYMENT,
+            "--stop-file", str(self.stop_file), "--deadline", f"{self.deadline:.3f}",
+            "--seed", str(self.opts.seed), "--timeout", f"{self.opts.request_timeout:g}",
+        ]  # fmt: skip
+        log = (self.rig.workdir / "logs" / f"{instance}.log").open("ab")
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=self._environ(instance, config),
+            cwd=home,
+            start_new_session=True,  # its own process group: it and its commands are signalled together
+        )
+        worker = _Worker(spec, generation, proc, log)
+        worker.reader = threading.Thread(target=self._read, args=(worker,), name=f"events-{instance}", daemon=True)
+        self.all.append(worker)
+        self.live[spec.name] = worker
+        worker.reader.start()
+        clock = f", faketime {spec.faketime}" if prefix else ""
+        self.say(f"started {spec.mode} contender {instance} (ttl {spec.ttl:g}s{clock})")
+        return worker
+
+    def _read(self, worker: _Worker) -> None:
+        assert worker.proc.stdout is not None
+        for line in worker.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("ev") == "done":
+                worker.done = True
+            self.recorder.handle(worker.instance, event)
+
+    def _signal(self, worker: _Worker, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.proc.pid, sig)
+
+    def _reap(self, worker: _Worker, how: str, when: float | None = None) -> None:
+        worker.proc.wait(timeout=30)
+        stamp = machine_clock() if when is None else when
+        if worker.reader is not None:
+            worker.reader.join(timeout=15)
+        worker.log.close()
+        worker.reaped = True
+        self.recorder.gone(worker.instance, stamp, how)
+
+    def start_all(self) -> None:
+        for spec in self.opts.contenders:
+            self.spawn(spec)
+
+    def holder_inside(self, rng: random.Random, within: float) -> _Worker | None:
+        """A contender inside its critical section right now (waiting up to ``within``)."""
+        until = machine_clock() + within
+        while True:
+            inside = set(self.recorder.holders_inside())
+            candidates = [
+                w for w in self.live.values() if w.instance in inside and not w.paused and w.proc.poll() is None
+            ]
+            if candidates:
+                return rng.choice(candidates)
+            if machine_clock() >= until:
+                return None
+            time.sleep(0.05)
+
+    def kill(self, worker: _Worker) -> None:
+        worker.killed = True
+        self._signal(worker, signal.SIGKILL)
+        worker.proc.wait(timeout=30)
+        self._reap(worker, "killed", machine_clock())
+
+    def replace(self, worker: _Worker) -> _Worker:
+        return self.spawn(worker.spec, worker.generation + 1)
+
+    def pause(self, worker: _Worker) -> None:
+        worker.paused = True
+        self._signal(worker, signal.SIGSTOP)
+
+    def resume(self, worker: _Worker) -> None:
+        self._signal(worker, signal.SIGCONT)
+        worker.paused = False
+
+    def check(self, replace: bool) -> None:
+        """Notice contenders that ended on their own; a crash is a problem (and replaced)."""
+        for worker in list(self.live.values()):
+            if worker.reaped or worker.proc.poll() is None:
+                continue
+            self._reap(worker, "vanished")
+            if not worker.done:
+                self.recorder.problem(
+                    f"{worker.instance}: the contender process ended unexpectedly (exit "
+                    f"{worker.proc.returncode}); see {self.rig.workdir / 'logs' / (worker.instance + '.log')}"
+                )
+                if replace:
+                    self.replace(worker)
+
+    def stop_all(self, grace: float) -> None:
+        self.stop_file.touch()
+        for worker in self.live.values():
+            if worker.paused:
+                self.resume(worker)
+        until = machine_clock() + grace
+        while machine_clock() < until and any(w.proc.poll() is None for w in self.live.values()):
+            time.sleep(0.2)
+        for worker in self.live.values():
+            if worker.reaped:
+                continue
+            if worker.proc.poll() is None:
+                self.say(f"{worker.instance} did not stop within {grace:g}s: SIGKILL")
+                self.kill(worker)
+            else:
+                self._reap(worker, "vanished")
+                if not worker.done:
+                    self.recorder.problem(
+                        f"{worker.instance}: the contender process ended without finishing (exit "
+                        f"{worker.proc.returncode}); see its log in {self.rig.workdir / 'logs'}"
+                    )
+
+    def kill_everything(self) -> None:
+        """Last resort on the way out: no contender outlives the harness."""
+        for worker in self.all:
+            if worker.proc.poll() is None:
+                self._signal(worker, signal.SIGCONT)
+                self._signal(worker, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.proc.wait(timeout=10)
+            with contextlib.suppress(Exception):
+                worker.log.close()
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+FAULT_KINDS = (
+    "pause-minority",
+    "pause-majority",
+    "kill-apiserver",
+    "latency",
+    "cut-minority",
+    "cut-majority",
+    "lose-responses",
+    "drop-requests",
+    "sigkill-holder",
+    "sigstop-holder",
+)
+
+
+class _Faults:
+    """A seeded schedule of fault episodes; every episode undoes itself."""
+
+    def __init__(self, rig: _Rig, workers: _Workers, rng: random.Random, say: Progress, opts: TortureOptions) -> None:
+        self.rig = rig
+        self.workers = workers
+        self.rng = rng
+        self.say = say
+        self.gap = opts.fault_gap
+        self.length = opts.fault_length
+        self.count: Counter[str] = Counter()
+        self.n = rig.n
+        self.q = quorum_size(rig.n)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        assert self.rig.sandbox is not None
+        return self.rig.sandbox
+
+    def _clusters(self, k: int) -> list[int]:
+        return sorted(self.rng.sample(range(1, self.n + 1), k))
+
+    def _minority(self) -> list[int]:
+        return self._clusters(self.rng.randint(1, self.n - self.q))
+
+    def _majority(self) -> list[int]:
+        return self._clusters(self.rng.randint(self.q, self.n))
+
+    def _sleep(self, seconds: float) -> None:
+        until = machine_clock() + seconds
+        while True:
+            left = until - machine_clock()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.5))
+            self.workers.check(replace=True)
+
+    def run(self, end: float) -> None:
+        bag: list[str] = []
+        while machine_clock() < end:
+            if not bag:
+                bag = list(FAULT_KINDS)
+                self.rng.shuffle(bag)
+            kind = bag.pop()
+            room = max(1.0, end - machine_clock())
+            self.episode(kind, room)
+            self.workers.check(replace=True)
+            self._sleep(min(self.rng.uniform(*self.gap), max(0.0, end - machine_clock())))
+
+    def episode(self, kind: str, room: float) -> None:
+        d = min(room, self.rng.uniform(*self.length))
+        if kind in ("pause-minority", "pause-majority"):
+            targets = self._minority() if kind == "pause-minority" else self._majority()
+            self.say(f"fault: pause API servers {targets} for {d:.1f}s")
+            self.count[kind] += 1
+            paused: list[int] = []
+            try:
+                for i in targets:
+                    self.sandbox.pause(i)
+                    paused.append(i)
+                self._sleep(d)
+            finally:
+                for i in paused:
+                    self.sandbox.resume(i)
+        elif kind == "kill-apiserver":
+            targets = self._minority()
+            self.say(f"fault: kill API servers {targets}, start them again after {d:.1f}s")
+            self.count[kind] += 1
+            try:
+                for i in targets:
+                    self.sandbox.kill(i)
+                self._sleep(d)
+            finally:
+                for i in targets:
+                    self.sandbox.start(i)
+        elif kind == "latency":
+            targets = self._clusters(self.rng.randint(1, self.n))
+            ms = self.rng.randint(150, 1200)
+            d = min(room, 2 * self.rng.uniform(*self.length))
+            self.say(f"fault: {ms} ms latency to {targets} for {d:.1f}s")
+            self.count[kind] += 1
+            self._with_toxic(targets, d, lambda p: p.add_latency(ms, jitter_ms=ms // 4, name="torture-latency"))
+        elif kind in ("cut-minority", "cut-majority"):
+            targets = self._minority() if kind == "cut-minority" else self._majority()
+            self.say(f"fault: cut connections to {targets} for {d:.1f}s")
+            self.count[kind] += 1
+            proxies = [self.rig.proxies[i - 1] for i in targets]
+            try:
+                for p in proxies:
+                    p.disable()
+                self._sleep(d)
+            finally:
+                for p in proxies:
+                    p.enable()
+        elif kind == "lose-responses":
+            # Requests arrive and are applied; the answers never come back. Started while
+            # someone is inside, so that a write's outcome is likely to be unknown.
+            self.workers.holder_inside(self.rng, within=min(room, 8.0))
+            targets = self._minority() if self.rng.random() < 0.5 else self._majority()
+            self.say(f"fault: answers from {targets} are lost for {d:.1f}s")
+            self.count[kind] += 1
+            self._with_toxic(targets, d, lambda p: p.add_timeout(0, stream="downstream", name="torture-lose"))
+        elif kind == "drop-requests":
+            targets = self._minority() if self.rng.random() < 0.5 else self._majority()
+            self.say(f"fault: requests to {targets} are dropped (connection closed after 1s) for {d:.1f}s")
+            self.count[kind] += 1
+            self._with_toxic(targets, d, lambda p: p.add_timeout(1000, stream="upstream", name="torture-drop"))
+        elif kind == "sigkill-holder":
+            worker = self.workers.holder_inside(self.rng, within=min(room, 15.0))
+            if worker is None:
+                self.say("fault: no holder inside its critical section to SIGKILL")
+                return
+            self.say(f"fault: SIGKILL {worker.instance} inside its critical section")
+            self.count[kind] += 1
+            self.workers.kill(worker)
+            self.workers.replace(worker)
+        elif kind == "sigstop-holder":
+            worker = self.workers.holder_inside(self.rng, within=min(room, 15.0))
+            if worker is None:
+                self.say("fault: no holder inside its critical section to SIGSTOP")
+                return
+            # Short: it wakes up still valid. Long: its leases expire meanwhile and others
+            # take over; it must notice before acting, and fencing must refuse its writes.
+            d = self.rng.uniform(0.5, 2.5) if self.rng.random() < 0.4 else worker.spec.ttl + 3.0
+            self.say(f"fault: SIGSTOP {worker.instance} inside its critical section for {d:.1f}s")
+            self.count[kind] += 1
+            self.workers.pause(worker)
+            try:
+                self._sleep(d)
+            finally:
+                self.workers.resume(worker)
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+
+    def _with_toxic(self, targets: list[int], seconds: float, add: Callable[[Proxy], str]) -> None:
+        added: list[tuple[Proxy, str]] = []
+        try:
+            for i in targets:
+                proxy = self.rig.proxies[i - 1]
+                added.append((proxy, add(proxy)))
+            self._sleep(seconds)
+        finally:
+            for proxy, name in added:
+                proxy.remove_toxic(name)
+
+
+# ----------------------------------------------------------------------------- verdict
+
+
+def _final_read(rig: _Rig, recorder: Recorder, say: Progress) -> None:
+    """After everything healed and every contender stopped: the value that stayed."""
+    import anyio
+
+    from coordinator.api import Coordinator
+    from coordinator.errors import CoordinatorError
+
+    async def read() -> Any:
+        async with Coordinator.from_config(str(rig.config), timeout=10) as c:
+            return await c.state(DEPLOYMENT).get()
+
+    last = ""
+    for _ in range(6):
+        invoked = machine_clock()
+        try:
+            data = anyio.run(read)
+        except CoordinatorError as err:
+            last = err.message
+            time.sleep(2)
+            continue
+        value = data.get(STATE_KEY) if isinstance(data, dict) else data
+        recorder.add_op(
+            {
+                "process": "final-read",
+                "kind": "read",
+                "value": value,
+                "invoke": invoked,
+                "complete": machine_clock(),
+                "status": "ok",
+            }
+        )
+        say(f"final read: {STATE_KEY}={value!r}")
+        return
+    recorder.problem(f"final read: the state could not be read after every fault was undone: {last}")
+
+
+def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[CheckResult]]:
+    from coordinator.testing.checkers import (
+        check_linearizable_register,
+        check_mutual_exclusion,
+        check_no_lost_writes,
+    )
+
+    sections = [
+        {
+            "process": s.process,
+            "mode": s.mode,
+            "token": s.token,
+            "enter": s.enter,
+            "exit": s.exit,
+            "how": s.how,
+            "valid_until": s.valid_until,
+        }
+        for s in recorder.sections
+        if s.exit is not None
+    ]
+    ops = list(recorder.ops.values())
+    checks = [
+        check_mutual_exclusion(
+            [{k: s[k] for k in ("process", "token", "enter", "exit")} for s in sections]
+        ),
+        check_linearizable_register(ops, initial=None, max_states=2_000_000, timeout=180),
+    ]
+    reads = [o for o in ops if o["kind"] == "read" and o["status"] == "ok"]
+    if reads and max(reads, key=lambda r: r["invoke"])["process"] == "final-read":
+        checks.append(check_no_lost_writes(ops, initial=None))
+    return sections, ops, checks
+
+
+# ------------------------------------------------------------------------------- run
+
+
+def run_torture(opts: TortureOptions) -> Report:
+    """Set everything up, run the workload under faults, tear it all down, judge.
+
+    The work directory is removed afterwards when it was a temporary one and the run
+    passed; otherwise it is kept (logs, the histories as JSON) and named in the report.
+    """
+    if opts.clusters < 3:
+        raise ValueError("the torture run needs at least 3 clusters (a minority must be able to fail)")
+    started = machine_clock()
+    say = _say(opts.progress, started)
+    owned = opts.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="torture-")) if opts.workdir is None else Path(opts.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(opts.seed)
+    recorder = Recorder(workdir / "events.jsonl")
+    rig = _Rig(workdir, opts.clusters, say)
+    workers: _Workers | None = None
+    faults: _Faults | None = None
+    try:
+        rig.start()
+        end = machine_clock() + opts.seconds
+        # Contenders stop by themselves well after the schedule, should the harness die.
+        workers = _Workers(opts, rig, recorder, deadline=end + 600, say=say)
+        workers.start_all()
+        faults = _Faults(rig, workers, rng, say, opts)
+        say(f"workload and faults for {opts.seconds:.0f}s (seed {opts.seed})")
+        try:
+            faults.run(end)
+        finally:
+            say("undoing every fault")
+            rig.heal()
+        grace = max(s.ttl for s in opts.contenders) + opts.wait + 90
+        say("stopping the contenders")
+        workers.stop_all(grace)
+        _final_read(rig, recorder, say)
+    finally:
+        if workers is not None:
+            workers.kill_everything()
+        say("stopping toxiproxy and the sandbox")
+        try:
+            rig.stop()
+        finally:
+            recorder.close()
+    say("checking the histories")
+    sections, ops, checks = _judge(recorder)
+    report = Report(
+        sections=sections,
+        operations=ops,
+        faults=faults.count if faults is not None else Counter(),
+        checks=checks,
+        problems=list(recorder.problems),
+        stats=recorder.stats,
+        seconds=opts.seconds,
+        seed=opts.seed,
+        clusters=opts.clusters,
+    )
+    if report.passed and owned:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        history = workdir / "history.json"
+        history.write_text(json.dumps({"sections": sections, "operations": ops}, indent=1, default=str))
+        report.workdir = workdir
+    return report
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """A CI job killed on timeout gets SIGTERM: unwind like Ctrl-C so clean-up runs."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["worker"]:
+        return worker_main(args[1:])
+    print("usage: python -m coordinator.testing.workload worker ... (the harness: scripts/torture.py)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Safety under faults: the quick torture run, and what earlier runs found."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from coordinator.errors import LockHeldError, StateConflictError
+from coordinator.testing.toxiproxy import ToxiproxyNotFoundError, find_toxiproxy_binary
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARY = re.compile(r"(\d+) lock sections, (\d+) state ops, (\d+) faults injected, (\d+) violations")
+
+
+def _toxiproxy_built() -> bool:
+    try:
+        find_toxiproxy_binary()
+    except ToxiproxyNotFoundError:
+        return False
+    return True
+
+
+def _run_torture(*args: str, limit: float) -> tuple[int, str, str]:
+    """Run scripts/torture.py; on time-out it gets SIGTERM, so it still stops what it started."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "torture.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the torture run took more than {limit:g}s; its progress:\n{err[-4000:]}")
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _toxiproxy_built(), reason="toxiproxy-server is not built: run scripts/build-toxiproxy.sh")
+def test_quick_torture_run_finds_no_violation(tmp_path: Path) -> None:
+    code, out, err = _run_torture("--quick", "--seed", "20261130", "--dir", str(tmp_path / "run"), limit=900)
+    lines = out.strip().splitlines()
+    assert lines, f"no output; progress:\n{err[-4000:]}"
+    found = SUMMARY.fullmatch(lines[-1])
+    assert found, f"last line is not the summary: {lines[-1]!r}\n{out}\n{err[-4000:]}"
+    sections, ops, faults, violations = map(int, found.groups())
+    assert violations == 0, out
+    assert code == 0, out + err[-4000:]
+    # A run that did next to nothing proves nothing.
+    assert sections >= 8, out
+    assert ops >= 15, out
+    assert faults >= 8, out
+    assert "mutual exclusion: ok" in out and "linearizability: ok" in out and "no lost writes: ok" in out
+
+
+# What the torture run found in the Python API: the documented errors arrived wrapped in
+# an ExceptionGroup, so `except LockHeldError` did not catch them.
+
+
+def test_lock_with_wait_that_runs_out_raises_lock_held(dep3: Any) -> None:
+    held = dep3.cli("lock", "acquire", "web", "--holder", "first", "--ttl", "60s")
+    assert held.returncode == 0, held.stderr
+
+    async def scenario() -> None:
+        async with dep3.api() as c:
+            with pytest.raises(LockHeldError):
+                async with c.lock("web", ttl=30, wait=1.5, holder="second"):
+                    pytest.fail("the lock is held by someone else")
+
+    anyio.run(scenario)
+
+
+def test_error_inside_the_lock_block_comes_out_as_itself_and_releases(dep3: Any) -> None:
+    async def scenario() -> None:
+        async with dep3.api() as c:
+            with pytest.raises(StateConflictError, match="raised in the block"):
+                async with c.lock("web", ttl=30, holder="raiser"):
+                    raise StateConflictError("raised in the block")
+            st = await c.status("web")
+            assert not st.held_by_majority and st.holder is None
+
+    anyio.run(scenario)
