@@ -51,6 +51,7 @@ async def fan_out(
     until: Callable[[Results[T]], bool] | None = None,
     background: TaskGroup | None = None,
     grace_factor: float = 0.25,
+    leave_running: Callable[[], bool] | None = None,
 ) -> dict[str, ClusterResult[T]]:
     """Run ``operation(cluster)`` for every cluster at once; each gets ``timeout`` seconds.
 
@@ -58,8 +59,9 @@ async def fan_out(
     the question is decided, plus a short grace (``grace_factor`` times the time taken so
     far) so that healthy clusters answering together are all reported. Clusters that had
     not answered by then are absent from the result. They are cancelled, unless
-    ``background`` is given: then they go on there (still bounded by ``timeout``) and
-    their results are dropped.
+    ``background`` is given and ``leave_running()`` (if given) says so: then they go on
+    there (still bounded by ``timeout``), to clean up after themselves, and their
+    results are dropped.
     """
     names = list(dict.fromkeys(clusters))
     results: dict[str, ClusterResult[T]] = {}
@@ -109,7 +111,7 @@ async def fan_out(
             with anyio.move_on_after(grace_factor * (time.monotonic() - begun) + 0.01):
                 await all_done.wait()
         closed = True
-        if background is None:
+        if background is None or (leave_running is not None and not leave_running()):
             for name, scope in scopes.items():
                 if name not in results:
                     scope.cancel()

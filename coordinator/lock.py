@@ -538,6 +538,9 @@ class LockEngine:
             timeout=self.timeout,
             until=decided,
             background=self.background,
+            # A won attempt does not wait for stragglers (a lease of ours that lands late is
+            # freed by release or expiry); a lost one lets them finish and give back.
+            leave_running=lambda: not attempt_over["won"],
         )
         token = chosen.get("token")
         result = AcquireResult(
