@@ -100,6 +100,8 @@ def _merged_kubeconfig(existing: list[str], key: tuple[tuple[str, int, int, int]
     found = _merged_cache.get(key)
     if found is None:
         found = KubeConfigMerger(os.pathsep.join(existing)).config
+        if len(_merged_cache) >= 32:  # kubeconfigs rewritten over and over: keep it small
+            _merged_cache.clear()
         _merged_cache[key] = found
     return copy.deepcopy(found)
 
