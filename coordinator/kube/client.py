@@ -8,7 +8,9 @@ texts carry URLs and status messages only.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import json
 import logging
 import os
@@ -81,29 +83,100 @@ def preload() -> None:
 
 
 # Parsed and merged kubeconfig files, keyed by the files' identity: every cluster of a
-# command usually comes from the same kubeconfig, and parsing it (pure-Python YAML) costs
-# tens of milliseconds per cluster otherwise. A changed or replaced file is parsed again.
+# command usually comes from the same kubeconfig, and parsing it costs tens of
+# milliseconds (pure-Python YAML) per cluster otherwise. A changed or replaced file is
+# parsed again.
 _merged_cache: dict[tuple[tuple[str, int, int, int], ...], Any] = {}
 
 
 def _kubeconfig_key(existing: list[str]) -> tuple[tuple[str, int, int, int], ...]:
-    return tuple(
-        (p, st.st_ino, st.st_mtime_ns, st.st_size) for p in existing for st in [Path(p).expanduser().stat()]
-    )
+    return tuple((p, st.st_ino, st.st_mtime_ns, st.st_size) for p in existing for st in [Path(p).expanduser().stat()])
 
 
-def _merged_kubeconfig(existing: list[str], key: tuple[tuple[str, int, int, int], ...]) -> Any:
-    """``KubeConfigMerger(paths).config`` for these files, parsed once per process; each
-    caller gets its own copy (the loader may change it, e.g. refreshed tokens)."""
+def _merged_kubeconfig(existing: list[str], key: tuple[tuple[str, int, int, int], ...], docs: list[Any]) -> Any:
+    """``KubeConfigMerger(paths).config`` for these files, parsed once per process. The
+    result is shared: callers copy what they hand to a loader (see ``_context_config``).
+    ``docs`` are the files' documents when they are not cached yet."""
     from kubernetes_asyncio.config.kube_config import KubeConfigMerger
 
     found = _merged_cache.get(key)
     if found is None:
-        found = KubeConfigMerger(os.pathsep.join(existing)).config
+        if all(isinstance(doc, dict) for doc in docs):
+            with contextlib.suppress(Exception):  # the library's own merge says what is wrong
+                found = _merge_documents(existing, docs)
+        if found is None:
+            found = KubeConfigMerger(os.pathsep.join(existing)).config
         if len(_merged_cache) >= 32:  # kubeconfigs rewritten over and over: keep it small
             _merged_cache.clear()
         _merged_cache[key] = found
-    return copy.deepcopy(found)
+    return found
+
+
+def _context_config(merged: Any, context: str) -> Any:
+    """A copy, for one loader, of what ``context`` uses in the merged kubeconfig: the
+    context entry, the cluster and user entries it names, the top-level scalars.
+
+    The loader may change what it is given (refreshed tokens of auth providers), so the
+    shared merge is never handed out; copying only these entries instead of the whole
+    merge keeps the cost per cluster flat in the size of the kubeconfig. The loader finds
+    the same entries, under the same node names and file paths (relative certificate
+    paths resolve alike), and says the same things about them. Anything irregular gets a
+    copy of the whole merge, so that the loader's own error is unchanged."""
+    from kubernetes_asyncio.config.kube_config import ConfigNode
+
+    try:
+        root = merged.value
+        lists = {item: root[item] for item in ("clusters", "contexts", "users")}
+        if not all(isinstance(v, list) for v in lists.values()):
+            raise TypeError("not lists")
+
+        def named(item: str, name: Any) -> list[Any]:
+            found = []
+            for entry in lists[item]:
+                value = entry.value if isinstance(entry, ConfigNode) else entry
+                if not isinstance(value, dict) or "name" not in value:
+                    raise TypeError("entry without a name")
+                if value["name"] == name:
+                    found.append(entry)
+            return found
+
+        ctx = named("contexts", context)
+        if len(ctx) != 1:
+            raise LookupError(context)
+        entry = ctx[0].value if isinstance(ctx[0], ConfigNode) else ctx[0]
+        body = entry.get("context")
+        if not isinstance(body, dict):
+            raise TypeError("context without a body")
+        subset = {k: v for k, v in root.items() if k not in lists}
+        subset["contexts"] = ctx
+        subset["clusters"] = named("clusters", body["cluster"]) if "cluster" in body else []
+        subset["users"] = named("users", body["user"]) if body.get("user") else []
+        return copy.deepcopy(ConfigNode(merged.name, subset, merged.path))
+    except Exception:
+        return copy.deepcopy(merged)
+
+
+def _merge_documents(existing: list[str], docs: list[dict[str, Any]]) -> Any:
+    """What ``KubeConfigMerger(paths).config`` gives, from documents already parsed: the
+    same rules (the first file naming a cluster, context or user wins; the last
+    current-context wins) and the same ``ConfigNode`` objects."""
+    from kubernetes_asyncio.config.kube_config import ConfigNode
+
+    merged: Any = None
+    for raw_path, config in zip(existing, docs, strict=True):
+        path = os.path.expanduser(raw_path)
+        if merged is None:
+            base = copy.deepcopy(config)
+            for item in ("clusters", "contexts", "users"):
+                base[item] = []
+            merged = ConfigNode(path, base, path)
+        for item in ("clusters", "contexts", "users"):
+            for new_item in config.get(item, []) or []:
+                if not any(exists["name"] == new_item["name"] for exists in merged.value[item]):
+                    merged.value[item].append(ConfigNode(f"{path}/{new_item}", new_item, path))
+        if "current-context" in config:
+            merged.value["current-context"] = config["current-context"]
+    return merged
 
 
 async def load_client_configuration(endpoint: Endpoint) -> Any:
@@ -119,12 +192,13 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
             f"No kubeconfig file found at {paths}. Pass --kubeconfig PATH or set KUBECONFIG to a file that exists."
         )
     key = _kubeconfig_key(existing)
+    docs: list[Any] = []
     if key not in _merged_cache:  # files already parsed and merged passed these checks
-        for path in existing:
-            _check_kubeconfig_file(Path(path).expanduser())
+        docs = [_check_kubeconfig_file(Path(path).expanduser()) for path in existing]
     try:
-        merged = _merged_kubeconfig(existing, key)
+        merged = _merged_kubeconfig(existing, key, docs)
         contexts = [c["name"] for c in (merged.value.get("contexts") or [])] if merged else []
+        given = _context_config(merged, endpoint.context) if endpoint.context in contexts else None
     except Exception as err:
         raise UsageError(
             f"The kubeconfig {paths} cannot be read: {type(err).__name__}: {err}. "
@@ -138,7 +212,7 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
         )
     cfg = Configuration()
     try:
-        loader = KubeConfigLoader(config_dict=merged, active_context=endpoint.context, config_base_path=None)
+        loader = KubeConfigLoader(config_dict=given, active_context=endpoint.context, config_base_path=None)
         await loader.load_and_set(cfg)
     except (ConfigException, KeyError, TypeError, ValueError, AttributeError, OSError) as err:
         raise UsageError(
@@ -164,9 +238,7 @@ def _check_connection_settings(cfg: Any, context: str, paths: str) -> None:
             "server entry of its cluster."
         )
     try:
-        tls = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else None
-        if cfg.cert_file:
-            (tls or ssl.create_default_context()).load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
+        tls_context(cfg)  # the one the client will use: built (and so checked) once
     except (ssl.SSLError, OSError, ValueError) as err:
         raise UsageError(
             f"{where}: its certificate authority, client certificate or client key is not valid PEM "
@@ -175,14 +247,120 @@ def _check_connection_settings(cfg: Any, context: str, paths: str) -> None:
         ) from err
 
 
-def _check_kubeconfig_file(path: Path) -> None:
-    """Say in words what is wrong with a kubeconfig file that is not a YAML mapping
-    (the client library would fail on it with a bare TypeError or a multi-line trace)."""
+# TLS contexts by the settings they are built from. Building one loads the CA bundle and
+# the client key (milliseconds each); the clusters of a command, and the commands of a
+# long-lived process, mostly share one CA and one client certificate. A context is
+# never changed after it is built, so clients may share it; what differs per cluster
+# but is not in the context (server address, tls-server-name, proxy) goes with each
+# connection, and hostname checks are made against that connection's server name.
+_TlsKey = tuple[Any, ...]
+_tls_cache: dict[_TlsKey, ssl.SSLContext] = {}
+
+
+def _tls_key(cfg: Any) -> _TlsKey | None:
+    """Everything a context is built from; files by path and identity, so that a
+    replaced or rewritten file is read again. ``None`` if a file cannot be examined (then
+    building the context says why)."""
+
+    def identity(path: str | None) -> tuple[str, int, int, int, int] | None:
+        if not path:
+            return None
+        st = os.stat(path)
+        return (str(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+    try:
+        return (
+            identity(cfg.ssl_ca_cert),
+            # without a CA of its own, the context trusts the system's: where they are
+            None if cfg.ssl_ca_cert else (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")),
+            identity(cfg.cert_file),
+            identity(cfg.key_file) if cfg.cert_file else None,
+            bool(cfg.verify_ssl),
+            bool(cfg.disable_strict_ssl_verification),
+        )
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _build_tls_context(cfg: Any) -> ssl.SSLContext:
+    """The context kubernetes_asyncio's REST client builds for ``cfg``, step by step."""
+    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    if cfg.cert_file:
+        context.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
+    if not cfg.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cfg.disable_strict_ssl_verification:
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return context
+
+
+def tls_context(cfg: Any) -> ssl.SSLContext:
+    """The TLS context for a client ``Configuration``, one per process and settings."""
+    key = _tls_key(cfg)
+    found = _tls_cache.get(key) if key is not None else None
+    if found is None:
+        found = _build_tls_context(cfg)
+        if key is not None:
+            if len(_tls_cache) >= 32:  # certificates rotated over and over: keep it small
+                _tls_cache.clear()
+            _tls_cache[key] = found
+    return found
+
+
+@functools.cache
+def _api_client_class() -> Any:
+    """``ApiClient`` whose REST client takes a prebuilt TLS context.
+
+    The library's ``RESTClientObject`` builds a new context in its constructor, from the
+    files, for every client. These two constructors do what the library's do, with the
+    shared context instead (tests/test_kube_client.py holds them to the library's)."""
+    import aiohttp
+    from kubernetes_asyncio.client import ApiClient, rest
+
+    class SharedTlsRestClient(rest.RESTClientObject):
+        def __init__(self, configuration: Any, ssl_context: ssl.SSLContext) -> None:
+            self.server_hostname = configuration.tls_server_name
+            self.proxy = configuration.proxy
+            self.proxy_headers = configuration.proxy_headers
+            self.pool_manager = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=configuration.connection_pool_maxsize, ssl=ssl_context),
+                trust_env=True,
+                read_bufsize=2**21,
+            )
+
+    class SharedTlsApiClient(ApiClient):
+        def __init__(self, configuration: Any, ssl_context: ssl.SSLContext) -> None:
+            self.configuration = configuration
+            self.pool_threads = 1
+            self.rest_client = SharedTlsRestClient(configuration, ssl_context)
+            self.default_headers = {}
+            self.cookie = None  # type: ignore[assignment]
+            self.user_agent = _LIBRARY_USER_AGENT
+            self.client_side_validation = configuration.client_side_validation
+
+    return SharedTlsApiClient
+
+
+# What kubernetes_asyncio's ApiClient sends as User-Agent (checked by the tests).
+_LIBRARY_USER_AGENT = "OpenAPI-Generator/33.3.0+snapshot/python"
+
+
+def new_api_client(cfg: Any) -> Any:
+    """A kubernetes_asyncio ``ApiClient`` for ``cfg``, on the process's shared TLS context.
+    Call it in a running event loop (it opens an aiohttp session)."""
+    return _api_client_class()(cfg, tls_context(cfg))
+
+
+def _check_kubeconfig_file(path: Path) -> Any:
+    """The document in a kubeconfig file; say in words what is wrong with one that is not a
+    YAML mapping (the client library would fail on it with a bare TypeError or a
+    multi-line trace)."""
     import yaml
 
     hint = "Check that it is a valid kubeconfig YAML file, or leave it out of --kubeconfig/KUBECONFIG."
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = _load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"The kubeconfig {path} cannot be read: {err}. {hint}") from err
     except yaml.YAMLError as err:
@@ -196,6 +374,20 @@ def _check_kubeconfig_file(path: Path) -> None:
             f"The kubeconfig {path} holds a {type(doc).__name__} at the top level, not a kubeconfig "
             f"mapping (apiVersion, clusters, contexts, users). {hint}"
         )
+    return doc
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, with libyaml's parser when PyYAML has it (ten times faster on a
+    kubeconfig); a document it rejects is parsed again by the pure-Python parser, so that
+    errors read exactly as they always did."""
+    import yaml
+
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        with contextlib.suppress(Exception):
+            return yaml.load(text, Loader=fast)  # the C twin of SafeLoader: same constructor
+    return yaml.safe_load(text)
 
 
 def _status_message(raw: bytes) -> str:
@@ -236,14 +428,12 @@ class KubeClient:
     async def _client(self) -> Any:
         async with self._lock:
             if self._api is None:
-                from kubernetes_asyncio.client import ApiClient
-
                 try:
                     cfg = await load_client_configuration(self.endpoint)
                 except UsageError as err:
                     raise KubeError(ERROR, err.message) from err
                 self.server = str(cfg.host)
-                self._api = ApiClient(configuration=cfg)
+                self._api = new_api_client(cfg)
             return self._api
 
     async def open(self) -> None:
