@@ -47,9 +47,7 @@ async def connect_cluster(
         )
     if kubeconfig:
         # Recorded for later runs from any directory: relative paths would break there.
-        kubeconfig = os.pathsep.join(
-            os.path.abspath(os.path.expanduser(p)) for p in kubeconfig.split(os.pathsep) if p
-        )
+        kubeconfig = os.pathsep.join(os.path.abspath(os.path.expanduser(p)) for p in kubeconfig.split(os.pathsep) if p)
     endpoint = Endpoint(name, context, kubeconfig)
     await load_client_configuration(endpoint)  # bad kubeconfig/context -> exit 2 here
     client = KubeClient(endpoint, timeout=timeout)

@@ -147,10 +147,7 @@ class CriticalSection:
     last_alive: float | None = None
 
     def describe(self) -> str:
-        return (
-            f"{self.process} (token {self.token}, "
-            f"[{_fmt_time(self.enter)}, {_fmt_time(self.exit)}])"
-        )
+        return f"{self.process} (token {self.token}, [{_fmt_time(self.enter)}, {_fmt_time(self.exit)}])"
 
 
 def _to_section(record: CriticalSection | Mapping[str, Any]) -> CriticalSection:
@@ -163,9 +160,7 @@ def _to_section(record: CriticalSection | Mapping[str, Any]) -> CriticalSection:
                 token=int(record["token"]),
                 enter=float(record["enter"]),
                 exit=None if record.get("exit") is None else float(record["exit"]),
-                last_alive=(
-                    None if record.get("last_alive") is None else float(record["last_alive"])
-                ),
+                last_alive=(None if record.get("last_alive") is None else float(record["last_alive"])),
             )
         except KeyError as exc:
             raise ValueError(f"critical-section record {record!r} lacks {exc.args[0]!r}") from exc
@@ -258,8 +253,7 @@ def check_mutual_exclusion(
                 Violation(
                     kind="token-not-rising",
                     message=(
-                        f"fencing token went down: {s.describe()} entered after "
-                        f"{highest.describe()} with a lower token"
+                        f"fencing token went down: {s.describe()} entered after {highest.describe()} with a lower token"
                     ),
                 )
             )
@@ -296,10 +290,7 @@ class Operation:
         verb = "write" if self.kind == "write" else "read"
         end = "?" if self.status == "unknown" else _fmt_time(self.complete)
         note = "" if self.status == "ok" else f", {self.status}"
-        return (
-            f"{verb} {self.value!r} by {self.process} "
-            f"[{_fmt_time(self.invoke)}, {end}{note}]"
-        )
+        return f"{verb} {self.value!r} by {self.process} [{_fmt_time(self.invoke)}, {end}{note}]"
 
 
 def _to_operation(record: Operation | Mapping[str, Any]) -> Operation:
@@ -385,8 +376,7 @@ def _impossible_reads(ops: list[Operation], initial: Hashable) -> list[Violation
                 Violation(
                     kind="read-of-unwritten-value",
                     message=(
-                        f"{op.describe()} returned a value that no write ever wrote "
-                        "and that is not the initial value"
+                        f"{op.describe()} returned a value that no write ever wrote and that is not the initial value"
                     ),
                 )
             )
@@ -673,14 +663,11 @@ def check_linearizable_register(
         first = min(o.start for o in segment)
         last = max(o.end for o in segment)
         where = (
-            f"segment {number} of {len(segments)} "
-            f"([{_fmt_time(first)}, {_fmt_time(last)}], {len(segment)} operations)"
+            f"segment {number} of {len(segments)} ([{_fmt_time(first)}, {_fmt_time(last)}], {len(segment)} operations)"
         )
         starts = sorted(possible, key=repr)
         try:
-            possible = _SegmentSearch(segment, stats).run(
-                starts, collect_all=number < len(segments)
-            )
+            possible = _SegmentSearch(segment, stats).run(starts, collect_all=number < len(segments))
         except _BudgetExceeded as exc:
             return CheckResult(
                 check="linearizability",
@@ -709,9 +696,7 @@ def check_linearizable_register(
                 states_explored=stats.states,
                 segments=len(segments),
             )
-    return CheckResult(
-        check="linearizability", states_explored=stats.states, segments=len(segments)
-    )
+    return CheckResult(check="linearizability", states_explored=stats.states, segments=len(segments))
 
 
 # ------------------------------------------------------------------------ lost writes

@@ -240,9 +240,7 @@ class Proxy:
         still receives requests but its answers are lost (outcome unknown to the
         client); on ``upstream`` requests never reach the server.
         """
-        return self.add_toxic(
-            "timeout", {"timeout": timeout_ms}, stream=stream, toxicity=toxicity, name=name
-        )
+        return self.add_toxic("timeout", {"timeout": timeout_ms}, stream=stream, toxicity=toxicity, name=name)
 
     def add_reset_peer(
         self,
@@ -253,9 +251,7 @@ class Proxy:
         name: str | None = None,
     ) -> str:
         """Reset connections (TCP RST) at once, or after ``timeout_ms``."""
-        return self.add_toxic(
-            "reset_peer", {"timeout": timeout_ms}, stream=stream, toxicity=toxicity, name=name
-        )
+        return self.add_toxic("reset_peer", {"timeout": timeout_ms}, stream=stream, toxicity=toxicity, name=name)
 
     def add_bandwidth(
         self,
@@ -266,9 +262,7 @@ class Proxy:
         name: str | None = None,
     ) -> str:
         """Cap throughput at ``rate_kb_per_s`` kilobytes per second."""
-        return self.add_toxic(
-            "bandwidth", {"rate": rate_kb_per_s}, stream=stream, toxicity=toxicity, name=name
-        )
+        return self.add_toxic("bandwidth", {"rate": rate_kb_per_s}, stream=stream, toxicity=toxicity, name=name)
 
     def toxics(self) -> list[Toxic]:
         data = self._server.request("GET", self._path("toxics"))
@@ -360,9 +354,7 @@ class ToxiproxyServer:
         while True:
             code = self._process.poll()
             if code is not None:
-                raise ToxiproxyError(
-                    f"it exited with status {code} at once; its log:\n{self.log_tail()}"
-                )
+                raise ToxiproxyError(f"it exited with status {code} at once; its log:\n{self.log_tail()}")
             if "Server finished with error" in self.log_text():
                 raise ToxiproxyError(f"its API could not listen; its log:\n{self.log_tail()}")
             try:
@@ -377,8 +369,7 @@ class ToxiproxyServer:
                     return
             if time.monotonic() > deadline:
                 raise ToxiproxyError(
-                    f"its API on {self.url} did not answer within {timeout:g}s; "
-                    f"its log:\n{self.log_tail()}"
+                    f"its API on {self.url} did not answer within {timeout:g}s; its log:\n{self.log_tail()}"
                 )
             time.sleep(0.05)
 
@@ -455,9 +446,7 @@ class ToxiproxyServer:
             detail = exc.read().decode(errors="replace").strip()
             with contextlib.suppress(ValueError, AttributeError):
                 detail = str(json.loads(detail)["error"])
-            raise ToxiproxyError(
-                f"toxiproxy refused {method} {path}: HTTP {exc.code}: {detail}"
-            ) from exc
+            raise ToxiproxyError(f"toxiproxy refused {method} {path}: HTTP {exc.code}: {detail}") from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ToxiproxyError(f"toxiproxy at {self.url} is unreachable: {reason}") from exc
@@ -503,9 +492,7 @@ class ToxiproxyServer:
 
     def proxies(self) -> list[Proxy]:
         data = cast(Mapping[str, Mapping[str, Any]], self.request("GET", "/proxies"))
-        return [
-            Proxy(self, name, str(p["listen"]), str(p["upstream"])) for name, p in data.items()
-        ]
+        return [Proxy(self, name, str(p["listen"]), str(p["upstream"])) for name, p in data.items()]
 
     def reset(self) -> None:
         """Enable every proxy and remove every toxic."""

@@ -269,9 +269,7 @@ class _CliContender(_Contender):
         command = [sys.executable, "-m", "coordinator", *argv]
         shown = "coordinator " + " ".join(argv)
         try:
-            proc = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-            )
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             self.problem("hung", f"`{shown}` did not finish within {timeout:g}s")
             return None, ""
@@ -864,9 +862,7 @@ class _Worker:
 class _Workers:
     """The contender processes: started, watched, frozen, killed, replaced, stopped."""
 
-    def __init__(
-        self, opts: TortureOptions, rig: _Rig, recorder: Recorder, deadline: float, say: Progress
-    ) -> None:
+    def __init__(self, opts: TortureOptions, rig: _Rig, recorder: Recorder, deadline: float, say: Progress) -> None:
         self.opts = opts
         self.rig = rig
         self.recorder = recorder
@@ -1273,9 +1269,7 @@ def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any
     ]
     ops = list(recorder.ops.values())
     checks = [
-        check_mutual_exclusion(
-            [{k: s[k] for k in ("process", "token", "enter", "exit")} for s in sections]
-        ),
+        check_mutual_exclusion([{k: s[k] for k in ("process", "token", "enter", "exit")} for s in sections]),
         check_linearizable_register(ops, initial=None, max_states=2_000_000, timeout=180),
     ]
     reads = [o for o in ops if o["kind"] == "read" and o["status"] == "ok"]
