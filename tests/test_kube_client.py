@@ -337,7 +337,7 @@ def test_api_client_is_the_librarys_with_a_shared_context(tmp_path: Path, pki: d
             for attr in ("server_hostname", "proxy", "proxy_headers"):
                 assert getattr(ours.rest_client, attr) == getattr(stock.rest_client, attr), attr
             mine, lib = ours.rest_client.pool_manager, stock.rest_client.pool_manager
-            assert mine.trust_env == lib.trust_env
+            assert mine.trust_env == kc.environment_has_proxy_or_netrc()
             assert mine._read_bufsize == lib._read_bufsize
             assert mine.connector.limit == lib.connector.limit
             assert mine.connector._ssl is again.rest_client.pool_manager.connector._ssl is kc.tls_context(cfg)
@@ -381,3 +381,22 @@ def test_clients_of_one_kubeconfig_share_one_context(tmp_path: Path, pki: dict[s
                 await c.close()
 
     assert len(anyio.run(go)) == 1
+
+
+def test_environment_is_trusted_only_when_it_has_something_to_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy") or name == "NETRC":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("no_proxy", "localhost")  # not a proxy: nothing for aiohttp to use
+    assert kc.environment_has_proxy_or_netrc() is False
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert kc.environment_has_proxy_or_netrc() is True
+    monkeypatch.delenv("HTTPS_PROXY")
+    (tmp_path / ".netrc").write_text("machine example.com login a password b\n")
+    assert kc.environment_has_proxy_or_netrc() is True
+    (tmp_path / ".netrc").unlink()
+    monkeypatch.setenv("NETRC", str(tmp_path / "elsewhere"))
+    assert kc.environment_has_proxy_or_netrc() is True
