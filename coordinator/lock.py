@@ -57,7 +57,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -102,8 +102,17 @@ A_TOKEN = ANNOTATION_PREFIX + "fencing-token"
 A_MEMBERS = ANNOTATION_PREFIX + "members"
 A_NAMESPACE = ANNOTATION_PREFIX + "namespace"
 A_LAST_BREAK = ANNOTATION_PREFIX + "last-break"
+A_NEXT = ANNOTATION_PREFIX + "next"
+A_RELEASED = ANNOTATION_PREFIX + "released-at"
+# Claims on the next turn are written under their own field manager, so that the server's
+# time stamp of a claim never counts as a write of the lease: a waiter's claim must not
+# make a dead holder's lease look renewed.
+LINE_MANAGER = "coordinator-line"
 HOLDER_ANNOTATIONS = (A_HOLDER, A_HOST, A_PID, A_REASON, A_COMMAND)
 MAX_CAS_RETRIES = 4
+# How long a freed (or expired) lease stays reserved for the contender that has waited
+# longest, by the server's clock, before anyone may take it.
+HANDOFF_GRACE_S = 2.0
 
 
 def default_holder() -> str:
@@ -145,6 +154,7 @@ class LeaseView:
     server_now: datetime | None = None
     last_write: datetime | None = None
     resource_version: str | None = None
+    next_claim: TurnClaim | None = None
 
     @classmethod
     def parse(cls, obj: dict[str, Any] | None, server_now: datetime | None) -> LeaseView:
@@ -174,8 +184,9 @@ class LeaseView:
             token_malformed=malformed,
             info={k[len(ANNOTATION_PREFIX) :]: str(v) for k, v in ann.items() if k in HOLDER_ANNOTATIONS},
             server_now=server_now,
-            last_write=last_write_time(obj),
+            last_write=_lease_write_time(obj),
             resource_version=meta.get("resourceVersion"),
+            next_claim=TurnClaim.parse(ann.get(A_NEXT)),
         )
 
     @property
@@ -198,6 +209,77 @@ class LeaseView:
     def live_for_other(self, lock_id: str) -> bool:
         """Held by another lock id and not provably expired."""
         return self.held and self.lock_id != lock_id and self.expired() is not True
+
+    @property
+    def live_claim(self) -> TurnClaim | None:
+        """The next-turn claim, unless it is the current holder's own: a claimant keeps
+        its claim while it takes the leases (an attempt that loses gives them back and
+        keeps its place in line); once it holds, the claim means nothing."""
+        claim = self.next_claim
+        return claim if claim is not None and claim.lock_id != self.lock_id else None
+
+    def claim_fresh(self) -> bool:
+        """Does the next-turn claim still bind? While the lease is live, and for
+        HANDOFF_GRACE_S after it was freed or expired, by the server's clock. Without
+        server evidence a claim does not bind: fairness is best effort, never a reason
+        to leave the lock idle."""
+        if self.live_claim is None:
+            return False
+        if self.held:
+            if self.ttl_s is None:
+                return False
+            rem = self.remaining_s()
+            return rem is not None and rem > -HANDOFF_GRACE_S
+        elapsed = quorum.server_elapsed(self.server_now, self.last_write)
+        return elapsed is not None and elapsed <= HANDOFF_GRACE_S
+
+    def reserved_for_other(self, lock_id: str, mine: TurnClaim | None = None) -> bool:
+        """Free (or expired), but the next turn is claimed by a contender that has waited
+        longer than us (``mine``: our place in line; None for one who has not waited).
+        A claim by a later waiter does not bind an earlier one: claims on different
+        clusters may not have converged yet, and the earliest waiter must never be
+        kept out by them."""
+        claim = self.live_claim
+        if self.lock_id == lock_id or claim is None or claim.lock_id == lock_id:
+            return False
+        if mine is not None and mine < claim:
+            return False
+        return self.claim_fresh()
+
+    def reserved_left_s(self) -> float | None:
+        """Seconds until a reservation stops binding, by the server's clock."""
+        if self.held:
+            rem = self.remaining_s()
+            return None if rem is None else rem + HANDOFF_GRACE_S
+        elapsed = quorum.server_elapsed(self.server_now, self.last_write)
+        return None if elapsed is None else HANDOFF_GRACE_S - elapsed
+
+
+@dataclass(frozen=True, order=True)
+class TurnClaim:
+    """A waiting contender's claim on the next turn of one cluster's lease.
+
+    Waiters order themselves by when they began waiting, as that cluster's server saw
+    it (the ``Date`` of their first read), ties broken by lock id; the oldest claim
+    wins. Claims only ever delay a take, so they cannot break mutual exclusion.
+    """
+
+    since: int
+    lock_id: str
+    holder: str = field(default="", compare=False)
+
+    @classmethod
+    def parse(cls, raw: Any) -> TurnClaim | None:
+        if not isinstance(raw, str):
+            return None
+        try:
+            doc = json.loads(raw)
+            return cls(int(doc["since"]), str(doc["lock"]), str(doc.get("holder") or ""))
+        except (ValueError, TypeError, KeyError):
+            return None  # malformed: ignored, and overwritten by the next claim
+
+    def dump(self) -> str:
+        return json.dumps({"lock": self.lock_id, "holder": self.holder, "since": self.since}, separators=(",", ":"))
 
 
 @dataclass
@@ -261,6 +343,7 @@ class LockStatus:
     expires_in_s: float | None
     clusters: list[ClusterStatus]
     info: dict[str, str] = field(default_factory=dict)
+    next_in_line: TurnClaim | None = None  # the waiter whose turn is next, if any
 
 
 # ------------------------------------------------------------------ the engine
@@ -333,6 +416,7 @@ class LockEngine:
         reason: str | None = None,
         command: str | None = None,
         renew_only: bool = False,
+        keep_claim: bool = False,
     ) -> dict[str, Any]:
         now = micro_time(_now())
         if view.exists:
@@ -347,6 +431,9 @@ class LockEngine:
         if lock_id is None:  # release: clear the holder, keep the object and the token
             for key in HOLDER_ANNOTATIONS:
                 ann.pop(key, None)
+            if not keep_claim and view.held and view.live_claim is None:
+                ann.pop(A_NEXT, None)  # the holder's own claim, used up by its turn
+            ann[A_RELEASED] = now
             spec.pop("holderIdentity", None)
             spec.pop("acquireTime", None)
             spec.pop("renewTime", None)
@@ -360,6 +447,9 @@ class LockEngine:
             spec["holderIdentity"] = lock_id
             spec["leaseDurationSeconds"] = math.ceil(ttl_s)
             spec["renewTime"] = now
+            if view.next_claim is not None and (view.live_claim is None or not view.claim_fresh()):
+                # the previous holder's own claim (used up), or one whose turn has passed
+                ann.pop(A_NEXT, None)
             ann.update(
                 {
                     A_HOLDER: holder or "",
@@ -381,9 +471,11 @@ class LockEngine:
         obj["spec"] = spec
         return obj
 
-    async def _write(self, cluster: str, view: LeaseView, body: dict[str, Any]) -> LeaseView:
+    async def _write(
+        self, cluster: str, view: LeaseView, body: dict[str, Any], *, manager: str = FIELD_MANAGER
+    ) -> LeaseView:
         client = self.clusters.client(cluster)
-        query = {"fieldManager": FIELD_MANAGER}
+        query = {"fieldManager": manager}
         if view.exists:
             resp = await client.request("PUT", self.path, body=body, query=query)
         else:
@@ -411,22 +503,31 @@ class LockEngine:
         lock_id = lock_id or new_lock_id()
         deadline = time.monotonic() + wait_s
         if wait_s <= 0:
-            result = await self._attempt(lock_id, ttl_s, holder, reason, command)
-            return self._settle(result, final=True)
+            return self._settle(await self._attempt(lock_id, ttl_s, holder, reason, command), final=True)
         changed = anyio.Event()
         seen: dict[str, str | None] = {}
         wake = _Wake(changed)
+        result: AcquireResult | None = None
         async with anyio.create_task_group() as watchers:
             for cluster in self.members:
-                watchers.start_soon(self._watch_leases, cluster, wake, seen)
+                watchers.start_soon(self._watch_leases, cluster, wake, seen, lock_id)
             backoff = 0.2
             try:
                 while True:
                     wake.event = anyio.Event()
-                    result = await self._attempt(lock_id, ttl_s, holder, reason, command)
+                    result = await self._attempt(lock_id, ttl_s, holder, reason, command, wake.mine)
+                    stamps = []
                     for name, r in result.results.items():
-                        if r.value and r.value.view:
-                            seen[name] = r.value.view.resource_version
+                        view = r.value.view if r.value else None
+                        if view is not None:
+                            seen[name] = view.resource_version
+                            if view.server_now is not None:
+                                stamps.append(int(view.server_now.timestamp()))
+                    if wake.mine is None and stamps:
+                        # When this call began waiting: its place in line. The median of
+                        # the servers' clocks at the first reads (one skewed server cannot
+                        # move it much), the same on every cluster so that all agree.
+                        wake.mine = TurnClaim(sorted(stamps)[(len(stamps) - 1) // 2], lock_id, holder)
                     left = deadline - time.monotonic()
                     if result.acquired or left <= 0 or self._mismatch(result):
                         break
@@ -434,6 +535,8 @@ class LockEngine:
                         maybe = on_wait(result, left)
                         if maybe is not None:
                             await maybe
+                    if wake.mine is not None:
+                        await self._claim_turns(result, wake.mine, wake.claimed)
                     sleep = min(left, backoff * (0.5 + random.random()), _next_expiry(result))
                     backoff = min(backoff * 2, 2.0)
                     with anyio.move_on_after(max(0.0, sleep)):
@@ -442,19 +545,122 @@ class LockEngine:
                         await anyio.sleep(random.random() * 0.03)
             finally:
                 watchers.cancel_scope.cancel()
+                # Claims this call leaves behind would reserve the next turn for nobody:
+                # a waiter that gives up withdraws all of them, a winner those where it
+                # did not take the lease (its other claims are spent by holding it).
+                # Best effort: they lapse by themselves after the grace.
+                won = result.results if result is not None and result.acquired else {}
+                leftover = sorted(c for c in wake.claimed if not (c in won and won[c].ok))
+                if leftover and self.background is not None:
+                    self.background.start_soon(self._withdraw_claims, leftover, lock_id)
+                elif leftover and not won:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
+                        await self._withdraw_claims(leftover, lock_id)
         # Settled outside the watchers' task group, so that the documented errors reach
         # the caller as themselves, not wrapped in an ExceptionGroup.
+        assert result is not None
         return self._settle(result, final=True)
 
     def _mismatch(self, result: AcquireResult) -> bool:
         return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
 
-    async def _watch_leases(self, cluster: str, wake: _Wake, seen: dict[str, str | None]) -> None:
-        """Wake the waiting contender when this cluster's lease is freed or deleted.
+    # -- taking turns: the waiter who waited longest gets the lock next
+
+    async def _claim_turns(self, result: AcquireResult, mine: TurnClaim, ours: set[str]) -> None:
+        """Claim the next turn on every cluster where the lease is held by another and
+        no earlier waiter has claimed it; the clusters where the claim may be ours are
+        added to ``ours``. Best effort: a claim that cannot be written only costs this
+        waiter its place. (Later changes are followed by the lease watches.)"""
+        lock_id = mine.lock_id
+
+        async def one(cluster: str, view: LeaseView) -> None:
+            for _ in range(MAX_CAS_RETRIES):
+                if not view.live_for_other(lock_id):
+                    return  # free or expired: the next attempt decides, no claim needed
+                current = view.live_claim
+                if current is not None and current.lock_id == lock_id:
+                    ours.add(cluster)
+                    return
+                if current is not None and view.claim_fresh() and current <= mine:
+                    return  # someone has waited longer
+                ours.add(cluster)  # before the write: one cut short may still have landed
+                try:
+                    await self._write(cluster, view, _with_claim(view.obj, mine), manager=LINE_MANAGER)
+                    return
+                except KubeError as err:
+                    if err.kind != kube.CONFLICT:
+                        log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
+                        return
+                try:
+                    view = await self._read(cluster)
+                except KubeError:
+                    return
+
+        with anyio.move_on_after(self.timeout):
+            async with anyio.create_task_group() as tg:
+                for cluster, r in result.results.items():
+                    view = r.value.view if r.value else None
+                    if view is not None and r.outcome is Outcome.HELD_BY_OTHER:
+                        tg.start_soon(one, cluster, view)
+
+    async def _claim_from_event(self, cluster: str, obj: dict[str, Any], holder_id: str, wake: _Wake) -> None:
+        mine = wake.mine
+        if mine is None:
+            return
+        claim = TurnClaim.parse(((obj.get("metadata") or {}).get("annotations") or {}).get(A_NEXT))
+        live = claim if claim is not None and claim.lock_id != holder_id else None
+        if live is not None and live <= mine:
+            return  # ours already, or someone has waited longer
+        try:
+            await self.clusters.check_identity(cluster)  # proven once per process: no request
+        except KubeError:
+            return  # nothing is written to a cluster whose identity is not proven
+        wake.claimed.add(cluster)
+        try:
+            await self.clusters.client(cluster).request(
+                "PUT", self.path, body=_with_claim(obj, mine), query={"fieldManager": LINE_MANAGER}
+            )
+        except KubeError as err:
+            if err.kind != kube.CONFLICT:
+                log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
+
+    async def _withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
+        async def one(cluster: str) -> None:
+            with anyio.move_on_after(self.timeout):
+                await withdraw(cluster)
+
+        async def withdraw(cluster: str) -> None:
+            with contextlib.suppress(KubeError):
+                for _ in range(MAX_CAS_RETRIES):
+                    view = await self._read(cluster)
+                    if view.next_claim is None or view.next_claim.lock_id != lock_id:
+                        return
+                    body = {k: v for k, v in view.obj.items() if k != "status"}
+                    meta = dict(body.get("metadata") or {})
+                    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k != A_NEXT}
+                    body["metadata"] = meta
+                    try:
+                        await self._write(cluster, view, body, manager=LINE_MANAGER)
+                        return
+                    except KubeError as err:
+                        if err.kind != kube.CONFLICT:
+                            return
+
+        async with anyio.create_task_group() as tg:
+            for cluster in clusters:
+                tg.start_soon(one, cluster)
+
+    async def _watch_leases(self, cluster: str, wake: _Wake, seen: dict[str, str | None], lock_id: str) -> None:
+        """Wake the waiting contender when this cluster's lease is freed or deleted; claim
+        the next turn when the lease is held by another and its claim (if any) is younger
+        than ours.
 
         A change of holder, or a renewal, does not make the lock available; an expiry is
         waited for by time. Our own writes (their resourceVersions are in ``seen``) are
         ignored, so a contender does not wake itself up by releasing a partial attempt.
+        Claims are written straight from the event (its resourceVersion makes the write
+        a compare-and-swap); a lost race needs no retry, since the winning write is the
+        next event.
         """
         client = self.clusters.client(cluster)
         query = {"fieldSelector": f"metadata.name={self.name}"}
@@ -464,22 +670,27 @@ class LockEngine:
                 async for event in client.watch(leases_path(self.dep.namespace), query=query, timeout=55):
                     obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    freed = not (obj.get("spec") or {}).get("holderIdentity")
-                    if event.get("type") == "DELETED" or (freed and rv != seen.get(cluster)):
+                    holder_id = (obj.get("spec") or {}).get("holderIdentity")
+                    if event.get("type") == "DELETED" or (not holder_id and rv != seen.get(cluster)):
                         wake.event.set()
+                    elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):
+                        await self._claim_from_event(cluster, obj, holder_id, wake)
                 delay = 0.5
             except KubeError as err:
                 log.debug("lease watch interrupted", cluster=cluster, detail=err.detail)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _attempt(self, lock_id: str, ttl_s: float, holder: str, reason: str, command: str) -> AcquireResult:
-        """One acquisition attempt on every member at once."""
+    async def _attempt(
+        self, lock_id: str, ttl_s: float, holder: str, reason: str, command: str, mine: TurnClaim | None = None
+    ) -> AcquireResult:
+        """One acquisition attempt on every member at once (``mine``: our place in line)."""
         started = time.monotonic()
         reads: dict[str, LeaseView] = {}
         reads_done = 0
         token_ready = anyio.Event()
         chosen: dict[str, int] = {}
+        line: dict[str, TurnClaim | None] = {}
         attempt_over = {"lost": False, "won": False, "mismatch": False}
         result_holder: dict[str, AcquireResult] = {}
 
@@ -488,6 +699,7 @@ class LockEngine:
                 return
             if len(reads) >= self.q or reads_done >= self.n:
                 chosen["token"] = quorum.next_fencing_token(v.token for v in reads.values())
+                line["ahead"] = _first_in_line(reads.values(), lock_id, mine)
                 token_ready.set()
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
@@ -512,10 +724,12 @@ class LockEngine:
                     detail="not attempted: fewer than a majority of clusters could be read",
                 )
             token = chosen["token"]
-            outcome = await self._take_one(cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over)
+            outcome = await self._take_one(
+                cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over, mine, line.get("ahead")
+            )
             if outcome.ok and (attempt_over["lost"] or attempt_over["mismatch"]):
                 # Landed after the attempt was already decided lost: give it back now.
-                await self._release_one(cluster, lock_id)
+                await self._release_one(cluster, lock_id, keep_claim=True)
                 outcome.value = ClusterLease(outcome.value.view if outcome.value else None, "released")
             return outcome
 
@@ -586,7 +800,13 @@ class LockEngine:
         reason: str,
         command: str,
         attempt_over: dict[str, bool],
+        mine: TurnClaim | None = None,
+        ahead: TurnClaim | None = None,
     ) -> ClusterResult[ClusterLease]:
+        """Take one lease by compare-and-swap. ``mine`` is our place in line, ``ahead``
+        the earliest waiter before us seen on any cluster of this attempt: while someone
+        has waited longer, free leases are theirs to take, on every cluster alike (so
+        that contenders do not split the clusters between them)."""
         for _ in range(MAX_CAS_RETRIES):
             if view.live_for_other(lock_id):
                 return ClusterResult(
@@ -594,6 +814,15 @@ class LockEngine:
                     Outcome.HELD_BY_OTHER,
                     ClusterLease(view, "held"),
                     detail=_held_detail(view),
+                )
+            first = ahead or (view.live_claim if view.reserved_for_other(lock_id, mine) else None)
+            if first is not None:
+                return ClusterResult(
+                    cluster,
+                    Outcome.HELD_BY_OTHER,
+                    ClusterLease(view, "reserved"),
+                    detail=_reserved_detail(first),
+                    extra={"next": first},
                 )
             if view.token_malformed:
                 return ClusterResult(
@@ -661,7 +890,7 @@ class LockEngine:
 
     # -- release / renew / break
 
-    async def _release_one(self, cluster: str, lock_id: str) -> ClusterResult[ClusterLease]:
+    async def _release_one(self, cluster: str, lock_id: str, keep_claim: bool = False) -> ClusterResult[ClusterLease]:
         try:
             await self.clusters.check_identity(cluster)
             view = await self._read(cluster)
@@ -674,7 +903,9 @@ class LockEngine:
                         detail="not held by this lock id",
                         extra={"ours": False},
                     )
-                body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
+                body = self._lease_body(
+                    view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1, keep_claim=keep_claim
+                )
                 try:
                     new_view = await self._write(cluster, view, body)
                     return ClusterResult(
@@ -696,7 +927,9 @@ class LockEngine:
     async def _release_many(
         self, clusters: list[str], lock_id: str, into: dict[str, ClusterResult[ClusterLease]]
     ) -> None:
-        released = await fan_out(clusters, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
+        released = await fan_out(
+            clusters, lambda c: self._release_one(c, lock_id, keep_claim=True), timeout=self.timeout
+        )
         for name, r in released.items():
             prev = into.get(name)
             if prev is not None and prev.ok:
@@ -850,6 +1083,7 @@ class LockEngine:
         rows: list[ClusterStatus] = []
         live: dict[str, str | None] = {}
         remaining: dict[str, float] = {}
+        claims: list[TurnClaim] = []
         for name in self.members:
             r = results.get(name)
             if r is None or not r.ok or r.value is None or r.value.view is None:
@@ -859,6 +1093,8 @@ class LockEngine:
                 rows.append(ClusterStatus(name, status, error=r.detail if r else "no answer"))
                 continue
             v = r.value.view
+            if v.live_claim is not None and v.claim_fresh():
+                claims.append(v.live_claim)
             expired = v.expired()
             if not v.held:
                 st = "free"
@@ -904,6 +1140,8 @@ class LockEngine:
             expires_in_s=round(expires, 1) if expires is not None else None,
             clusters=rows,
             info=holder_row.info if holder_row else {},
+            # the claim found on the most clusters (earliest on a tie)
+            next_in_line=min(claims, key=lambda c: (-claims.count(c), c)) if claims else None,
         )
 
 
@@ -928,8 +1166,31 @@ def first_kube_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 class _Wake:
+    """What a waiting acquire shares with its lease watches."""
+
     def __init__(self, event: anyio.Event) -> None:
         self.event = event
+        self.mine: TurnClaim | None = None  # our place in line, once known
+        self.claimed: set[str] = set()  # clusters where a claim of ours may stand
+
+
+def _lease_write_time(obj: dict[str, Any]) -> datetime | None:
+    """The server's time of the last change to the lease by anyone but the claims'
+    manager: takes, renewals and releases (a release stamps ``released-at`` so that it
+    is dated too; removing fields alone would leave the stamp as it was)."""
+    meta = obj.get("metadata") or {}
+    entries = meta.get("managedFields") or []
+    kept = [e for e in entries if not (isinstance(e, dict) and e.get("manager") == LINE_MANAGER)]
+    return last_write_time({"metadata": {**meta, "managedFields": kept}})
+
+
+def _with_claim(obj: dict[str, Any], claim: TurnClaim) -> dict[str, Any]:
+    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) with ``claim``."""
+    body = {k: v for k, v in obj.items() if k != "status"}
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), A_NEXT: claim.dump()}
+    body["metadata"] = meta
+    return body
 
 
 def _next_expiry(result: AcquireResult) -> float:
@@ -937,10 +1198,28 @@ def _next_expiry(result: AcquireResult) -> float:
     hints = []
     for r in result.results.values():
         if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view:
-            rem = r.value.view.remaining_s()
+            view = r.value.view
+            rem = view.reserved_left_s() if r.value.action == "reserved" else view.remaining_s()
             if rem is not None:
                 hints.append(max(0.05, rem + 0.05))
     return min(hints) if hints else 2.0
+
+
+def _first_in_line(views: Iterable[LeaseView], lock_id: str, mine: TurnClaim | None) -> TurnClaim | None:
+    """The earliest binding claim among ``views`` by a waiter before us, if any."""
+    claims = [
+        v.live_claim for v in views if v.live_claim is not None and v.live_claim.lock_id != lock_id and v.claim_fresh()
+    ]
+    first = min(claims, default=None)
+    return first if first is not None and (mine is None or first < mine) else None
+
+
+def _reserved_detail(claim: TurnClaim) -> str:
+    who = claim.holder or "another contender"
+    return (
+        f"free, but the next turn is {who}'s (lock {claim.lock_id}), who has waited longer; "
+        f"it lapses if not taken within {HANDOFF_GRACE_S:.0f}s of the release"
+    )
 
 
 def _held_detail(view: LeaseView) -> str:
@@ -979,6 +1258,7 @@ def acquire_report(result: AcquireResult) -> str:
     got = [k for k, r in result.results.items() if r.ok]
     lines = []
     holders: dict[str, list[str]] = {}
+    reserved: dict[str, list[str]] = {}
     unseen: list[str] = []
     for name in result.members:
         r = result.results.get(name)
@@ -987,7 +1267,12 @@ def acquire_report(result: AcquireResult) -> str:
             unseen.append(name)
             continue
         v = r.value.view if r.value else None
-        if r.outcome is Outcome.HELD_BY_OTHER and v is not None:
+        if r.outcome is Outcome.HELD_BY_OTHER and r.value is not None and r.value.action == "reserved":
+            lines.append(f"{name}: {r.detail}")
+            claim = r.extra.get("next")
+            who = claim.holder if isinstance(claim, TurnClaim) else ""
+            reserved.setdefault(who or "another contender", []).append(name)
+        elif r.outcome is Outcome.HELD_BY_OTHER and v is not None:
             who = v.info.get("holder") or "?"
             rem = v.remaining_s()
             until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
@@ -1013,9 +1298,23 @@ def acquire_report(result: AcquireResult) -> str:
     advice = []
     if holders:
         who = ", ".join(f"{h} on {', '.join(cs)}" for h, cs in holders.items())
+        views = [r.value.view for r in result.results.values() if r.value and r.value.view]
+        first = _first_in_line(views, result.lock_id, None)
+        line = (
+            f" {first.holder or 'Another contender'} is already waiting and is next in line; --wait "
+            "queues you behind everyone who began waiting earlier."
+            if first is not None
+            else ""
+        )
         advice.append(
-            f"It is held by {who}. Wait for it with --wait 5m, ask the holder to release "
+            f"It is held by {who}.{line} Wait for it with --wait 5m, ask the holder to release "
             f"it, or if the holder is gone for good, run `coordinator lock break {result.deployment}`."
+        )
+    if reserved:
+        who = ", ".join(f"{h} on {', '.join(cs)}" for h, cs in reserved.items())
+        advice.append(
+            f"It was just freed and is being handed to the contender that waited longest ({who}); "
+            f"waiters take turns in the order they began waiting. Wait for your turn with --wait."
         )
     if unseen:
         advice.append(

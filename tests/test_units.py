@@ -11,6 +11,7 @@ import pytest
 from coordinator.config import ConfigStore
 from coordinator.durations import format_duration, parse_duration
 from coordinator.errors import ConfigError, UsageError
+from coordinator.lock import A_NEXT, HANDOFF_GRACE_S, LeaseView, TurnClaim
 from coordinator.models import ClusterRecord, StateEnvelope
 from coordinator.state import (
     ENVELOPE_LIMIT,
@@ -110,8 +111,15 @@ def test_dotted_keys() -> None:
 def _envelope_text(payload: dict[str, object], **over: object) -> str:
     data = payload
     doc = {
-        "schema": 1, "version": 3, "token": 2, "checksum": checksum(data), "written_by": "me",
-        "written_at": "2026-11-30T08:00:00Z", "members": ["a"], "data": data, "history": [],
+        "schema": 1,
+        "version": 3,
+        "token": 2,
+        "checksum": checksum(data),
+        "written_by": "me",
+        "written_at": "2026-11-30T08:00:00Z",
+        "members": ["a"],
+        "data": data,
+        "history": [],
     }
     doc.update(over)
     return json.dumps(doc)
@@ -121,8 +129,10 @@ def test_decode_replica_classifies_garbage() -> None:
     good = decode_replica("a", {"data": {"envelope.json": _envelope_text({"x": 1})}}, "configmap")
     assert good.envelope is not None and good.envelope.order() == (2, 3)
     assert decode_replica("a", {"data": {"envelope.json": "{not json"}}, "configmap").corrupt
-    assert "checksum" in (decode_replica("a", {"data": {"envelope.json": _envelope_text({"x": 1}, data={"x": 2})}},
-                                         "configmap").corrupt or "")
+    assert "checksum" in (
+        decode_replica("a", {"data": {"envelope.json": _envelope_text({"x": 1}, data={"x": 2})}}, "configmap").corrupt
+        or ""
+    )
     assert decode_replica("a", {"data": {"envelope.json": '{"version": 1}'}}, "configmap").corrupt
     assert decode_replica("a", {"data": {}}, "configmap").corrupt
     newer = decode_replica("a", {"data": {"envelope.json": _envelope_text({}, schema=7)}}, "configmap")
@@ -132,10 +142,20 @@ def test_decode_replica_classifies_garbage() -> None:
 
 def test_old_schema_is_migrated() -> None:
     data = {"k": "v"}
-    text = json.dumps({"version": 1, "token": 1, "checksum": checksum(data), "written_by": "x",
-                       "written_at": "2026-01-01T00:00:00Z", "members": [], "data": data,
-                       "history": [{"at": "2026-01-01T00:00:00Z", "who": "x", "host": "h", "command": "c",
-                                    "version": 1, "token": 1}]})
+    text = json.dumps(
+        {
+            "version": 1,
+            "token": 1,
+            "checksum": checksum(data),
+            "written_by": "x",
+            "written_at": "2026-01-01T00:00:00Z",
+            "members": [],
+            "data": data,
+            "history": [
+                {"at": "2026-01-01T00:00:00Z", "who": "x", "host": "h", "command": "c", "version": 1, "token": 1}
+            ],
+        }
+    )
     rep = decode_replica("a", {"data": {"envelope.json": text}}, "configmap")
     assert isinstance(rep.envelope, StateEnvelope)
     assert rep.envelope.schema_ == 1 and rep.envelope.history[0].keys == []
@@ -148,3 +168,65 @@ def test_size_limit() -> None:
     assert f"{ENVELOPE_LIMIT:,}" in err.value.message
     with pytest.raises(UsageError):
         check_size("x" * (ENVELOPE_LIMIT - 10), "secret")  # base64 grows it by a third
+
+
+# ------------------------------------------------------------------ next-turn claims
+
+
+def _lease_view(*, holder: str | None, claim: str | None, written_s_ago: float, ttl: int = 10) -> LeaseView:
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+    written = now - timedelta(seconds=written_s_ago)
+    ann = {A_NEXT: claim} if claim is not None else {}
+    spec: dict[str, object] = {"leaseDurationSeconds": ttl}
+    if holder:
+        spec["holderIdentity"] = holder
+    obj = {
+        "metadata": {
+            "annotations": ann,
+            "resourceVersion": "7",
+            "managedFields": [{"manager": "x", "time": written.strftime("%Y-%m-%dT%H:%M:%SZ")}],
+        },
+        "spec": spec,
+    }
+    return LeaseView.parse(obj, now)
+
+
+def test_turn_claims_order_by_wait_start_then_lock_id() -> None:
+    a, b, c = TurnClaim(100, "bbbb"), TurnClaim(100, "aaaa"), TurnClaim(99, "zzzz", "x")
+    assert sorted([a, b, c]) == [c, b, a]
+    assert TurnClaim.parse(c.dump()) == c and TurnClaim.parse(c.dump()).holder == "x"  # type: ignore[union-attr]
+    for junk in ("", "{", "[]", '{"since": "soon", "lock": "a"}', '{"lock": "a"}', None, 5):
+        assert TurnClaim.parse(junk) is None
+
+
+def test_claim_binds_while_live_and_for_the_grace_after_release() -> None:
+    claim = TurnClaim(1, "waiter", "w").dump()
+    held = _lease_view(holder="other", claim=claim, written_s_ago=1)
+    assert held.live_for_other("me") and held.claim_fresh()
+    just_freed = _lease_view(holder=None, claim=claim, written_s_ago=1)
+    assert just_freed.reserved_for_other("me") and not just_freed.reserved_for_other("waiter")
+    long_freed = _lease_view(holder=None, claim=claim, written_s_ago=HANDOFF_GRACE_S + 1)
+    assert not long_freed.reserved_for_other("me")
+    # expired lease: the claimant's priority lasts the grace past the expiry
+    expired = _lease_view(holder="gone", claim=claim, written_s_ago=13, ttl=10)
+    assert expired.expired() and expired.reserved_for_other("me")
+    long_expired = _lease_view(holder="gone", claim=claim, written_s_ago=30, ttl=10)
+    assert not long_expired.reserved_for_other("me")
+    # the holder's own claim is spent: it reserves nothing
+    own = _lease_view(holder="waiter", claim=claim, written_s_ago=30, ttl=10)
+    assert own.live_claim is None and not own.reserved_for_other("me")
+    # a malformed claim is ignored
+    assert not _lease_view(holder=None, claim="nonsense", written_s_ago=0).reserved_for_other("me")
+
+
+def test_a_claim_binds_only_later_waiters() -> None:
+    claim = TurnClaim(100, "claimant", "c")
+    freed = _lease_view(holder=None, claim=claim.dump(), written_s_ago=0)
+    assert freed.reserved_for_other("newcomer")  # has not waited at all
+    assert freed.reserved_for_other("later", TurnClaim(101, "later"))
+    assert not freed.reserved_for_other("earlier", TurnClaim(99, "earlier"))
+    assert freed.reserved_for_other("tie", TurnClaim(100, "zzz")) and not freed.reserved_for_other(
+        "tie", TurnClaim(100, "aaa")
+    )

@@ -255,6 +255,8 @@ def _status_text(st: Any) -> None:
         unseen = [r.name for r in st.clusters if r.status in ("unreachable", "forbidden", "error", "identity-mismatch")]
         extra = f" ({', '.join(unseen)} could not be observed)" if unseen else ""
         say(f"{st.deployment} is not held by a majority of {st.quorum}{extra}.")
+    if st.next_in_line is not None:
+        say(f"Next in line: {st.next_in_line.holder or '?'} (lock {st.next_in_line.lock_id}), waiting longest.")
     table(
         ["cluster", "status", "holder", "since", "ttl", "detail"],
         [
@@ -371,6 +373,7 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
 
     results = run(go)
     rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(results.items())]
+
     def text() -> None:
         say(f"Broke the lock of {deployment}; an audit note is on each lease.")
         table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
