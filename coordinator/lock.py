@@ -60,7 +60,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import anyio
 from anyio.abc import TaskGroup
@@ -289,6 +289,10 @@ class ClusterLease:
     view: LeaseView | None = None
     action: str = ""
 
+
+# What a compare-and-swap step decides on a lease as read: a final result, or the body
+# to write with the action (and detail, if other than the action) to report.
+Decision: TypeAlias = ClusterResult[ClusterLease] | tuple[dict[str, Any], str, str]
 
 # ------------------------------------------------------------------ results
 
@@ -807,7 +811,8 @@ class LockEngine:
         the earliest waiter before us seen on any cluster of this attempt: while someone
         has waited longer, free leases are theirs to take, on every cluster alike (so
         that contenders do not split the clusters between them)."""
-        for _ in range(MAX_CAS_RETRIES):
+
+        def decide(view: LeaseView) -> Decision:
             if view.live_for_other(lock_id):
                 return ClusterResult(
                     cluster,
@@ -852,21 +857,30 @@ class LockEngine:
                 else ("renewed" if view.lock_id == lock_id else ("took over expired" if view.held else "took free"))
             )
             body = self._lease_body(
-                view,
-                lock_id=lock_id,
-                token=token,
-                ttl_s=ttl_s,
-                holder=holder,
-                reason=reason,
-                command=command,
+                view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder, reason=reason, command=command
             )
+            return body, action, ""
+
+        return await self._cas(cluster, view, decide)
+
+    async def _cas(
+        self, cluster: str, view: LeaseView, decide: Callable[[LeaseView], Decision]
+    ) -> ClusterResult[ClusterLease]:
+        """Compare-and-swap one lease: ``decide`` looks at the lease as read and returns
+        either a final result, or the body to write and the action to report. A write
+        that loses the race (409) is never retried blindly: the lease is read again and
+        decided again."""
+        for _ in range(MAX_CAS_RETRIES):
+            decision = decide(view)
+            if isinstance(decision, ClusterResult):
+                return decision
+            body, action, detail = decision
             try:
                 new_view = await self._write(cluster, view, body)
-                return ClusterResult(cluster, Outcome.OK, ClusterLease(new_view, action), detail=action)
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(new_view, action), detail=detail or action)
             except KubeError as err:
                 if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
                     return failed(cluster, err)  # type: ignore[return-value]
-            # Lost a compare-and-swap race: read again and decide again.
             try:
                 view = await self._read(cluster)
             except KubeError as err:
@@ -894,35 +908,25 @@ class LockEngine:
         try:
             await self.clusters.check_identity(cluster)
             view = await self._read(cluster)
-            for _ in range(MAX_CAS_RETRIES):
-                if view.lock_id != lock_id:
-                    return ClusterResult(
-                        cluster,
-                        Outcome.OK,
-                        ClusterLease(view, "not ours"),
-                        detail="not held by this lock id",
-                        extra={"ours": False},
-                    )
-                body = self._lease_body(
-                    view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1, keep_claim=keep_claim
-                )
-                try:
-                    new_view = await self._write(cluster, view, body)
-                    return ClusterResult(
-                        cluster, Outcome.OK, ClusterLease(new_view, "released"), detail="released", extra={"ours": True}
-                    )
-                except KubeError as err:
-                    if err.kind != kube.CONFLICT:
-                        raise
-                view = await self._read(cluster)
-            return ClusterResult(
-                cluster,
-                Outcome.CONFLICT,
-                ClusterLease(view, "raced"),
-                detail="lost the compare-and-swap race repeatedly",
-            )
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
+
+        def decide(view: LeaseView) -> Decision:
+            if view.lock_id != lock_id:
+                return ClusterResult(
+                    cluster,
+                    Outcome.OK,
+                    ClusterLease(view, "not ours"),
+                    detail="not held by this lock id",
+                    extra={"ours": False},
+                )
+            body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1, keep_claim=keep_claim)
+            return body, "released", ""
+
+        result = await self._cas(cluster, view, decide)
+        if result.ok and result.value is not None and result.value.action == "released":
+            result.extra["ours"] = True
+        return result
 
     async def _release_many(
         self, clusters: list[str], lock_id: str, into: dict[str, ClusterResult[ClusterLease]]
@@ -975,31 +979,22 @@ class LockEngine:
                 view = await self._checked_read(cluster)
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
-            for _ in range(MAX_CAS_RETRIES):
+
+            def decide(view: LeaseView) -> Decision:
                 if view.lock_id == lock_id:
                     body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
-                    action = "renewed"
-                elif not view.live_for_other(lock_id) and view.token <= token and not view.token_malformed:
+                    return body, "renewed", ""
+                if not view.live_for_other(lock_id) and view.token <= token and not view.token_malformed:
                     body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=default_holder())
-                    action = "re-taken"
-                else:
-                    return ClusterResult(
-                        cluster,
-                        Outcome.HELD_BY_OTHER,
-                        ClusterLease(view, "lost"),
-                        detail=_held_detail(view) if view.held else "no longer ours",
-                    )
-                try:
-                    new = await self._write(cluster, view, body)
-                    return ClusterResult(cluster, Outcome.OK, ClusterLease(new, action), detail=action)
-                except KubeError as err:
-                    if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
-                        return failed(cluster, err)  # type: ignore[return-value]
-                try:
-                    view = await self._read(cluster)
-                except KubeError as err:
-                    return failed(cluster, err)  # type: ignore[return-value]
-            return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+                    return body, "re-taken", ""
+                return ClusterResult(
+                    cluster,
+                    Outcome.HELD_BY_OTHER,
+                    ClusterLease(view, "lost"),
+                    detail=_held_detail(view) if view.held else "no longer ours",
+                )
+
+            return await self._cas(cluster, view, decide)
 
         results = await fan_out(
             self.members,
@@ -1034,29 +1029,23 @@ class LockEngine:
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
                 view = await self._checked_read(cluster)
-                for _ in range(MAX_CAS_RETRIES):
-                    if not view.exists:
-                        return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "absent"), detail="no lease")
-                    if not view.held and not view.token_malformed:
-                        return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
-                    body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
-                    ann = body["metadata"]["annotations"]
-                    previous = view.lock_id or "-"
-                    ann[A_LAST_BREAK] = json.dumps(note | {"previous_lock_id": previous})
-                    if view.token_malformed:
-                        ann.pop(A_TOKEN, None)
-                    try:
-                        new = await self._write(cluster, view, body)
-                        return ClusterResult(
-                            cluster, Outcome.OK, ClusterLease(new, "broken"), detail=f"cleared holder {previous}"
-                        )
-                    except KubeError as err:
-                        if err.kind != kube.CONFLICT:
-                            raise
-                    view = await self._read(cluster)
-                return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
+
+            def decide(view: LeaseView) -> Decision:
+                if not view.exists:
+                    return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "absent"), detail="no lease")
+                if not view.held and not view.token_malformed:
+                    return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
+                body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
+                ann = body["metadata"]["annotations"]
+                previous = view.lock_id or "-"
+                ann[A_LAST_BREAK] = json.dumps(note | {"previous_lock_id": previous})
+                if view.token_malformed:
+                    ann.pop(A_TOKEN, None)
+                return body, "broken", f"cleared holder {previous}"
+
+            return await self._cas(cluster, view, decide)
 
         results = await fan_out(self.members, on_cluster, timeout=self.timeout)
         self._raise_on_mismatch(results)
