@@ -195,9 +195,11 @@ class Coordinator:
         engine = self.lock_engine(deployment)
         status = await engine.status()
         token = None
+        named = None  # the holder recorded on the leases, for any lease re-taken
         for row in status.clusters:
             if row.lock_id == lid and row.token is not None:
                 token = max(token or 0, row.token)
+                named = named or row.holder
         rec = self.recorded_lock(deployment, holder)
         if token is None:
             from coordinator.errors import NoQuorumError
@@ -213,7 +215,7 @@ class Coordinator:
                 f"answered; it expired or was released. Take it again with `coordinator lock acquire {deployment}`."
             )
         ttl_s = ttl or (rec.ttl_s if rec and rec.lock_id == lid else DEFAULT_TTL_S)
-        result = await engine.renew(lid, token, ttl_s)
+        result = await engine.renew(lid, token, ttl_s, named or holder)
         if not result.acquired:
             from coordinator.errors import NoQuorumError
             from coordinator.lock import _summarize

@@ -970,8 +970,10 @@ class LockEngine:
             )
         return results
 
-    async def renew(self, lock_id: str, token: int, ttl_s: float) -> AcquireResult:
-        """Extend the leases still ours; re-take free ones; succeed only on a majority."""
+    async def renew(self, lock_id: str, token: int, ttl_s: float, holder: str | None = None) -> AcquireResult:
+        """Extend the leases still ours; re-take free ones (in the name of ``holder``, the
+        lock's holder); succeed only on a majority."""
+        who = holder or default_holder()
         started = time.monotonic()
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
@@ -985,7 +987,7 @@ class LockEngine:
                     body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
                     return body, "renewed", ""
                 if not view.live_for_other(lock_id) and view.token <= token and not view.token_malformed:
-                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=default_holder())
+                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=who)
                     return body, "re-taken", ""
                 return ClusterResult(
                     cluster,
@@ -1007,7 +1009,7 @@ class LockEngine:
             deployment=self.dep.name,
             namespace=self.dep.namespace,
             lock_id=lock_id,
-            holder=default_holder(),
+            holder=who,
             fencing_token=token,
             acquired=False,
             quorum=self.q,
@@ -1335,7 +1337,7 @@ async def keep_renewed(
             if time.monotonic() >= valid_until:
                 break
             try:
-                renewed = await engine.renew(held.lock_id, held.fencing_token or 0, held.ttl_s)
+                renewed = await engine.renew(held.lock_id, held.fencing_token or 0, held.ttl_s, held.holder)
             except Exception as err:  # identity mismatch or worse: the lock is not safe
                 reason = f"renewal failed: {err}"
                 log.warning("lock renewal failed", error=str(err))

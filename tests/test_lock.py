@@ -339,3 +339,24 @@ def test_five_clusters_two_paused_still_lock_three_paused_no_quorum(dep5: Any) -
                 await c.acquire("web", ttl=30)
 
     anyio.run(scenario)
+
+
+def test_renew_retakes_a_lost_lease_in_the_holders_name(dep3: Any) -> None:
+    """A lease freed behind the holder's back is taken again by renew, and it still says
+    who holds the lock (not the user the renewing process runs as)."""
+
+    async def scenario() -> tuple[str | None, str | None]:
+        async with dep3.api() as c:
+            held = await c.acquire("web", ttl=30, holder="alice")
+            path = lease_path(dep3.namespace, "coordinator-lock-web")
+            lease = await dep3.raw(3, "GET", path)
+            lease["spec"].pop("holderIdentity")
+            await dep3.raw(3, "PUT", path, lease)
+            renewed = await c.renew("web", held.lock_id)
+            assert renewed.acquired and renewed.results["c3"].detail == "re-taken", renewed.results
+            after = await dep3.raw(3, "GET", path)
+            await c.release("web", held.lock_id)
+        return after["spec"].get("holderIdentity"), after["metadata"]["annotations"].get("coordinator.io/holder")
+
+    lock_holder, named = anyio.run(scenario)
+    assert lock_holder is not None and named == "alice"
