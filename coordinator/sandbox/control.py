@@ -660,7 +660,7 @@ def start(dir: Path | str | None, index: int, *, timeout: float = 120.0) -> None
                 "sandbox with `coordinator sandbox down` and `coordinator sandbox up`."
             )
         if process.state(c.etcd.ref) == "gone":
-            if not process.port_is_free(c.etcd_client_port):
+            if not process.wait_port_free(c.etcd_client_port):
                 raise SandboxError(
                     f"Cannot restart etcd of cluster {index}: port {c.etcd_client_port} is taken by another process."
                 )
@@ -678,7 +678,7 @@ def start(dir: Path | str | None, index: int, *, timeout: float = 120.0) -> None
         if api_state == "paused":
             process.send(c.apiserver.ref, signal.SIGCONT)
         elif api_state == "gone":
-            if not process.port_is_free(c.apiserver_port):
+            if not process.wait_port_free(c.apiserver_port):
                 raise SandboxError(
                     f"Cannot restart the kube-apiserver of cluster {index}: its port "
                     f"{c.apiserver_port} is taken by another process, and the kubeconfig "

@@ -61,6 +61,11 @@ def state(ref: ProcessRef) -> ProcessState:
     if fields is None or int(fields[19]) != ref.start_ticks:
         return "gone"
     if fields[0] in ("Z", "X"):
+        # A multi-threaded program (Go's servers are) shows its main thread as a zombie
+        # while the other threads are still exiting; until the last one is gone its
+        # files, listening sockets included, are still open.
+        if fields[0] == "Z" and int(fields[17]) > 1:
+            return "running"
         _reap(ref.pid)
         return "gone"
     if fields[0] in ("T", "t"):
@@ -193,6 +198,17 @@ def memory_bytes(pid: int) -> tuple[int, int] | None:
     if "VmRSS" not in values:
         return None
     return values["VmRSS"], values.get("VmHWM", values["VmRSS"])
+
+
+def wait_port_free(port: int, timeout: float = 5.0, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` is free, or becomes free within ``timeout`` seconds (a server that
+    was just killed may hold its socket for a moment)."""
+    deadline = time.monotonic() + timeout
+    while not port_is_free(port, host):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
