@@ -223,28 +223,24 @@ class LeaseView:
         HANDOFF_GRACE_S after it was freed or expired, by the server's clock. Without
         server evidence a claim does not bind: fairness is best effort, never a reason
         to leave the lock idle."""
-        if self.live_claim is None:
+        left = self.reserved_left_s() if self.live_claim is not None else None
+        if left is None:
             return False
-        if self.held:
-            if self.ttl_s is None:
-                return False
-            rem = self.remaining_s()
-            return rem is not None and rem > -HANDOFF_GRACE_S
-        elapsed = quorum.server_elapsed(self.server_now, self.last_write)
-        return elapsed is not None and elapsed <= HANDOFF_GRACE_S
+        return left > 0 if self.held else left >= 0
+
+    def binding_claim(self, lock_id: str, mine: TurnClaim | None = None) -> TurnClaim | None:
+        """The claim here of a contender that has waited longer than us (``mine``: our
+        place in line; None for one who has not waited), if it still binds. A claim by a
+        later waiter does not bind an earlier one: claims on different clusters may not
+        have converged yet, and the earliest waiter must never be kept out by them."""
+        claim = self.live_claim
+        if claim is None or claim.lock_id == lock_id or (mine is not None and mine < claim):
+            return None
+        return claim if self.claim_fresh() else None
 
     def reserved_for_other(self, lock_id: str, mine: TurnClaim | None = None) -> bool:
-        """Free (or expired), but the next turn is claimed by a contender that has waited
-        longer than us (``mine``: our place in line; None for one who has not waited).
-        A claim by a later waiter does not bind an earlier one: claims on different
-        clusters may not have converged yet, and the earliest waiter must never be
-        kept out by them."""
-        claim = self.live_claim
-        if self.lock_id == lock_id or claim is None or claim.lock_id == lock_id:
-            return False
-        if mine is not None and mine < claim:
-            return False
-        return self.claim_fresh()
+        """Not ours, and the next turn here belongs to someone who has waited longer."""
+        return self.lock_id != lock_id and self.binding_claim(lock_id, mine) is not None
 
     def reserved_left_s(self) -> float | None:
         """Seconds until a reservation stops binding, by the server's clock."""
@@ -577,28 +573,23 @@ class LockEngine:
         waiter its place. (Later changes are followed by the lease watches.)"""
         lock_id = mine.lock_id
 
+        def decide(cluster: str, view: LeaseView) -> Decision:
+            current = view.live_claim
+            if not view.live_for_other(lock_id):
+                # free or expired: the next attempt decides, no claim needed
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "not held"))
+            if current is not None and current.lock_id == lock_id:
+                ours.add(cluster)
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "claimed already"))
+            if current is not None and view.claim_fresh() and current <= mine:
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "someone waited longer"))
+            ours.add(cluster)  # before the write: one cut short may still have landed
+            return _with_claim(view.obj, mine), "claimed", ""
+
         async def one(cluster: str, view: LeaseView) -> None:
-            for _ in range(MAX_CAS_RETRIES):
-                if not view.live_for_other(lock_id):
-                    return  # free or expired: the next attempt decides, no claim needed
-                current = view.live_claim
-                if current is not None and current.lock_id == lock_id:
-                    ours.add(cluster)
-                    return
-                if current is not None and view.claim_fresh() and current <= mine:
-                    return  # someone has waited longer
-                ours.add(cluster)  # before the write: one cut short may still have landed
-                try:
-                    await self._write(cluster, view, _with_claim(view.obj, mine), manager=LINE_MANAGER)
-                    return
-                except KubeError as err:
-                    if err.kind != kube.CONFLICT:
-                        log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
-                        return
-                try:
-                    view = await self._read(cluster)
-                except KubeError:
-                    return
+            r = await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
+            if not r.ok:
+                log.debug("could not claim the next turn", cluster=cluster, detail=r.detail)
 
         with anyio.move_on_after(self.timeout):
             async with anyio.create_task_group() as tg:
@@ -607,12 +598,12 @@ class LockEngine:
                     if view is not None and r.outcome is Outcome.HELD_BY_OTHER:
                         tg.start_soon(one, cluster, view)
 
-    async def _claim_from_event(self, cluster: str, obj: dict[str, Any], holder_id: str, wake: _Wake) -> None:
+    async def _claim_from_event(self, cluster: str, obj: dict[str, Any], wake: _Wake) -> None:
         mine = wake.mine
         if mine is None:
             return
-        claim = TurnClaim.parse(((obj.get("metadata") or {}).get("annotations") or {}).get(A_NEXT))
-        live = claim if claim is not None and claim.lock_id != holder_id else None
+        view = LeaseView.parse(obj, None)
+        live = view.live_claim
         if live is not None and live <= mine:
             return  # ours already, or someone has waited longer
         try:
@@ -621,34 +612,21 @@ class LockEngine:
             return  # nothing is written to a cluster whose identity is not proven
         wake.claimed.add(cluster)
         try:
-            await self.clusters.client(cluster).request(
-                "PUT", self.path, body=_with_claim(obj, mine), query={"fieldManager": LINE_MANAGER}
-            )
+            await self._write(cluster, view, _with_claim(obj, mine), manager=LINE_MANAGER)
         except KubeError as err:
             if err.kind != kube.CONFLICT:
                 log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
 
     async def _withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
-        async def one(cluster: str) -> None:
-            with anyio.move_on_after(self.timeout):
-                await withdraw(cluster)
+        def decide(cluster: str, view: LeaseView) -> Decision:
+            if view.next_claim is None or view.next_claim.lock_id != lock_id:
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "no claim of ours"))
+            return _with_claim(view.obj, None), "withdrawn", ""
 
-        async def withdraw(cluster: str) -> None:
-            with contextlib.suppress(KubeError):
-                for _ in range(MAX_CAS_RETRIES):
-                    view = await self._read(cluster)
-                    if view.next_claim is None or view.next_claim.lock_id != lock_id:
-                        return
-                    body = {k: v for k, v in view.obj.items() if k != "status"}
-                    meta = dict(body.get("metadata") or {})
-                    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k != A_NEXT}
-                    body["metadata"] = meta
-                    try:
-                        await self._write(cluster, view, body, manager=LINE_MANAGER)
-                        return
-                    except KubeError as err:
-                        if err.kind != kube.CONFLICT:
-                            return
+        async def one(cluster: str) -> None:
+            with anyio.move_on_after(self.timeout), contextlib.suppress(KubeError):
+                view = await self._read(cluster)
+                await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
 
         async with anyio.create_task_group() as tg:
             for cluster in clusters:
@@ -678,7 +656,7 @@ class LockEngine:
                     if event.get("type") == "DELETED" or (not holder_id and rv != seen.get(cluster)):
                         wake.event.set()
                     elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):
-                        await self._claim_from_event(cluster, obj, holder_id, wake)
+                        await self._claim_from_event(cluster, obj, wake)
                 delay = 0.5
             except KubeError as err:
                 log.debug("lease watch interrupted", cluster=cluster, detail=err.detail)
@@ -864,7 +842,12 @@ class LockEngine:
         return await self._cas(cluster, view, decide)
 
     async def _cas(
-        self, cluster: str, view: LeaseView, decide: Callable[[LeaseView], Decision]
+        self,
+        cluster: str,
+        view: LeaseView,
+        decide: Callable[[LeaseView], Decision],
+        *,
+        manager: str = FIELD_MANAGER,
     ) -> ClusterResult[ClusterLease]:
         """Compare-and-swap one lease: ``decide`` looks at the lease as read and returns
         either a final result, or the body to write and the action to report. A write
@@ -876,7 +859,7 @@ class LockEngine:
                 return decision
             body, action, detail = decision
             try:
-                new_view = await self._write(cluster, view, body)
+                new_view = await self._write(cluster, view, body, manager=manager)
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(new_view, action), detail=detail or action)
             except KubeError as err:
                 if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
@@ -1175,11 +1158,15 @@ def _lease_write_time(obj: dict[str, Any]) -> datetime | None:
     return last_write_time({"metadata": {**meta, "managedFields": kept}})
 
 
-def _with_claim(obj: dict[str, Any], claim: TurnClaim) -> dict[str, Any]:
-    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) with ``claim``."""
+def _with_claim(obj: dict[str, Any], claim: TurnClaim | None) -> dict[str, Any]:
+    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) with ``claim``, or
+    without any claim for None."""
     body = {k: v for k, v in obj.items() if k != "status"}
     meta = dict(body.get("metadata") or {})
-    meta["annotations"] = {**(meta.get("annotations") or {}), A_NEXT: claim.dump()}
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != A_NEXT}
+    if claim is not None:
+        ann[A_NEXT] = claim.dump()
+    meta["annotations"] = ann
     body["metadata"] = meta
     return body
 
@@ -1198,11 +1185,7 @@ def _next_expiry(result: AcquireResult) -> float:
 
 def _first_in_line(views: Iterable[LeaseView], lock_id: str, mine: TurnClaim | None) -> TurnClaim | None:
     """The earliest binding claim among ``views`` by a waiter before us, if any."""
-    claims = [
-        v.live_claim for v in views if v.live_claim is not None and v.live_claim.lock_id != lock_id and v.claim_fresh()
-    ]
-    first = min(claims, default=None)
-    return first if first is not None and (mine is None or first < mine) else None
+    return min((c for v in views if (c := v.binding_claim(lock_id, mine)) is not None), default=None)
 
 
 def _reserved_detail(claim: TurnClaim) -> str:
