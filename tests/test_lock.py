@@ -77,9 +77,14 @@ def test_minority_winner_releases_what_it_took(dep3: Any) -> None:
     outcomes = {c["name"]: c["outcome"] for c in doc["clusters"]}
     details = {c["name"]: c["detail"] for c in doc["clusters"]}
     assert outcomes["c1"] == outcomes["c2"] == "held-by-other"
-    # c3 was either taken and given back, or (the loss being known first) not taken at all
-    assert (outcomes["c3"] == "ok" and "released" in details["c3"]) or (
-        outcomes["c3"] == "conflict" and "not taken" in details["c3"]), details
+    # c3 was taken and given back, or (the loss being known first) not taken at all, or it
+    # had not answered when c1 and c2 decided the loss (then the command still lets it
+    # finish and give back what it took before exiting: checked below).
+    assert (
+        (outcomes["c3"] == "ok" and "released" in details["c3"])
+        or (outcomes["c3"] == "conflict" and "not taken" in details["c3"])
+        or (outcomes["c3"] == "unreachable" and "no answer yet" in details["c3"])
+    ), details
     assert _holder_on(dep3, 3) is None  # given back, or never taken
     assert _lease(dep3, 1)["spec"]["holderIdentity"] == "someone-else"  # never touched
 
