@@ -374,7 +374,12 @@ class StateClient:
                 return failed(cluster, err)  # type: ignore[return-value]
         return ClusterResult(cluster, Outcome.CONFLICT, rep, detail="lost the compare-and-swap race repeatedly")
 
-    async def _read_all(self, *, with_lease: bool = False, early: bool = False) -> dict[str, ClusterResult[Replica]]:
+    async def _read_all(
+        self, *, with_lease: bool = False, early: bool = False, newer_ok: bool = False
+    ) -> dict[str, ClusterResult[Replica]]:
+        """Read every member (``early``: stop at a majority). A replica written with a newer
+        envelope schema stops the command, unless ``newer_ok`` (reports that only look)."""
+
         async def one(cluster: str) -> ClusterResult[Replica]:
             try:
                 rep = await self._read_replica(cluster, with_lease=with_lease)
@@ -396,7 +401,7 @@ class StateClient:
                 + ". Fix the kubeconfig context, or reconnect the cluster if it was really rebuilt."
             )
         newer = [r.value for r in results.values() if r.ok and r.value and r.value.newer_schema]
-        if newer:
+        if newer and not newer_ok:
             raise StateConflictError(
                 f"The state of {self.dep.name!r} on {', '.join(r.cluster for r in newer)} was written "
                 f"with envelope schema {newer[0].newer_schema}, newer than this coordinator understands "
@@ -665,7 +670,7 @@ class StateClient:
     # -- diff / sync / history / backup / restore
 
     async def diff(self) -> list[dict[str, Any]]:
-        results = await self._read_all()
+        results = await self._read_all(newer_ok=True)
         winner = self._winner(results)
         top = winner.order if winner else (0, 0)
         rows = []
@@ -688,6 +693,12 @@ class StateClient:
                 rep = r.value
                 if rep.corrupt:
                     row["status"], row["detail"] = "corrupt", rep.corrupt
+                elif rep.newer_schema:
+                    row["status"] = "newer-schema"
+                    row["detail"] = (
+                        f"written with envelope schema {rep.newer_schema}, newer than this coordinator "
+                        f"understands ({STATE_SCHEMA}); upgrade coordinator to read or write it"
+                    )
                 elif not rep.exists:
                     row["status"] = "absent" if winner else "empty"
                 elif rep.envelope is not None:

@@ -224,6 +224,12 @@ def test_newer_schema_is_refused(dep3: Any) -> None:
     assert proc.returncode == 6, proc.stderr
     assert "schema 99" in proc.stderr
     assert json.loads(_replica(dep3, 1)["data"]["envelope.json"])["schema"] == 99
+    # diff only looks: it lists the newer replica instead of refusing
+    rows = _diff(dep3)
+    assert rows["c1"]["status"] == "newer-schema" and "schema 99" in rows["c1"]["detail"], rows
+    assert rows["c2"]["status"] == rows["c3"]["status"] == "current", rows
+    text = dep3.cli("state", "diff", "web")
+    assert text.returncode == 0 and "newer-schema" in text.stdout, text.stderr
 
 
 def test_five_clusters_state_with_two_paused(dep5: Any) -> None:
