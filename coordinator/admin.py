@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import anyio
 
 from coordinator.clusters import ClusterSet, failed
 from coordinator.config import ConfigStore
@@ -117,6 +120,7 @@ class ClusterInfo:
     version: str | None
     error: str | None
     namespace: str
+    storage: list[str] = field(default_factory=list)
     permissions: dict[str, dict[str, bool | None]] = field(default_factory=dict)
 
     @property
@@ -124,13 +128,29 @@ class ClusterInfo:
         return [f"{verb} {res}" for res, verbs in self.permissions.items() for verb, ok in verbs.items() if ok is False]
 
 
-PERMISSION_CHECKS = {
-    "leases": ("coordination.k8s.io", ["get", "list", "watch", "create", "update", "delete"]),
-    "configmaps": ("", ["get", "list", "create", "update", "delete"]),
-}
+def permission_checks(namespace: str, storages: Sequence[str]) -> list[tuple[str, str, str, str | None]]:
+    """(api group, resource, verb, resource name or None) for every right the tool needs in
+    ``namespace`` with the given state storages: read off the Role that `rbac print` emits,
+    so the check and the grant cannot disagree."""
+    from coordinator import rbac
+
+    checks: dict[tuple[str, str, str], str | None] = {}
+    for storage in storages:
+        for rule in rbac.role(namespace, storage=storage)["rules"]:  # type: ignore[arg-type]
+            names = rule.get("resourceNames") or [None]
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        key = (group, resource, verb)
+                        # an unrestricted rule of one storage covers a named one of another
+                        if key not in checks or names[0] is None:
+                            checks[key] = names[0]
+    return [(g, r, v, n) for (g, r, v), n in checks.items()]
 
 
-async def cluster_info(clusters: ClusterSet, name: str, namespace: str) -> ClusterInfo:
+async def cluster_info(
+    clusters: ClusterSet, name: str, namespace: str, storages: Sequence[str] = ("configmap",)
+) -> ClusterInfo:
     rec = clusters.record(name)
     client = clusters.client(name)
     info = ClusterInfo(
@@ -145,6 +165,7 @@ async def cluster_info(clusters: ClusterSet, name: str, namespace: str) -> Clust
         version=None,
         error=None,
         namespace=namespace,
+        storage=list(storages),
     )
     started = time.monotonic()
     try:
@@ -168,18 +189,29 @@ async def cluster_info(clusters: ClusterSet, name: str, namespace: str) -> Clust
     except KubeError as err:
         info.identity_ok = False if err.kind == "identity-mismatch" else None
         info.error = err.detail
-    for resource, (group, verbs) in PERMISSION_CHECKS.items():
-        info.permissions[resource] = {}
-        for verb in verbs:
-            info.permissions[resource][verb] = await _can_i(client, verb, group, resource, namespace)
+    checks = permission_checks(namespace, storages)
+    for _, resource, verb, _ in checks:
+        info.permissions.setdefault(resource, {})[verb] = None
+
+    async def check(group: str, resource: str, verb: str, resource_name: str | None) -> None:
+        info.permissions[resource][verb] = await _can_i(client, verb, group, resource, namespace, resource_name)
+
+    async with anyio.create_task_group() as tg:  # one access review per right, all at once
+        for entry in checks:
+            tg.start_soon(check, *entry)
     return info
 
 
-async def _can_i(client: KubeClient, verb: str, group: str, resource: str, namespace: str) -> bool | None:
+async def _can_i(
+    client: KubeClient, verb: str, group: str, resource: str, namespace: str, resource_name: str | None = None
+) -> bool | None:
+    attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": resource}
+    if resource_name:
+        attributes["name"] = resource_name
     body = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource}},
+        "spec": {"resourceAttributes": attributes},
     }
     try:
         resp = await client.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=body)

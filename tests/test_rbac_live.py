@@ -101,16 +101,25 @@ def test_every_command_works_with_exactly_the_printed_rights(
 
     _grant(sandbox3, env, namespace, user, storage=storage)
     _connect(env, minted)
-    info = _json(env.cli("-o", "json", "cluster", "info", "u1", "--namespace", namespace))
+    info = _json(env.cli("-o", "json", "cluster", "info", "u1", "--namespace", namespace, "--storage", storage))
     assert info["identity_ok"] is True and info["reachable"] is True
     assert all(info["permissions"]["leases"].values()), info
-    if storage == "configmap":
-        assert info["missing_permissions"] == [], info
+    assert info["storage"] == [storage] and info["missing_permissions"] == [], info
+    if storage == "secret":
+        # the rights of the storage in use are checked, not those of the other one
+        assert all(info["permissions"]["secrets"].values()), info
+        assert set(info["permissions"]["configmaps"]) == {"get", "create"}, info
+    else:
+        assert "secrets" not in info["permissions"], info
 
     members = ["--cluster", "u1", "--cluster", "u2", "--cluster", "u3"]
     created = _json(env.cli("-o", "json", "deployment", "create", "app", "-n", namespace, *members,
                             "--storage", storage))
     assert {c["outcome"] for c in created["namespace_on_clusters"]} == {"ok"}, created
+    # with the deployment recorded, its storage is the one checked by default
+    inferred = _json(env.cli("-o", "json", "cluster", "info", "u2"))
+    assert inferred["namespace"] == namespace and inferred["storage"] == [storage], inferred
+    assert inferred["missing_permissions"] == [], inferred
 
     taken = _json(env.cli("-o", "json", "lock", "acquire", "app", "--ttl", "90s", "--reason", "rbac test"))
     assert {c["outcome"] for c in taken["clusters"]} == {"ok"}, taken

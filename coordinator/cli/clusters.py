@@ -96,8 +96,14 @@ def list_(ctx: click.Context) -> None:
     default=None,
     help="Namespace whose permissions to check [default: of its deployments, else 'default'].",
 )
+@click.option(
+    "--storage",
+    type=click.Choice(["configmap", "secret"]),
+    default=None,
+    help="State storage whose rights to check [default: that of its deployments in the namespace, else configmap].",
+)
 @click.pass_context
-def info(ctx: click.Context, name: str, namespace: str | None) -> None:
+def info(ctx: click.Context, name: str, namespace: str | None, storage: str | None) -> None:
     """Show server, version, identity, reachability, latency and permissions.
 
     Example: coordinator cluster info eu-1 --namespace payments
@@ -110,11 +116,16 @@ def info(ctx: click.Context, name: str, namespace: str | None) -> None:
     if namespace is None:
         namespaces = [d.namespace for d in cfg.deployments.values() if name in d.clusters]
         namespace = namespaces[0] if namespaces else "default"
+    if storage is not None:
+        storages = [storage]
+    else:
+        used = {d.storage for d in cfg.deployments.values() if name in d.clusters and d.namespace == namespace}
+        storages = sorted(used) or ["configmap"]
 
     async def go():  # type: ignore[no-untyped-def]
         cs = ClusterSet(cfg, timeout=app.timeout)
         try:
-            return await cluster_info(cs, name, namespace)
+            return await cluster_info(cs, name, namespace, storages)
         finally:
             await cs.aclose()
 
@@ -131,6 +142,7 @@ def info(ctx: click.Context, name: str, namespace: str | None) -> None:
         "latency_ms": inf.latency_ms,
         "error": inf.error,
         "namespace": inf.namespace,
+        "storage": inf.storage,
         "permissions": inf.permissions,
         "missing_permissions": inf.missing,
     }
@@ -147,13 +159,16 @@ def info(ctx: click.Context, name: str, namespace: str | None) -> None:
         for res, verbs in inf.permissions.items():
             shown = " ".join(f"{v}:{'yes' if ok else ('no' if ok is False else '?')}" for v, ok in verbs.items())
             rows.append([f"{res} in {inf.namespace}", shown])
+        rows.append(["checked for", f"{' and '.join(inf.storage)} storage"])
         if inf.error and inf.reachable:
             rows.append(["error", inf.error])
         table(["", inf.name], rows)
         if inf.missing:
             say(
                 f"Missing permissions in namespace {inf.namespace}: {', '.join(inf.missing)}. "
-                "`coordinator rbac print --namespace NS` prints the rules the tool needs."
+                f"`coordinator rbac print --namespace {inf.namespace}"
+                + "".join(f" --storage {st}" for st in inf.storage if st != "configmap")
+                + " --user USER` prints the rules the tool needs."
             )
 
     emit(ctx, doc, text)
