@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -16,8 +17,8 @@ from coordinator.errors import CoordinatorError, IdentityMismatchError, NoQuorum
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import Endpoint, KubeClient, KubeError, load_client_configuration
-from coordinator.kube.identity import discover_identity
-from coordinator.kube.resources import LABEL_MANAGED_BY, LABEL_VALUE, namespace_path
+from coordinator.kube.identity import CONFIGMAP_UUID, Identity, discover_identity, read_identity
+from coordinator.kube.resources import IDENTITY_CONFIGMAP, LABEL_MANAGED_BY, LABEL_VALUE, namespace_path
 from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.outcome import Outcome
 
@@ -57,10 +58,19 @@ async def connect_cluster(
     try:
         identity = await discover_identity(client, identity_namespace)
         version = await _server_version(client)
+        twin = await _same_cluster_by_other_proof(client, identity, cfg, timeout=timeout)
     except KubeError as err:
         raise _connect_error(name, context, err) from err
     finally:
         await client.close()
+    if twin is not None:
+        raise UsageError(
+            f"Context {context!r} leads to the same cluster as {twin.name!r}: {twin.how}. "
+            f"({twin.name!r} is known by the {_describe(twin.identity_source, twin.identity_namespace)}, "
+            f"this context by the {identity.describe()}.) One cluster cannot be a member twice "
+            "under two names: a majority of members would then be fewer real clusters. "
+            f"Use {twin.name!r}, or disconnect it first."
+        )
     record = ClusterRecord(
         name=name,
         context=context,
@@ -82,6 +92,62 @@ async def connect_cluster(
                 )
         live.clusters[name] = record
     return record, version
+
+
+@dataclass
+class _Twin:
+    name: str
+    identity_source: str
+    identity_namespace: str | None
+    how: str
+
+
+def _describe(source: str, namespace: str | None) -> str:
+    return Identity("", source, namespace).describe()
+
+
+async def _same_cluster_by_other_proof(
+    new: KubeClient, identity: Identity, cfg: LocalConfig, *, timeout: float
+) -> _Twin | None:
+    """A connected cluster that is the one behind ``new`` although its identity differs,
+    because the two were proven by different means (the kube-system UID and an identity
+    ConfigMap). Each side's ConfigMap proof is read through the other side's context.
+    Where it cannot be read (forbidden, unreachable, a broken context), there is no
+    evidence either way and nothing is refused."""
+    others = [r for r in cfg.clusters.values() if r.identity != identity.value]
+    if not others or not any(CONFIGMAP_UUID in (r.identity_source, identity.source) for r in others):
+        return None
+    found: list[_Twin] = []
+    clusters = ClusterSet(cfg, timeout=timeout)
+
+    def twin(rec: ClusterRecord, how: str, namespace: str | None, uuid: str) -> _Twin:
+        where = f"{namespace}/{IDENTITY_CONFIGMAP}"
+        return _Twin(
+            rec.name, rec.identity_source, rec.identity_namespace, f"{how}, {where}, with the same UUID {uuid}"
+        )
+
+    async def probe(rec: ClusterRecord) -> None:
+        with contextlib.suppress(KubeError, CoordinatorError):
+            if rec.identity_source == CONFIGMAP_UUID:
+                seen = await read_identity(new, CONFIGMAP_UUID, rec.identity_namespace)
+                if seen == rec.identity:
+                    how = f"this context reads the identity ConfigMap of {rec.name!r}"
+                    found.append(twin(rec, how, rec.identity_namespace, seen))
+                    return
+            if identity.source == CONFIGMAP_UUID:
+                await clusters.check_identity(rec.name)  # its context still leads to it
+                seen = await read_identity(clusters.client(rec.name), CONFIGMAP_UUID, identity.namespace)
+                if seen == identity.value:
+                    how = f"the context of {rec.name!r} reads this context's identity ConfigMap"
+                    found.append(twin(rec, how, identity.namespace, seen))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for rec in others:
+                tg.start_soon(probe, rec)
+    finally:
+        await clusters.aclose()
+    return min(found, key=lambda t: t.name) if found else None
 
 
 def _connect_error(name: str, context: str, err: KubeError) -> CoordinatorError:

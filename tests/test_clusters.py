@@ -187,6 +187,26 @@ def test_the_same_cluster_twice_under_two_names_is_refused(sandbox3: Any, tmp_pa
     assert snapshot(env.config) == before
     assert [c["name"] for c in doc(env, "cluster", "list")] == ["c1", "r2"]
 
+    # The same cluster proven by different means: each side's ConfigMap proof is read
+    # through the other side's context. r2 by its ConfigMap, then c2 by kube-system:
+    proc = cli(env, "cluster", "connect", "c2", "--context", "sandbox-2")
+    assert proc.returncode == 2, proc.stderr
+    text = one_paragraph(proc.stderr)
+    assert "same cluster as 'r2'" in text and "reads the identity ConfigMap of 'r2'" in text, text
+    assert snapshot(env.config) == before
+    # c1 by kube-system, then r1 by its ConfigMap (which c1's context can read):
+    proc = cli(env, "cluster", "connect", "r1", "--context", "sandbox-1-restricted",
+               "--identity-namespace", "sandbox-restricted")
+    assert proc.returncode == 2, proc.stderr
+    text = one_paragraph(proc.stderr)
+    assert "same cluster as 'c1'" in text, text
+    assert "the context of 'c1' reads this context's identity ConfigMap" in text, text
+    assert snapshot(env.config) == before
+    # A different cluster proven by its ConfigMap is not mistaken for one of them.
+    ok(env, "cluster", "connect", "r3", "--context", "sandbox-3-restricted",
+       "--identity-namespace", "sandbox-restricted")
+    assert [c["name"] for c in doc(env, "cluster", "list")] == ["c1", "r2", "r3"]
+
 
 def test_restricted_context_connects_through_the_uuid_configmap(sandbox3: Any, tmp_path: Path) -> None:
     env = bare_env(sandbox3, tmp_path)
@@ -560,7 +580,8 @@ def test_everything_the_tool_creates_carries_its_own_label(sandbox3: Any, tmp_pa
     secret_ns = "t-" + secrets.token_hex(4)
     for i in (1, 2, 3):
         ok(env, "cluster", "connect", f"c{i}", "--context", f"sandbox-{i}")
-    ok(env, "cluster", "connect", "r1", "--context", "sandbox-1-restricted",
+    # The identity ConfigMap (from another config: in this one, c1 is already this cluster)
+    ok(bare_env(sandbox3, tmp_path / "other"), "cluster", "connect", "r1", "--context", "sandbox-1-restricted",
        "--identity-namespace", sandbox3.restricted_namespace)
     members = ["--cluster", "c1", "--cluster", "c2", "--cluster", "c3"]
     ok(env, "deployment", "create", "cm", "-n", ns, *members)

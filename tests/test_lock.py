@@ -262,6 +262,8 @@ def test_lock_run_ctrl_c_releases(dep3: Any) -> None:
 def test_status_json_shape_with_unreachable_and_forbidden(dep3: Any) -> None:
     # c3 is reached as a user with no rights on leases: it must show as forbidden
     restricted_ns = "sandbox-restricted"
+    # r3 is cluster 3 by other credentials: c3 must go first (one cluster, one member)
+    assert dep3.cli("cluster", "disconnect", "c3", "--force").returncode == 0
     proc = dep3.cli("cluster", "connect", "r3", "--context", "sandbox-3-restricted", "--kubeconfig",
                     dep3.kubeconfig, "--identity-namespace", restricted_ns)
     assert proc.returncode == 0, proc.stderr
