@@ -1010,12 +1010,27 @@ class LockEngine:
     async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
         """Clear the lease whatever its holder (admin override), leaving an audit note."""
         note = {"by": by, "host": socket.gethostname(), "at": micro_time(_now()), "reason": reason}
+        # A malformed fencing token is replaced by the highest valid one on the other
+        # members, so that tokens keep rising after the break; those clusters wait (a
+        # bounded while) for the other reads.
+        tokens: list[int] = []
+        reads_left = [self.n]
+        all_read = anyio.Event()
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
                 view = await self._checked_read(cluster)
+                if not view.token_malformed:
+                    tokens.append(view.token)
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
+            finally:
+                reads_left[0] -= 1
+                if reads_left[0] == 0:
+                    all_read.set()
+            if view.token_malformed:
+                with anyio.move_on_after(self.timeout / 2):
+                    await all_read.wait()
 
             def decide(view: LeaseView) -> Decision:
                 if not view.exists:
@@ -1026,9 +1041,16 @@ class LockEngine:
                 ann = body["metadata"]["annotations"]
                 previous = view.lock_id or "-"
                 ann[A_LAST_BREAK] = json.dumps(note | {"previous_lock_id": previous})
+                detail = f"cleared holder {previous}"
                 if view.token_malformed:
-                    ann.pop(A_TOKEN, None)
-                return body, "broken", f"cleared holder {previous}"
+                    floor = max(tokens, default=0)
+                    if floor:
+                        ann[A_TOKEN] = str(floor)
+                        detail += f"; the malformed fencing token is now {floor}, the highest on the others"
+                    else:  # nothing valid seen anywhere: the next acquisition starts over
+                        ann.pop(A_TOKEN, None)
+                        detail += "; the malformed fencing token was removed (no valid one anywhere)"
+                return body, "broken", detail
 
             return await self._cas(cluster, view, decide)
 

@@ -318,6 +318,32 @@ def test_break_clears_any_holder_with_audit_note(dep3: Any) -> None:
     assert dep3.cli("lock", "acquire", "web", "--holder", "new").returncode == 0
 
 
+def test_break_mends_a_malformed_fencing_token_without_lowering_tokens(dep3: Any) -> None:
+    tokens = []
+    for _ in range(3):
+        taken = _json(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "h"))
+        tokens.append(taken["fencing_token"])
+        assert dep3.cli("lock", "release", "web", "--lock-id", taken["lock_id"]).returncode == 0
+    # A hand edit garbles the token on a majority: acquisitions refuse those clusters.
+    for i in (1, 2):
+        lease = _lease(dep3, i)
+        lease["metadata"]["annotations"]["coordinator.io/fencing-token"] = "seven"
+        anyio.run(dep3.raw, i, "PUT", lease_path(dep3.namespace, "coordinator-lock-web"), lease)
+    refused = dep3.cli("lock", "acquire", "web")
+    assert refused.returncode == 4 and "lock break" in refused.stderr, refused.stderr
+    broken = dep3.cli("-o", "json", "lock", "break", "web", "--yes")
+    assert broken.returncode == 0, broken.stderr
+    assert f"is now {max(tokens)}" in broken.stdout, broken.stdout
+    # The next token is above every earlier one, even read from the mended clusters alone.
+    dep3.sandbox.pause(3)
+    try:
+        after = dep3.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "web", "--holder", "h")
+    finally:
+        dep3.sandbox.resume(3)
+    assert after.returncode == 0, after.stderr
+    assert _json(after)["fencing_token"] > max(tokens), (tokens, _json(after))
+
+
 def test_python_api_context_manager(dep3: Any) -> None:
     async def scenario() -> None:
         async with dep3.api() as c:
