@@ -17,7 +17,13 @@ from coordinator.errors import CoordinatorError, IdentityMismatchError, NoQuorum
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import Endpoint, KubeClient, KubeError, load_client_configuration
-from coordinator.kube.identity import CONFIGMAP_UUID, Identity, discover_identity, read_identity
+from coordinator.kube.identity import (
+    CONFIGMAP_UUID,
+    Identity,
+    describe_identity,
+    discover_identity,
+    read_identity,
+)
 from coordinator.kube.resources import IDENTITY_CONFIGMAP, LABEL_MANAGED_BY, LABEL_VALUE, namespace_path
 from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.outcome import Outcome
@@ -64,12 +70,13 @@ async def connect_cluster(
     finally:
         await client.close()
     if twin is not None:
+        other = twin.record
         raise UsageError(
-            f"Context {context!r} leads to the same cluster as {twin.name!r}: {twin.how}. "
-            f"({twin.name!r} is known by the {_describe(twin.identity_source, twin.identity_namespace)}, "
+            f"Context {context!r} leads to the same cluster as {other.name!r}: {twin.how}. "
+            f"({other.name!r} is known by the {describe_identity(other.identity_source, other.identity_namespace)}, "
             f"this context by the {identity.describe()}.) One cluster cannot be a member twice "
             "under two names: a majority of members would then be fewer real clusters. "
-            f"Use {twin.name!r}, or disconnect it first."
+            f"Use {other.name!r}, or disconnect it first."
         )
     record = ClusterRecord(
         name=name,
@@ -96,14 +103,8 @@ async def connect_cluster(
 
 @dataclass
 class _Twin:
-    name: str
-    identity_source: str
-    identity_namespace: str | None
-    how: str
-
-
-def _describe(source: str, namespace: str | None) -> str:
-    return Identity("", source, namespace).describe()
+    record: ClusterRecord  # the connected cluster that the new context also leads to
+    how: str  # the evidence, in words
 
 
 async def _same_cluster_by_other_proof(
@@ -121,10 +122,7 @@ async def _same_cluster_by_other_proof(
     clusters = ClusterSet(cfg, timeout=timeout)
 
     def twin(rec: ClusterRecord, how: str, namespace: str | None, uuid: str) -> _Twin:
-        where = f"{namespace}/{IDENTITY_CONFIGMAP}"
-        return _Twin(
-            rec.name, rec.identity_source, rec.identity_namespace, f"{how}, {where}, with the same UUID {uuid}"
-        )
+        return _Twin(rec, f"{how}, {namespace}/{IDENTITY_CONFIGMAP}, with the same UUID {uuid}")
 
     async def probe(rec: ClusterRecord) -> None:
         with contextlib.suppress(KubeError, CoordinatorError):
@@ -147,7 +145,7 @@ async def _same_cluster_by_other_proof(
                 tg.start_soon(probe, rec)
     finally:
         await clusters.aclose()
-    return min(found, key=lambda t: t.name) if found else None
+    return min(found, key=lambda t: t.record.name) if found else None
 
 
 def _connect_error(name: str, context: str, err: KubeError) -> CoordinatorError:
@@ -203,14 +201,14 @@ def permission_checks(namespace: str, storages: Sequence[str]) -> list[tuple[str
     checks: dict[tuple[str, str, str], str | None] = {}
     for storage in storages:
         for rule in rbac.role(namespace, storage=storage)["rules"]:  # type: ignore[arg-type]
-            names = rule.get("resourceNames") or [None]
+            name = (rule.get("resourceNames") or [None])[0]  # the Role names one object at most
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
                         key = (group, resource, verb)
                         # an unrestricted rule of one storage covers a named one of another
-                        if key not in checks or names[0] is None:
-                            checks[key] = names[0]
+                        if key not in checks or name is None:
+                            checks[key] = name
     return [(g, r, v, n) for (g, r, v), n in checks.items()]
 
 

@@ -47,11 +47,11 @@ def connect(ctx: click.Context, name: str, context: str, kubeconfig: str | None,
     doc = rec.model_dump(mode="json") | {"version": version}
 
     def text() -> None:
-        src = (
-            "UID of the kube-system namespace"
-            if rec.identity_source == "kube-system-uid"
-            else (f"UUID in ConfigMap {rec.identity_namespace}/coordinator-identity (kube-system is not readable)")
-        )
+        from coordinator.kube.identity import KUBE_SYSTEM_UID, describe_identity
+
+        src = describe_identity(rec.identity_source, rec.identity_namespace)
+        if rec.identity_source != KUBE_SYSTEM_UID:
+            src += " (kube-system is not readable)"
         say(f"Connected {rec.name}: {rec.server} (Kubernetes {version}), context {rec.context}.")
         say(f"Identity {rec.identity}, from the {src}.")
 

@@ -29,9 +29,14 @@ class Identity:
     namespace: str | None = None
 
     def describe(self) -> str:
-        if self.source == KUBE_SYSTEM_UID:
-            return "UID of the kube-system namespace"
-        return f"UUID in ConfigMap {self.namespace}/{IDENTITY_CONFIGMAP}"
+        return describe_identity(self.source, self.namespace)
+
+
+def describe_identity(source: str, namespace: str | None) -> str:
+    """What an identity of ``source`` is read from, in words (for records and fresh proofs)."""
+    if source == KUBE_SYSTEM_UID:
+        return "UID of the kube-system namespace"
+    return f"UUID in ConfigMap {namespace}/{IDENTITY_CONFIGMAP}"
 
 
 async def _read_uuid_configmap(client: KubeClient, namespace: str) -> str | None:
