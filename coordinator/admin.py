@@ -305,6 +305,7 @@ async def create_deployment(
     namespace: str,
     members: list[str],
     storage: str,
+    max_ttl_s: float | None = None,
 ) -> tuple[DeploymentRecord, dict[str, ClusterResult[str]]]:
     from coordinator.models import MAX_DEPLOYMENT_NAME
 
@@ -320,6 +321,10 @@ async def create_deployment(
     for m in members:
         clusters.record(m)
     record = DeploymentRecord(name=name, namespace=namespace, clusters=members, storage=storage)  # type: ignore[arg-type]
+    if max_ttl_s is not None:
+        if max_ttl_s < 1:
+            raise UsageError(f"--max-ttl must be at least 1s, not {max_ttl_s:g}s.")
+        record.max_ttl_s = max_ttl_s
 
     async def ensure_namespace(cluster: str) -> ClusterResult[str]:
         client = clusters.client(cluster)
@@ -373,6 +378,16 @@ async def create_deployment(
                 "Cluster identity mismatch — the deployment was not created: "
                 + "; ".join(f"cluster {k!r}: {r.detail}" for k, r in bad.items())
                 + ". Fix the kubeconfig context, or reconnect the cluster if it was really rebuilt."
+            )
+    # The leases are made now, free, so that one missing later is known to have been
+    # deleted (and is then treated as held by an unknown holder, never as free).
+    from coordinator.lock import LockEngine
+
+    leases = await LockEngine(clusters, record).create_leases()
+    for k, r in leases.items():
+        if not r.ok and results.get(k) is not None and results[k].ok:
+            results[k] = ClusterResult(
+                k, Outcome.OK, results[k].value, detail=f"{results[k].detail}; lease not created: {r.detail}"
             )
     with store.edit() as live:
         if name in live.deployments:

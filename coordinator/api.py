@@ -8,7 +8,6 @@ async with Coordinator.from_config() as c:
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,8 @@ from anyio.abc import TaskGroup
 
 from coordinator.clusters import ClusterSet
 from coordinator.config import ConfigStore
-from coordinator.errors import LockLostError, StateConflictError, UsageError
+from coordinator.errors import CoordinatorError, LockLostError, NoQuorumError, StateConflictError, UsageError
+from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
 from coordinator.lock import (
     AcquireResult,
     LockEngine,
@@ -35,6 +35,19 @@ if TYPE_CHECKING:
 DEFAULT_TTL_S = 180.0
 
 
+def check_ttl(ttl: float, engine: LockEngine) -> None:
+    """A TTL must be at least 1 s and at most the deployment's maximum TTL: contenders
+    wait out the maximum for leases whose holder cannot be known (deleted leases)."""
+    if ttl < 1:
+        raise UsageError(f"--ttl must be at least 1s, not {ttl:g}s.")
+    if ttl > engine.max_ttl_s:
+        raise UsageError(
+            f"--ttl {ttl:g}s is above the maximum TTL of deployment {engine.dep.name!r} "
+            f"({engine.max_ttl_s:g}s). Use a shorter TTL (`lock run` renews it for as long as the command "
+            "runs), or recreate the deployment with a larger --max-ttl."
+        )
+
+
 @dataclass
 class HeldLock:
     """A lock held by this process (yielded by :meth:`Coordinator.lock`)."""
@@ -47,7 +60,7 @@ class HeldLock:
 
     @property
     def valid(self) -> bool:
-        return not self.lost.is_set() and time.monotonic() < self.result.valid_until()
+        return not self.lost.is_set() and self.result.expires_in() > 0
 
     def expires_in(self) -> float:
         return self.result.expires_in()
@@ -61,6 +74,8 @@ class Coordinator:
         self.store = store
         self.timeout = timeout
         self.clusters = ClusterSet(config, timeout=timeout)
+        # Bound on clock offsets between the API servers of one cluster (HA control planes).
+        self.max_server_skew_s = DEFAULT_MAX_SERVER_SKEW_S
         self._tg: TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
 
@@ -104,7 +119,7 @@ class Coordinator:
         dep = self.deployment(deployment)
         for c in dep.clusters:
             self.clusters.record(c)
-        return LockEngine(self.clusters, dep, background=self._tg)
+        return LockEngine(self.clusters, dep, background=self._tg, max_server_skew_s=self.max_server_skew_s)
 
     def state(self, deployment: str) -> StateClient:
         from coordinator.state import StateClient
@@ -123,15 +138,47 @@ class Coordinator:
         holder: str | None = None,
         on_wait: Callable[[AcquireResult, float], Awaitable[None] | None] | None = None,
     ) -> AcquireResult:
-        if ttl < 1:
-            raise UsageError(f"--ttl must be at least 1s, not {ttl:g}s.")
         engine = self.lock_engine(deployment)
+        check_ttl(ttl, engine)
         who = holder or default_holder()
+        # The local record must be writable before any lease is taken: a lock taken and
+        # then not recorded would be left behind, held until its TTL.
+        self._check_record_writable()
         result = await engine.acquire(
             ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait, on_wait=on_wait
         )
-        self._remember(result)
+        try:
+            self._remember(result)
+        except Exception as err:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await engine.release(result.lock_id)
+                    undone = "The leases were released again."
+                except Exception as rel:  # reported with the original failure
+                    undone = f"Releasing the leases failed too ({rel}); they expire after {ttl:g}s."
+            raise StateConflictError(
+                f"Took lock {result.lock_id} of {deployment!r} (token {result.fencing_token}), but could not "
+                f"record it on this machine: {err}. {undone} Fix the lock record file (see --config) and "
+                "try again.",
+                payload=result,
+            ) from err
         return result
+
+    def _check_record_writable(self) -> None:
+        if self.store is None:
+            return
+        try:
+            with self.store.edit_locks():
+                pass
+            self.store.check_writable()
+        except CoordinatorError:
+            raise
+        except OSError as err:
+            raise UsageError(
+                f"Cannot write the local lock record ({err.filename or err}): {err.strerror or err}. "
+                "Nothing was locked. Make the configuration directory writable, or point --config / "
+                "COORDINATOR_CONFIG at a writable place."
+            ) from err
 
     def _remember(self, result: AcquireResult) -> None:
         if self.store is None:
@@ -177,16 +224,25 @@ class Coordinator:
             )
         return rec.lock_id
 
-    async def release(self, deployment: str, lock_id: str | None = None, holder: str | None = None) -> dict[str, Any]:
+    async def release(
+        self, deployment: str, lock_id: str | None = None, holder: str | None = None, *, if_held: bool = False
+    ) -> dict[str, Any]:
+        """Release the lock; ``if_held``: holding nothing is not an error (returns
+        ``{"lock_id": None}`` or the id with ``held: False``). A release that reached
+        fewer than a majority raises NoQuorumError and keeps the local record."""
+        if if_held and not lock_id and self.recorded_lock(deployment, holder) is None:
+            return {"lock_id": None, "held": False, "results": {}}
         lid = self.resolve_lock_id(deployment, lock_id, holder)
         engine = self.lock_engine(deployment)
         try:
             results = await engine.release(lid)
         except StateConflictError:
             self._forget(deployment, lid)
+            if if_held:
+                return {"lock_id": lid, "held": False, "results": {}}
             raise
         self._forget(deployment, lid)
-        return {"lock_id": lid, "results": results}
+        return {"lock_id": lid, "held": True, "results": results}
 
     async def renew(
         self, deployment: str, lock_id: str | None = None, *, ttl: float | None = None, holder: str | None = None
@@ -195,15 +251,15 @@ class Coordinator:
         engine = self.lock_engine(deployment)
         status = await engine.status()
         token = None
-        named = None  # the holder recorded on the leases, for any lease re-taken
+        named = None  # the holder recorded on the leases
+        lease_ttl = None  # the lease's own duration: kept unless --ttl is given
         for row in status.clusters:
             if row.lock_id == lid and row.token is not None:
                 token = max(token or 0, row.token)
                 named = named or row.holder
+                lease_ttl = lease_ttl or row.ttl_s
         rec = self.recorded_lock(deployment, holder)
         if token is None:
-            from coordinator.errors import NoQuorumError
-
             observable = [r for r in status.clusters if r.status in ("held", "free", "expired")]
             if len(observable) < engine.q:
                 raise NoQuorumError(
@@ -214,10 +270,17 @@ class Coordinator:
                 f"Lock id {lid} no longer holds deployment {deployment!r} on any cluster that "
                 f"answered; it expired or was released. Take it again with `coordinator lock acquire {deployment}`."
             )
-        ttl_s = ttl or (rec.ttl_s if rec and rec.lock_id == lid else DEFAULT_TTL_S)
+        if ttl is not None:
+            check_ttl(ttl, engine)
+        ttl_s = ttl or lease_ttl or (rec.ttl_s if rec and rec.lock_id == lid else DEFAULT_TTL_S)
         result = await engine.renew(lid, token, ttl_s, named or holder)
+        if result.lost:
+            raise StateConflictError(
+                f"Lock {lid} of {deployment!r} is lost: {result.lost}. Nothing was renewed; take it again "
+                f"with `coordinator lock acquire {deployment}`.",
+                payload=result,
+            )
         if not result.acquired:
-            from coordinator.errors import NoQuorumError
             from coordinator.lock import _summarize
 
             seen = [r for r in result.results.values() if r.outcome.observable]
@@ -254,6 +317,7 @@ class Coordinator:
         """
         engine = self.lock_engine(deployment)
         who = holder or default_holder()
+        check_ttl(ttl, engine)
         result = await engine.acquire(ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait)
         try:
             async with keep_renewed(engine, result) as lost:

@@ -139,6 +139,12 @@ class ConfigStore:
             if after != before or not self.path.exists():
                 _atomic_write(self.path, after)
 
+    def check_writable(self) -> None:
+        """Raise OSError unless the lock record can be written where it lives."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.lock_book_path.name}.", suffix=".probe", dir=self.path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+
     def load_locks(self) -> LockBook:
         return _load_file(self.lock_book_path, LockBook, what="lock record file")
 

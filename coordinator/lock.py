@@ -1,52 +1,52 @@
-"""The multi-cluster lease: acquire, renew, release, break, status.
+"""The multi-cluster lease engine: acquire, renew, release, break, status.
 
-What it guarantees
-------------------
-A deployment spans n clusters; its lock is one ``coordination.k8s.io/v1`` Lease named
-``coordinator-lock-<deployment>`` in the deployment's namespace on every member. A
-contender holds the lock when its lock id is the ``holderIdentity`` of live leases on a
-majority q = floor(n/2) + 1 of them. Two majorities of the same n always share a
-cluster, and on one cluster a Lease has one holder at a time, because every write is a
-compare-and-swap on ``resourceVersion`` (a 409 means someone else wrote first: we
-re-read and decide again, never overwrite). So at most one contender holds the lock at a
-time, as long as leases are not taken over before they really expired.
+The per-lease rules (may this lease be taken, has it lapsed, which token, what a
+renewal finds) are pure functions in :mod:`coordinator.lease`; this module reads and
+writes the leases, fans out over the members and decides the majority.
 
-Expiry without trusting clocks
-------------------------------
-A contender may take over a lease held by someone else only when it has expired, and
-that is judged from one API server's clock alone: the server stamps the time of every
-change of the lease in ``metadata.managedFields[].time``, and stamps its current time
-on every response in the HTTP ``Date`` header. The lease has expired when
+What it guarantees, and under which assumptions
+-----------------------------------------------
+A contender holds the lock when its lock id is the ``holderIdentity`` of live leases on
+a majority q = floor(n/2) + 1 of the n members. Two majorities share a cluster, and on
+one cluster every write is a compare-and-swap on ``resourceVersion``, so at most one
+contender holds the lock at a time — provided that a lease is never taken over before
+its holder's validity ended, and that a lease that disappears is never taken as free.
 
-    Date − last change > leaseDurationSeconds + drift allowance + 2 s
+* Expiry evidence is the coordinator's own: the server's stamp on the ``coordinator``
+  field manager's managedFields entry (our takes and renewals), compared with a fresh
+  server stamp from a probe write made after the read. Edits by other field managers
+  move neither. The HTTP ``Date`` only tells when to probe. A lease without our entry
+  lapses only by local observation (our fields unchanged for a whole TTL on the
+  contender's clock). A duration written by someone else is replaced by the
+  deployment's maximum TTL.
+* The margin before a lapse counts is drift (1 % of the TTL) + 2 s (one-second stamps)
+  + ``max_server_skew`` (API servers of one cluster disagreeing on the time).
+* The holder counts validity = TTL − elapsed − 1 % on CLOCK_BOOTTIME from the moment
+  *before* it sent its writes; every server stamped those writes later, so contenders
+  see the lapse strictly after the holder's validity ended, as long as clock rates
+  agree within 1 % and server offsets within ``max_server_skew``.
+* A lease found missing is recorded as a tombstone that counts as held by an unknown
+  holder for one maximum TTL (no lease may be taken for longer). Leases are created
+  with the deployment, so a missing one was deleted.
+* Fencing tokens: one more than the highest on a majority of leases that kept their
+  history; when deleted leases leave no such majority, the state replicas' tokens of a
+  majority are included too; when neither can be read, no lease is taken.
+* Renewals return once a majority is renewed, never re-take a lease, and report the
+  lock lost at once when a lease names another lock id or a break note names ours.
 
-(the two seconds cover the one-second resolution of both stamps). No client's wall
-clock enters this rule, so a contender whose clock is minutes off behaves exactly like
-one whose clock is right. When a server gives no such evidence, a waiting contender
-falls back to local observation the way client-go's leader election does: a lease whose
-``resourceVersion`` has not changed for a whole TTL, timed on the contender's own
-monotonic clock, has expired.
+Assumed: only coordinator writes a lease's ``spec`` holder fields and its
+``coordinator.io/`` holder annotations; anyone may label or annotate it, strip its
+managedFields, change its duration, or delete it (each handled as above).
 
-The holder, for its part, counts its validity on its own monotonic clock from the
-moment *before* it sent the writes that took (or renewed) the leases:
-validity = TTL − elapsed − drift allowance. Each server stamped its write after that
-moment, so the server-side expiry above comes strictly later than the end of the
-holder's validity, provided the clocks' *rates* differ by less than the drift allowance
-(1 % of the TTL). Offsets between clocks do not matter at all.
-
-What it does not guarantee
---------------------------
-A holder that stops (paused, swapped out) and resumes after its validity ended may
-still believe it holds the lock: it must check validity before acting. That is what the
-fencing token is for: every successful acquisition gets an integer strictly greater than
-every token granted before for that deployment (it is one more than the highest token
-found on a majority of leases, and any two majorities share a cluster), and the state
-replicas refuse writes carrying a token lower than one they have seen. A lock is only as
-good as the checks its holder makes: an unobservable cluster is never treated as free.
+Not guaranteed: a holder that stops past its validity may still act, unless it checks
+``held.valid`` or the resource checks fencing tokens. A token granted to a holder whose
+every lease was then deleted, and which never wrote the state, can be granted again
+after the maximum TTL (nothing in the clusters remembers it).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import getpass
 import json
@@ -77,42 +77,81 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import (
-    ANNOTATION_PREFIX,
     FIELD_MANAGER,
-    last_write_time,
+    configmaps_path,
     lease_name,
     lease_path,
     leases_path,
     micro_time,
     owned_metadata,
-    parse_time,
+    secrets_path,
+    state_name,
+)
+from coordinator.lease import (
+    A_COMMAND,
+    A_HOLDER,
+    A_HOST,
+    A_LAST_BREAK,
+    A_MAX_TTL,
+    A_MEMBERS,
+    A_NAMESPACE,
+    A_NEXT,
+    A_PID,
+    A_PROBE,
+    A_REASON,
+    A_RELEASED,
+    A_TOKEN,
+    A_VANISHED,
+    DEFAULT_MAX_SERVER_SKEW_S,
+    DEFAULT_MAX_TTL_S,
+    HANDOFF_GRACE_S,
+    HOLDER_ANNOTATIONS,
+    LINE_MANAGER,
+    PROBE_MANAGER,
+    LeaseView,
+    RenewVerdict,
+    Sighting,
+    Standing,
+    TurnClaim,
+    boot_clock,
+    lapsed_by_observation,
+    manager_time,
+    next_token,
+    observe,
+    remaining_validity,
+    renew_verdict,
+    standing,
 )
 from coordinator.logs import get_logger
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
 
+__all__ = [
+    "A_COMMAND",
+    "A_HOLDER",
+    "A_HOST",
+    "A_LAST_BREAK",
+    "A_MEMBERS",
+    "A_NAMESPACE",
+    "A_NEXT",
+    "A_PID",
+    "A_REASON",
+    "A_RELEASED",
+    "A_TOKEN",
+    "HANDOFF_GRACE_S",
+    "LINE_MANAGER",
+    "AcquireResult",
+    "LeaseView",
+    "LockEngine",
+    "LockStatus",
+    "TurnClaim",
+    "default_holder",
+    "keep_renewed",
+]
+
 log = get_logger(__name__)
 
-A_HOLDER = ANNOTATION_PREFIX + "holder"
-A_HOST = ANNOTATION_PREFIX + "host"
-A_PID = ANNOTATION_PREFIX + "pid"
-A_REASON = ANNOTATION_PREFIX + "reason"
-A_COMMAND = ANNOTATION_PREFIX + "command"
-A_TOKEN = ANNOTATION_PREFIX + "fencing-token"
-A_MEMBERS = ANNOTATION_PREFIX + "members"
-A_NAMESPACE = ANNOTATION_PREFIX + "namespace"
-A_LAST_BREAK = ANNOTATION_PREFIX + "last-break"
-A_NEXT = ANNOTATION_PREFIX + "next"
-A_RELEASED = ANNOTATION_PREFIX + "released-at"
-# Claims on the next turn are written under their own field manager, so that the server's
-# time stamp of a claim never counts as a write of the lease: a waiter's claim must not
-# make a dead holder's lease look renewed.
-LINE_MANAGER = "coordinator-line"
-HOLDER_ANNOTATIONS = (A_HOLDER, A_HOST, A_PID, A_REASON, A_COMMAND)
 MAX_CAS_RETRIES = 4
-# How long a freed (or expired) lease stays reserved for the contender that has waited
-# longest, by the server's clock, before anyone may take it.
-HANDOFF_GRACE_S = 2.0
 
 
 def default_holder() -> str:
@@ -132,150 +171,6 @@ def new_lock_id() -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-# ------------------------------------------------------------------ one lease, observed
-
-
-@dataclass
-class LeaseView:
-    """One cluster's lease as read, with expiry judged by that server's clock."""
-
-    exists: bool
-    obj: dict[str, Any] = field(default_factory=dict)
-    lock_id: str | None = None
-    ttl_s: int | None = None
-    acquired_at: datetime | None = None
-    renewed_at: datetime | None = None
-    transitions: int | None = None
-    token: int = 0
-    token_malformed: bool = False
-    info: dict[str, str] = field(default_factory=dict)
-    server_now: datetime | None = None
-    last_write: datetime | None = None
-    resource_version: str | None = None
-    next_claim: TurnClaim | None = None
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any] | None, server_now: datetime | None) -> LeaseView:
-        if not obj:
-            return cls(exists=False, server_now=server_now)
-        meta = obj.get("metadata") or {}
-        spec = obj.get("spec") or {}
-        ann = meta.get("annotations") or {}
-        token, malformed = 0, False
-        raw = ann.get(A_TOKEN)
-        if raw is not None:
-            try:
-                token = int(raw)
-                malformed = token < 0
-            except (TypeError, ValueError):
-                malformed = True
-        ttl = spec.get("leaseDurationSeconds")
-        return cls(
-            exists=True,
-            obj=obj,
-            lock_id=spec.get("holderIdentity") or None,
-            ttl_s=int(ttl) if isinstance(ttl, int) else None,
-            acquired_at=parse_time(spec.get("acquireTime")),
-            renewed_at=parse_time(spec.get("renewTime")),
-            transitions=spec.get("leaseTransitions"),
-            token=max(token, 0),
-            token_malformed=malformed,
-            info={k[len(ANNOTATION_PREFIX) :]: str(v) for k, v in ann.items() if k in HOLDER_ANNOTATIONS},
-            server_now=server_now,
-            last_write=_lease_write_time(obj),
-            resource_version=meta.get("resourceVersion"),
-            next_claim=TurnClaim.parse(ann.get(A_NEXT)),
-        )
-
-    @property
-    def held(self) -> bool:
-        return self.lock_id is not None
-
-    def expired(self) -> bool | None:
-        """True/False by the server's clock; None when the server gave no evidence."""
-        if not self.held:
-            return True
-        if self.ttl_s is None:
-            return True  # a lease without a duration cannot be live
-        return quorum.lease_expired_by_server(self.ttl_s, self.server_now, self.last_write)
-
-    def remaining_s(self) -> float | None:
-        if not self.held or self.ttl_s is None:
-            return None
-        return quorum.server_remaining(self.ttl_s, self.server_now, self.last_write)
-
-    def live_for_other(self, lock_id: str) -> bool:
-        """Held by another lock id and not provably expired."""
-        return self.held and self.lock_id != lock_id and self.expired() is not True
-
-    @property
-    def live_claim(self) -> TurnClaim | None:
-        """The next-turn claim, unless it is the current holder's own: a claimant keeps
-        its claim while it takes the leases (an attempt that loses gives them back and
-        keeps its place in line); once it holds, the claim means nothing."""
-        claim = self.next_claim
-        return claim if claim is not None and claim.lock_id != self.lock_id else None
-
-    def claim_fresh(self) -> bool:
-        """Does the next-turn claim still bind? While the lease is live, and for
-        HANDOFF_GRACE_S after it was freed or expired, by the server's clock. Without
-        server evidence a claim does not bind: fairness is best effort, never a reason
-        to leave the lock idle."""
-        left = self.reserved_left_s() if self.live_claim is not None else None
-        if left is None:
-            return False
-        return left > 0 if self.held else left >= 0
-
-    def binding_claim(self, lock_id: str, mine: TurnClaim | None = None) -> TurnClaim | None:
-        """The claim here of a contender that has waited longer than us (``mine``: our
-        place in line; None for one who has not waited), if it still binds. A claim by a
-        later waiter does not bind an earlier one: claims on different clusters may not
-        have converged yet, and the earliest waiter must never be kept out by them."""
-        claim = self.live_claim
-        if claim is None or claim.lock_id == lock_id or (mine is not None and mine < claim):
-            return None
-        return claim if self.claim_fresh() else None
-
-    def reserved_for_other(self, lock_id: str, mine: TurnClaim | None = None) -> bool:
-        """Not ours, and the next turn here belongs to someone who has waited longer."""
-        return self.lock_id != lock_id and self.binding_claim(lock_id, mine) is not None
-
-    def reserved_left_s(self) -> float | None:
-        """Seconds until a reservation stops binding, by the server's clock."""
-        if self.held:
-            rem = self.remaining_s()
-            return None if rem is None else rem + HANDOFF_GRACE_S
-        elapsed = quorum.server_elapsed(self.server_now, self.last_write)
-        return None if elapsed is None else HANDOFF_GRACE_S - elapsed
-
-
-@dataclass(frozen=True, order=True)
-class TurnClaim:
-    """A waiting contender's claim on the next turn of one cluster's lease.
-
-    Waiters order themselves by when they began waiting, as that cluster's server saw
-    it (the ``Date`` of their first read), ties broken by lock id; the oldest claim
-    wins. Claims only ever delay a take, so they cannot break mutual exclusion.
-    """
-
-    since: int
-    lock_id: str
-    holder: str = field(default="", compare=False)
-
-    @classmethod
-    def parse(cls, raw: Any) -> TurnClaim | None:
-        if not isinstance(raw, str):
-            return None
-        try:
-            doc = json.loads(raw)
-            return cls(int(doc["since"]), str(doc["lock"]), str(doc.get("holder") or ""))
-        except (ValueError, TypeError, KeyError):
-            return None  # malformed: ignored, and overwritten by the next claim
-
-    def dump(self) -> str:
-        return json.dumps({"lock": self.lock_id, "holder": self.holder, "since": self.since}, separators=(",", ":"))
 
 
 @dataclass
@@ -306,13 +201,14 @@ class AcquireResult:
     members: list[str]
     ttl_s: float
     validity_s: float = 0.0
-    started: float = 0.0  # monotonic time before the writes were sent
+    started: float = 0.0  # boot-clock time before the writes were sent
+    lost: str | None = None  # a renewal that found the lock taken or broken says why
 
     def valid_until(self) -> float:
-        return self.started + quorum.remaining_validity(self.ttl_s, 0.0)
+        return self.started + remaining_validity(self.ttl_s, 0.0)
 
     def expires_in(self) -> float:
-        return max(0.0, self.valid_until() - time.monotonic())
+        return max(0.0, self.valid_until() - boot_clock())
 
 
 @dataclass
@@ -358,6 +254,7 @@ class LockEngine:
         deployment: DeploymentRecord,
         *,
         background: TaskGroup | None = None,
+        max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
     ) -> None:
         self.clusters = clusters
         self.dep = deployment
@@ -367,6 +264,12 @@ class LockEngine:
         self.n = len(self.members)
         self.q = quorum.quorum_size(self.n)
         self.background = background
+        self.max_ttl_s = float(getattr(deployment, "max_ttl_s", DEFAULT_MAX_TTL_S))
+        self.max_server_skew_s = max_server_skew_s
+        # Local observation of leases without evidence of ours, per cluster.
+        self._sightings: dict[str, Sighting] = {}
+        # Clusters whose Date header disagreed with their own stamps: always probe there.
+        self._date_untrusted: set[str] = set()
 
     @property
     def timeout(self) -> float:
@@ -403,6 +306,132 @@ class LockEngine:
         assert view is not None
         return view
 
+    def _stand(self, cluster: str, view: LeaseView, lock_id: str, stamp: datetime | None = None) -> Standing:
+        """Where ``view`` stands for ``lock_id``, with this engine's local observation
+        of leases that carry no evidence of ours and its trust in the cluster's Date."""
+        now = boot_clock()
+        if view.exists and view.blocking:
+            self._sightings[cluster] = observe(self._sightings.get(cluster), view, now)
+        observed = lapsed_by_observation(
+            self._sightings.get(cluster),
+            view,
+            now,
+            max_ttl_s=self.max_ttl_s,
+            max_server_skew_s=self.max_server_skew_s,
+        )
+        return standing(
+            view,
+            lock_id,
+            max_ttl_s=self.max_ttl_s,
+            max_server_skew_s=self.max_server_skew_s,
+            stamp=stamp,
+            observed_lapse=observed,
+            date_trusted=cluster not in self._date_untrusted,
+        )
+
+    async def _probe(self, cluster: str, view: LeaseView) -> tuple[LeaseView, datetime | None]:
+        """Get a fresh server time stamp on the lease (a compare-and-swap write of a
+        nonce under the probe manager): the second stamp of the expiry rule. Also checks
+        the response's Date against it, to know whether this cluster's Date can serve as
+        a hint."""
+        body = _with_annotation(view.obj, A_PROBE, secrets.token_hex(6))
+        new = await self._write(cluster, view, body, manager=PROBE_MANAGER)
+        stamp = manager_time(new.obj, PROBE_MANAGER)
+        if stamp is not None and new.server_now is not None:
+            offset = abs((new.server_now - stamp).total_seconds())
+            if offset > self.max_server_skew_s + quorum.TIMESTAMP_SLACK_S:
+                if cluster not in self._date_untrusted:
+                    log.warning("the Date header disagrees with the server's stamps", cluster=cluster, offset=offset)
+                self._date_untrusted.add(cluster)
+            else:
+                self._date_untrusted.discard(cluster)
+        return new, stamp
+
+    def _annotations_common(self) -> dict[str, str]:
+        return {
+            A_MEMBERS: ",".join(self.members),
+            A_NAMESPACE: self.dep.namespace,
+            A_MAX_TTL: str(math.ceil(self.max_ttl_s)),
+        }
+
+    def _fresh_lease(self, *, vanished: bool, floor: int = 0) -> dict[str, Any]:
+        """A holderless lease: free (made with the deployment), or a tombstone for one
+        found missing (it blocks for a maximum TTL; ``floor`` is the highest token this
+        contender saw elsewhere)."""
+        meta = owned_metadata(self.name, self.dep.name)
+        ann = self._annotations_common()
+        if vanished:
+            ann[A_VANISHED] = micro_time(_now())
+            ann[A_TOKEN] = str(floor)
+        meta["annotations"] = ann
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {}}
+
+    async def _record_missing(self, cluster: str, floor: int) -> LeaseView | None:
+        """Record a tombstone where the lease was found missing; None if one appeared
+        meanwhile (the caller reads again)."""
+        client = self.clusters.client(cluster)
+        try:
+            resp = await client.request(
+                "POST",
+                leases_path(self.dep.namespace),
+                body=self._fresh_lease(vanished=True, floor=floor),
+                query={"fieldManager": FIELD_MANAGER},
+            )
+        except KubeError as err:
+            if err.kind == kube.ALREADY_EXISTS:
+                return None
+            raise
+        log.warning("lease found missing; recorded it as held by an unknown holder", cluster=cluster)
+        return LeaseView.parse(resp.body, resp.server_time)
+
+    async def create_leases(self) -> dict[str, ClusterResult[ClusterLease]]:
+        """Create the free leases of a new deployment, so that a lease missing later is
+        known to have been deleted (an existing one is left as it is)."""
+
+        async def one(cluster: str) -> ClusterResult[ClusterLease]:
+            client = self.clusters.client(cluster)
+            try:
+                await self.clusters.check_identity(cluster)
+                resp = await client.request(
+                    "POST",
+                    leases_path(self.dep.namespace),
+                    body=self._fresh_lease(vanished=False),
+                    query={"fieldManager": FIELD_MANAGER},
+                )
+            except KubeError as err:
+                if err.kind == kube.ALREADY_EXISTS:
+                    return ClusterResult(cluster, Outcome.OK, ClusterLease(None, "exists"), detail="lease exists")
+                return failed(cluster, err)  # type: ignore[return-value]
+            return ClusterResult(
+                cluster, Outcome.OK, ClusterLease(LeaseView.parse(resp.body, resp.server_time), "created")
+            )
+
+        return await fan_out(self.members, one, timeout=self.timeout)
+
+    async def _state_tokens(self) -> list[int] | None:
+        """The fencing tokens of the state replicas, when a majority can be read (a
+        missing state object counts as token 0); None otherwise."""
+        base = configmaps_path if self.dep.storage == "configmap" else secrets_path
+        path = f"{base(self.dep.namespace)}/{state_name(self.dep.name)}"
+
+        async def one(cluster: str) -> ClusterResult[int]:
+            try:
+                resp = await self.clusters.client(cluster).request("GET", path)
+            except KubeError as err:
+                if err.kind == kube.NOT_FOUND:
+                    return ClusterResult(cluster, Outcome.OK, 0)
+                return failed(cluster, err)  # type: ignore[return-value]
+            token = _envelope_token(resp.body, secret=self.dep.storage == "secret")
+            if token is None:
+                return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
+            return ClusterResult(cluster, Outcome.OK, token)
+
+        results = await fan_out(
+            self.members, one, timeout=self.timeout, until=lambda rs: sum(r.ok for r in rs.values()) >= self.q
+        )
+        tokens = [r.value for r in results.values() if r.ok and r.value is not None]
+        return tokens if len(tokens) >= self.q else None
+
     # -- writing one lease
 
     def _lease_body(
@@ -433,7 +462,10 @@ class LockEngine:
                 ann.pop(key, None)
             if not keep_claim and view.held and view.live_claim is None:
                 ann.pop(A_NEXT, None)  # the holder's own claim, used up by its turn
-            ann[A_RELEASED] = now
+            if not keep_claim:
+                # A real release; a failed attempt giving back what it took leaves the
+                # stamp alone, so that it does not keep the next turn reserved.
+                ann[A_RELEASED] = now
             spec.pop("holderIdentity", None)
             spec.pop("acquireTime", None)
             spec.pop("renewTime", None)
@@ -447,6 +479,8 @@ class LockEngine:
             spec["holderIdentity"] = lock_id
             spec["leaseDurationSeconds"] = math.ceil(ttl_s)
             spec["renewTime"] = now
+            ann.pop(A_VANISHED, None)  # a tombstone taken: its history starts at our token
+            ann.pop(A_RELEASED, None)
             if view.next_claim is not None and (view.live_claim is None or not view.claim_fresh()):
                 # the previous holder's own claim (used up), or one whose turn has passed
                 ann.pop(A_NEXT, None)
@@ -461,8 +495,7 @@ class LockEngine:
             )
         if lock_id is not None:
             ann[A_TOKEN] = str(token)
-        ann[A_MEMBERS] = ",".join(self.members)
-        ann[A_NAMESPACE] = self.dep.namespace
+        ann.update(self._annotations_common())
         meta["annotations"] = ann
         labels = dict(meta.get("labels") or {})
         labels.update(owned_metadata(self.name, self.dep.name)["labels"])
@@ -653,7 +686,9 @@ class LockEngine:
                     obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     holder_id = (obj.get("spec") or {}).get("holderIdentity")
-                    if event.get("type") == "DELETED" or (not holder_id and rv != seen.get(cluster)):
+                    tombstone = A_VANISHED in ((obj.get("metadata") or {}).get("annotations") or {})
+                    freed = not holder_id and not tombstone and rv != seen.get(cluster)
+                    if event.get("type") == "DELETED" or freed:
                         wake.event.set()
                     elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):
                         await self._claim_from_event(cluster, obj, wake)
@@ -667,22 +702,33 @@ class LockEngine:
         self, lock_id: str, ttl_s: float, holder: str, reason: str, command: str, mine: TurnClaim | None = None
     ) -> AcquireResult:
         """One acquisition attempt on every member at once (``mine``: our place in line)."""
-        started = time.monotonic()
+        started = boot_clock()
         reads: dict[str, LeaseView] = {}
         reads_done = 0
         token_ready = anyio.Event()
-        chosen: dict[str, int] = {}
+        chosen: dict[str, int | None] = {}
         line: dict[str, TurnClaim | None] = {}
         attempt_over = {"lost": False, "won": False, "mismatch": False}
-        result_holder: dict[str, AcquireResult] = {}
+        choosing = [False]
 
-        def maybe_choose_token() -> None:
-            if token_ready.is_set():
+        async def maybe_choose_token() -> None:
+            if token_ready.is_set() or choosing[0]:
                 return
-            if len(reads) >= self.q or reads_done >= self.n:
-                chosen["token"] = quorum.next_fencing_token(v.token for v in reads.values())
-                line["ahead"] = _first_in_line(reads.values(), lock_id, mine)
-                token_ready.set()
+            if len(reads) < self.q and reads_done < self.n:
+                return
+            views = list(reads.values())
+            token = next_token(views, self.q, None) if len(views) >= self.q else None
+            if token is None and len(views) >= self.q:
+                # Leases were deleted: the token must also clear what the state has seen.
+                choosing[0] = True
+                try:
+                    with anyio.move_on_after(self.timeout * 0.75):
+                        token = next_token(views, self.q, await self._state_tokens())
+                finally:
+                    choosing[0] = False
+            chosen["token"] = token
+            line["ahead"] = _first_in_line(views, lock_id, mine)
+            token_ready.set()
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             nonlocal reads_done
@@ -696,7 +742,7 @@ class LockEngine:
                 reads[cluster] = view
             finally:
                 reads_done += 1
-                maybe_choose_token()
+            await maybe_choose_token()
             await token_ready.wait()
             if len(reads) < self.q:
                 return ClusterResult(
@@ -706,6 +752,27 @@ class LockEngine:
                     detail="not attempted: fewer than a majority of clusters could be read",
                 )
             token = chosen["token"]
+            if token is None and not view.exists and not attempt_over["lost"]:
+                floor = max((v.token for v in reads.values() if v.exists and not v.token_malformed), default=0)
+                try:
+                    recorded = await self._record_missing(cluster, floor)
+                except KubeError as err:
+                    return failed(cluster, err)  # type: ignore[return-value]
+                if recorded is not None:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.HELD_BY_OTHER,
+                        ClusterLease(recorded, "missing"),
+                        detail=_held_detail(recorded, self.max_ttl_s),
+                    )
+            if token is None:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "no safe token"),
+                    detail="not attempted: leases were deleted, so no fencing token can be proven new "
+                    "without reading a majority of the state replicas, and too few of them answered",
+                )
             outcome = await self._take_one(
                 cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over, mine, line.get("ahead")
             )
@@ -752,10 +819,9 @@ class LockEngine:
             ttl_s=ttl_s,
             started=started,
         )
-        result_holder["r"] = result
         outcomes = [r.outcome for r in results.values()]
         won = quorum.quorum_reached(outcomes, self.n) and not attempt_over["mismatch"]
-        validity = quorum.remaining_validity(ttl_s, time.monotonic() - started)
+        validity = remaining_validity(ttl_s, boot_clock() - started)
         if won and validity > 0:
             result.acquired = True
             result.validity_s = validity
@@ -790,13 +856,44 @@ class LockEngine:
         has waited longer, free leases are theirs to take, on every cluster alike (so
         that contenders do not split the clusters between them)."""
 
+        stamp: datetime | None = None
+        for _ in range(MAX_CAS_RETRIES):
+            st = self._stand(cluster, view, lock_id)
+            try:
+                if st is Standing.MISSING and not attempt_over["lost"]:
+                    # the highest token this attempt saw elsewhere: a lower bound to keep
+                    recorded = await self._record_missing(cluster, token - 1)
+                    if recorded is None:
+                        view = await self._read(cluster)
+                        continue
+                    return ClusterResult(
+                        cluster,
+                        Outcome.HELD_BY_OTHER,
+                        ClusterLease(recorded, "missing"),
+                        detail=_held_detail(recorded, self.max_ttl_s),
+                    )
+                if st is Standing.PROBE and not attempt_over["lost"]:
+                    view, stamp = await self._probe(cluster, view)
+            except KubeError as err:
+                if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
+                    return failed(cluster, err)  # type: ignore[return-value]
+                try:
+                    view = await self._read(cluster)
+                except KubeError as err2:
+                    return failed(cluster, err2)  # type: ignore[return-value]
+                continue
+            break
+
         def decide(view: LeaseView) -> Decision:
-            if view.live_for_other(lock_id):
+            # The probe's stamp stays good evidence after a re-read: it was taken after
+            # our last write to the lease, and a later write of ours moves that write.
+            st = self._stand(cluster, view, lock_id, stamp)
+            if st in (Standing.HELD, Standing.PROBE, Standing.MISSING):
                 return ClusterResult(
                     cluster,
                     Outcome.HELD_BY_OTHER,
                     ClusterLease(view, "held"),
-                    detail=_held_detail(view),
+                    detail=_held_detail(view, self.max_ttl_s),
                 )
             first = ahead or (view.live_claim if view.reserved_for_other(lock_id, mine) else None)
             if first is not None:
@@ -829,11 +926,12 @@ class LockEngine:
                     ClusterLease(view, "skipped"),
                     detail="free, but not taken: the attempt was already lost elsewhere",
                 )
-            action = (
-                "created"
-                if not view.exists
-                else ("renewed" if view.lock_id == lock_id else ("took over expired" if view.held else "took free"))
-            )
+            if st is Standing.OURS:
+                action = "renewed"
+            elif st is Standing.LAPSED:
+                action = "took over deleted lease" if view.vanished else "took over expired"
+            else:
+                action = "took free"
             body = self._lease_body(
                 view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder, reason=reason, command=command
             )
@@ -931,12 +1029,25 @@ class LockEngine:
                         prev.value.view = r.value.view
 
     async def release(self, lock_id: str) -> dict[str, ClusterResult[ClusterLease]]:
-        """Clear the holder wherever it is still ``lock_id`` (never someone else's)."""
+        """Clear the holder wherever it is still ``lock_id`` (never someone else's).
+
+        Succeeds only when a majority answered: a release that reached fewer leaves the
+        lock possibly held there until the TTL, so it raises NoQuorumError (4)."""
         results = await fan_out(self.members, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
         self._raise_on_mismatch(results)
-        ours = [r for r in results.values() if r.ok and r.extra.get("ours")]
-        observable = [r for r in results.values() if r.outcome.observable]
-        if not ours and len(observable) >= self.q:
+        ours = [k for k, r in results.items() if r.ok and r.extra.get("ours")]
+        observable = [k for k, r in results.items() if r.outcome.observable]
+        if len(observable) < self.q:
+            unseen = sorted(set(self.members) - set(observable))
+            done = f"released on {', '.join(sorted(ours))}" if ours else "released nowhere"
+            raise NoQuorumError(
+                f"Could not release lock {lock_id} of {self.dep.name!r} on a majority: {done}, and "
+                f"{', '.join(unseen)} did not answer ({_summarize(results)}). The lock may still be held "
+                f"there until its TTL runs out. Run `coordinator lock release {self.dep.name}` again when "
+                "they answer; the local record of the lock is kept for that.",
+                payload=results,
+            )
+        if not ours:
             raise StateConflictError(
                 f"Lock id {lock_id} holds nothing on deployment {self.dep.name!r}: none of the "
                 f"{len(observable)} clusters that answered has it as holder. It was already "
@@ -944,20 +1055,16 @@ class LockEngine:
                 f"`coordinator lock status {self.dep.name}`.",
                 payload=results,
             )
-        if not ours:
-            raise NoQuorumError(
-                f"Could not release lock {lock_id} of {self.dep.name!r}: only "
-                f"{len(observable)} of {self.n} clusters answered "
-                f"({_summarize(results)}). Leases left behind expire by themselves after their TTL.",
-                payload=results,
-            )
         return results
 
     async def renew(self, lock_id: str, token: int, ttl_s: float, holder: str | None = None) -> AcquireResult:
-        """Extend the leases still ours; re-take free ones (in the name of ``holder``, the
-        lock's holder); succeed only on a majority."""
+        """Extend the leases still ours; succeed on a majority, returning as soon as one
+        is renewed. A renewal never re-takes a lease it no longer holds, and one that
+        finds our lease broken or held by another lock id has lost the lock at once
+        (``result.lost`` says why)."""
         who = holder or default_holder()
-        started = time.monotonic()
+        started = boot_clock()
+        lost: dict[str, str] = {}
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
@@ -966,18 +1073,20 @@ class LockEngine:
                 return failed(cluster, err)  # type: ignore[return-value]
 
             def decide(view: LeaseView) -> Decision:
-                if view.lock_id == lock_id:
+                verdict = renew_verdict(view, lock_id)
+                if verdict is RenewVerdict.RENEW:
                     body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
                     return body, "renewed", ""
-                if not view.live_for_other(lock_id) and view.token <= token and not view.token_malformed:
-                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=who)
-                    return body, "re-taken", ""
-                return ClusterResult(
-                    cluster,
-                    Outcome.HELD_BY_OTHER,
-                    ClusterLease(view, "lost"),
-                    detail=_held_detail(view) if view.held else "no longer ours",
-                )
+                if verdict is RenewVerdict.BROKEN:
+                    note = view.break_note or {}
+                    lost[cluster] = f"broken on {cluster} by {note.get('by') or 'someone'}"
+                    detail = f"the lock was broken by {note.get('by') or 'someone'}"
+                elif verdict is RenewVerdict.TAKEN:
+                    lost[cluster] = f"{cluster} is held by another lock ({_held_detail(view)})"
+                    detail = _held_detail(view)
+                else:
+                    detail = "no longer ours (the lease was freed or deleted)"
+                return ClusterResult(cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "lost"), detail=detail)
 
             return await self._cas(cluster, view, decide)
 
@@ -985,7 +1094,7 @@ class LockEngine:
             self.members,
             on_cluster,
             timeout=self.timeout,
-            until=lambda rs: quorum.quorum_reached([r.outcome for r in rs.values()], self.n) and len(rs) == self.n,
+            until=lambda rs: bool(lost) or quorum.quorum_reached([r.outcome for r in rs.values()], self.n),
         )
         self._raise_on_mismatch(results)
         result = AcquireResult(
@@ -1000,9 +1109,10 @@ class LockEngine:
             members=self.members,
             ttl_s=ttl_s,
             started=started,
+            lost="; ".join(v for _, v in sorted(lost.items())) or None,
         )
-        validity = quorum.remaining_validity(ttl_s, time.monotonic() - started)
-        if quorum.quorum_reached([r.outcome for r in results.values()], self.n) and validity > 0:
+        validity = remaining_validity(ttl_s, boot_clock() - started)
+        if not lost and quorum.quorum_reached([r.outcome for r in results.values()], self.n) and validity > 0:
             result.acquired = True
             result.validity_s = validity
         return result
@@ -1035,6 +1145,14 @@ class LockEngine:
             def decide(view: LeaseView) -> Decision:
                 if not view.exists:
                     return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "absent"), detail="no lease")
+                if view.vanished and not view.held:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.OK,
+                        ClusterLease(view, "deleted"),
+                        detail="the lease had been deleted; a break cannot clear that, since its token history "
+                        f"is gone: it frees itself {self.max_ttl_s:.0f}s after it was found missing",
+                    )
                 if not view.held and not view.token_malformed:
                     return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
                 body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
@@ -1091,8 +1209,15 @@ class LockEngine:
             v = r.value.view
             if v.live_claim is not None and v.claim_fresh():
                 claims.append(v.live_claim)
-            expired = v.expired()
-            if not v.held:
+            expired = v.expired(self.max_ttl_s)
+            note: str | None = None
+            if not v.exists:
+                st = "held"
+                note = "the lease is missing (deleted?): it counts as held by an unknown holder"
+            elif v.vanished and not v.held:
+                st = "expired" if expired else "held"
+                note = "the lease was deleted: it counts as held by an unknown holder for one maximum TTL"
+            elif not v.held:
                 st = "free"
             elif expired:
                 st = "expired"
@@ -1115,7 +1240,7 @@ class LockEngine:
                     token=v.token if v.exists else None,
                     remaining_s=v.remaining_s() if st == "held" else None,
                     info=v.info,
-                    error="fencing-token annotation is malformed" if v.token_malformed else None,
+                    error="fencing-token annotation is malformed" if v.token_malformed else note,
                 )
             )
         winner = quorum.majority_holder(live, self.n)
@@ -1170,14 +1295,26 @@ class _Wake:
         self.claimed: set[str] = set()  # clusters where a claim of ours may stand
 
 
-def _lease_write_time(obj: dict[str, Any]) -> datetime | None:
-    """The server's time of the last change to the lease by anyone but the claims'
-    manager: takes, renewals and releases (a release stamps ``released-at`` so that it
-    is dated too; removing fields alone would leave the stamp as it was)."""
-    meta = obj.get("metadata") or {}
-    entries = meta.get("managedFields") or []
-    kept = [e for e in entries if not (isinstance(e, dict) and e.get("manager") == LINE_MANAGER)]
-    return last_write_time({"metadata": {**meta, "managedFields": kept}})
+def _with_annotation(obj: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) with one annotation set."""
+    body = {k: v for k, v in obj.items() if k != "status"}
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), key: value}
+    body["metadata"] = meta
+    return body
+
+
+def _envelope_token(obj: dict[str, Any], *, secret: bool) -> int | None:
+    """The fencing token a state object's envelope was written with, if readable."""
+    raw = (obj.get("data") or {}).get("envelope.json")
+    if not isinstance(raw, str):
+        return None
+    try:
+        text = base64.b64decode(raw).decode() if secret else raw
+        token = json.loads(text).get("token")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return None
+    return token if isinstance(token, int) and token >= 0 else None
 
 
 def _with_claim(obj: dict[str, Any], claim: TurnClaim | None) -> dict[str, Any]:
@@ -1218,9 +1355,21 @@ def _reserved_detail(claim: TurnClaim) -> str:
     )
 
 
-def _held_detail(view: LeaseView) -> str:
+def _held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
+    if not view.exists or (view.vanished and not view.held):
+        rem = view.remaining_hint(max_ttl_s) if view.exists else None
+        tail = f"; free in about {max(rem, 0):.0f}s" if rem is not None else ""
+        return (
+            "the lease was deleted, so it counts as held by an unknown holder until a maximum TTL "
+            f"({max_ttl_s:.0f}s) has passed since it was found missing{tail}"
+        )
     who = view.info.get("holder") or "an unknown holder"
-    rem = view.remaining_s()
+    if view.own_write is None:
+        return (
+            f"held by {who} (lock {view.lock_id}), expiry unknown: the lease carries no write of coordinator's "
+            "own (managedFields cleared?), so it counts as held until seen unchanged for a whole TTL"
+        )
+    rem = view.remaining_hint(max_ttl_s)
     tail = f", expires in {rem:.0f}s unless renewed" if rem is not None else ""
     return f"held by {who} (lock {view.lock_id}){tail}"
 
@@ -1268,6 +1417,9 @@ def acquire_report(result: AcquireResult) -> str:
             claim = r.extra.get("next")
             who = claim.holder if isinstance(claim, TurnClaim) else ""
             reserved.setdefault(who or "another contender", []).append(name)
+        elif r.outcome is Outcome.HELD_BY_OTHER and v is not None and (v.vanished or not v.exists or not v.held):
+            lines.append(f"{name}: {r.detail}")
+            holders.setdefault("an unknown holder (deleted lease)", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None:
             who = v.info.get("holder") or "?"
             rem = v.remaining_s()
@@ -1337,26 +1489,29 @@ async def keep_renewed(
 
     async def loop() -> None:
         valid_until = held.valid_until()
+        reason = f"the lock on {engine.dep.name!r} could not be renewed on a majority before its validity ended"
         while True:
-            await anyio.sleep(min(interval, max(0.05, valid_until - time.monotonic())))
-            if time.monotonic() >= valid_until:
+            await anyio.sleep(min(interval, max(0.05, valid_until - boot_clock())))
+            if boot_clock() >= valid_until:
                 break
             try:
                 renewed = await engine.renew(held.lock_id, held.fencing_token or 0, held.ttl_s, held.holder)
             except Exception as err:  # identity mismatch or worse: the lock is not safe
-                reason = f"renewal failed: {err}"
                 log.warning("lock renewal failed", error=str(err))
-                if time.monotonic() >= valid_until:
+                if boot_clock() >= valid_until:
                     break
                 await anyio.sleep(0.5)
                 continue
+            if renewed.lost:
+                reason = f"the lock on {engine.dep.name!r} was lost: {renewed.lost}"
+                break
             if renewed.acquired:
                 held.started = renewed.started
                 valid_until = renewed.valid_until()
                 log.info("lock renewed", deployment=engine.dep.name, valid_for=round(renewed.validity_s, 1))
             else:
                 log.warning("lock renewal reached no majority", clusters=_summarize(renewed.results))
-        reason = f"the lock on {engine.dep.name!r} could not be renewed on a majority before its validity ended"
+        held.lost = reason
         lost.set()
         if on_lost is not None:
             on_lost(reason)

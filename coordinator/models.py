@@ -61,6 +61,8 @@ class DeploymentRecord(_Model):
     clusters: list[str]
     storage: Literal["configmap", "secret"] = "configmap"
     created_at: datetime = Field(default_factory=utcnow)
+    # No lease may be taken for longer; a lease found deleted blocks for this long.
+    max_ttl_s: float = Field(default=600.0, ge=1.0)
 
     @field_validator("name")
     @classmethod

@@ -11,6 +11,15 @@ if ! command -v faketime >/dev/null 2>&1; then
     fi
 fi
 
+if ! command -v kubectl >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing Debian's kubernetes-client (kubectl: the other client in the lock tests)"
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
+    else
+        say "kubectl is missing and cannot be installed here; the tests that use it will fail"
+    fi
+fi
+
 export VENV="${COORDINATOR_VENV:-$PWD/.venv}"
 if [[ ! -x "${VENV}/bin/python" ]]; then
     say "creating a virtualenv in ${VENV}"

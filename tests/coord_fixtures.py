@@ -82,7 +82,24 @@ class Env:
             await client.close()
 
 
-def make_env(sandbox: Any, tmp_path: Path, *, deployment: str = "web") -> Env:
+async def put_lease(env: Env, index: int, body: dict[str, Any]) -> dict[str, Any]:
+    """Write a lease by hand on cluster ``index``, over the one the deployment was created
+    with (as another client would), or create it where there is none."""
+    from coordinator.kube.client import KubeError
+    from coordinator.kube.resources import lease_path, leases_path
+
+    name = body["metadata"]["name"]
+    try:
+        current = await env.raw(index, "GET", lease_path(env.namespace, name))
+    except KubeError as err:
+        if err.kind != "not-found":
+            raise
+        return await env.raw(index, "POST", leases_path(env.namespace), body)
+    meta = {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+    return await env.raw(index, "PUT", lease_path(env.namespace, name), {**body, "metadata": meta})
+
+
+def make_env(sandbox: Any, tmp_path: Path, *, deployment: str = "web", max_ttl_s: float | None = None) -> Env:
     namespace = "t-" + secrets.token_hex(4)
     cfg = tmp_path / "config" / "config.yaml"
     env = Env(sandbox=sandbox, config=cfg, namespace=namespace, deployment=deployment)
@@ -94,7 +111,7 @@ def make_env(sandbox: Any, tmp_path: Path, *, deployment: str = "web") -> Env:
             await connect_cluster(store, name, f"sandbox-{i}", str(sandbox.kubeconfig))
         cs = ClusterSet(store.load(), timeout=5)
         try:
-            await create_deployment(store, cs, deployment, namespace, names, "configmap")
+            await create_deployment(store, cs, deployment, namespace, names, "configmap", max_ttl_s)
         finally:
             await cs.aclose()
 

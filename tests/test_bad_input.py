@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from coord_fixtures import Env, make_env
+from coord_fixtures import Env, make_env, put_lease
 
 from coordinator.admin import create_deployment
 from coordinator.api import Coordinator
@@ -153,7 +153,7 @@ def _lease(annotations: dict[str, str], spec: dict[str, Any] | None = None) -> A
             "spec": spec or {},
         }
         for i in (1, 2, 3):
-            ctx.run(ctx.env.raw, i, "POST", leases_path(ctx.env.namespace), body)
+            ctx.run(put_lease, ctx.env, i, body)
 
     return arrange
 

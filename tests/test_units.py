@@ -186,7 +186,13 @@ def _lease_view(*, holder: str | None, claim: str | None, written_s_ago: float, 
         "metadata": {
             "annotations": ann,
             "resourceVersion": "7",
-            "managedFields": [{"manager": "x", "time": written.strftime("%Y-%m-%dT%H:%M:%SZ")}],
+            "managedFields": [
+                {
+                    "manager": "coordinator",
+                    "time": written.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "fieldsV1": {"f:spec": {"f:leaseDurationSeconds": {}}},
+                }
+            ],
         },
         "spec": spec,
     }

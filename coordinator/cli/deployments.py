@@ -29,23 +29,31 @@ def deployment() -> None:
     show_default=True,
     help="Kind of object that holds the state.",
 )
+@click.option(
+    "--max-ttl",
+    default="10m",
+    show_default=True,
+    help="Longest lease TTL allowed; a lease found deleted counts as held by an unknown holder this long.",
+)
 @click.pass_context
-def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ...], storage: str) -> None:
+def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ...], storage: str, max_ttl: str) -> None:
     """Create a deployment spanning the given clusters (creates the namespace where allowed).
 
     Example: coordinator deployment create payments -n payments --cluster eu-1 --cluster eu-2 --cluster us-1
     """
     from coordinator.admin import create_deployment
     from coordinator.clusters import ClusterSet
+    from coordinator.durations import parse_duration
 
     app = app_of(ctx)
+    max_ttl_s = parse_duration(max_ttl, what="--max-ttl")
     store = _store(ctx)
     cfg = store.load()
 
     async def go():  # type: ignore[no-untyped-def]
         cs = ClusterSet(cfg, timeout=app.timeout)
         try:
-            return await create_deployment(store, cs, name, namespace, list(members), storage)
+            return await create_deployment(store, cs, name, namespace, list(members), storage, max_ttl_s)
         finally:
             await cs.aclose()
 
@@ -56,6 +64,7 @@ def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ..
         "clusters": rec.clusters,
         "quorum": rec.quorum,
         "storage": rec.storage,
+        "max_ttl_s": rec.max_ttl_s,
         "namespace_on_clusters": [
             {"name": k, "outcome": str(results[k].outcome), "detail": results[k].detail}
             for k in rec.clusters

@@ -129,14 +129,28 @@ _lock_id = click.option(
 )
 
 
+_max_server_skew = click.option(
+    "--max-server-skew",
+    envvar="COORDINATOR_MAX_SERVER_SKEW",
+    default="5s",
+    show_default=True,
+    help="Bound on clock offsets between the API servers of one cluster (HA control planes); "
+    "added to the margin before a lease of someone else counts as expired "
+    "[env COORDINATOR_MAX_SERVER_SKEW].",
+)
+
+
 @lock.command("acquire")
 @click.argument("deployment")
 @_ttl
 @_wait
 @_reason
 @_holder
+@_max_server_skew
 @click.pass_context
-def acquire(ctx: click.Context, deployment: str, ttl: str, wait: str, reason: str, holder: str | None) -> None:
+def acquire(
+    ctx: click.Context, deployment: str, ttl: str, wait: str, reason: str, holder: str | None, max_server_skew: str
+) -> None:
     """Take the lock on a majority of the deployment's clusters.
 
     Example: coordinator lock acquire payments --ttl 3m --wait 5m --reason "release 1.2"
@@ -145,6 +159,7 @@ def acquire(ctx: click.Context, deployment: str, ttl: str, wait: str, reason: st
 
     ttl_s, wait_s = _duration(ttl, "--ttl"), _duration(wait, "--wait")
     c = _coordinator(ctx)
+    c.max_server_skew_s = _duration(max_server_skew, "--max-server-skew")
     reporter = _wait_reporter() if wait_s > 0 else None
 
     async def go() -> Any:
@@ -190,9 +205,17 @@ def renew(ctx: click.Context, deployment: str, lock_id: str | None, holder: str 
 @click.argument("deployment")
 @_lock_id
 @_holder
+@click.option(
+    "--if-held",
+    is_flag=True,
+    help="Exit 0 when this holder holds nothing (for cleanup steps that always run).",
+)
 @click.pass_context
-def release(ctx: click.Context, deployment: str, lock_id: str | None, holder: str | None) -> None:
+def release(ctx: click.Context, deployment: str, lock_id: str | None, holder: str | None, if_held: bool) -> None:
     """Release the lock wherever it is still ours (never someone else's).
+
+    A release that reaches fewer than a majority of the clusters exits 4 and keeps the
+    local record, so that running it again finishes the job.
 
     Example: coordinator lock release payments --lock-id 3f2a9c0d1e4b5a69
     """
@@ -200,13 +223,16 @@ def release(ctx: click.Context, deployment: str, lock_id: str | None, holder: st
 
     async def go() -> Any:
         async with c:
-            return await c.release(deployment, lock_id, holder)
+            return await c.release(deployment, lock_id, holder, if_held=if_held)
 
     out = run(go)
     rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(out["results"].items())]
-    doc = {"deployment": deployment, "lock_id": out["lock_id"], "clusters": rows}
+    doc = {"deployment": deployment, "lock_id": out["lock_id"], "released": out["held"], "clusters": rows}
 
     def text() -> None:
+        if not out["held"]:
+            say(f"Holder holds no lock of {deployment}; nothing to release.")
+            return
         released = sum(1 for r in out["results"].values() if r.extra.get("ours"))
         say(f"Released lock {out['lock_id']} of {deployment} on {released} cluster(s).")
         table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])

@@ -151,6 +151,14 @@ def monotonic_to_machine(reading: float) -> float:
     return reading + (machine_clock() - time.monotonic())
 
 
+def boot_to_machine(reading: float) -> float:
+    """Convert a reading of the lock's validity clock (:func:`coordinator.lease.boot_clock`)
+    of this process to :func:`machine_clock` (under faketime they differ by an offset)."""
+    from coordinator.lease import boot_clock
+
+    return reading + (machine_clock() - boot_clock())
+
+
 def _tail(text: str, lines: int = 6) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())[:1500]
 
@@ -418,7 +426,7 @@ class _ApiContender(_Contender):
         import anyio
 
         def valid_until() -> float:
-            return monotonic_to_machine(held.result.valid_until())
+            return boot_to_machine(held.result.valid_until())
 
         entered = machine_clock()
         until = valid_until()

@@ -1,0 +1,454 @@
+"""Pure rules of one cluster's Lease: what it says, whether it may be taken, which token.
+
+No I/O happens here and no clock is read: every rule takes the lease as parsed
+(:class:`LeaseView`) and the times it needs as arguments, so each can be unit-tested
+case by case. ``lock.py`` is the engine that reads, writes and fans out.
+
+Evidence of expiry
+------------------
+A lease held by someone else may be taken over only when it has lapsed, and the only
+evidence accepted is the coordinator's own: the time the API server stamped on the
+``managedFields`` entry of the ``coordinator`` field manager (our takes and renewals),
+compared with a second server stamp taken *after* the read — the stamp of a probe
+write made under another field manager (:data:`PROBE_MANAGER`). Both stamps come
+from API servers, so no client clock enters the rule, and neither is the HTTP ``Date``
+header, which a proxy or load balancer may rewrite. Edits by other field managers
+(labels, annotations, ``kubectl edit``) move neither stamp, so they neither renew nor
+expire a lease. Where the two stamps may come from different API servers of one
+cluster (HA control planes), their clock offset is bounded by ``max_server_skew`` and
+added to the margin.
+
+A lease with no entry of ours (``managedFields`` stripped, or all our fields taken by
+another manager) gives no evidence: it lapses only by local observation — our fields
+unchanged for a whole TTL plus margin on the contender's own clock, as client-go's
+leader election judges. A ``leaseDurationSeconds`` that another manager changed is not
+believed: the deployment's maximum TTL applies instead.
+
+A lease that existed and is gone (deleted, namespace recreated, etcd restored) is not
+free: the first contender to see it missing records a *tombstone* (a holderless lease
+marked ``vanished``), which counts as held by an unknown holder until the maximum TTL
+has passed since it was recorded, by the same stamps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from coordinator.kube.resources import ANNOTATION_PREFIX, FIELD_MANAGER, parse_time
+
+A_HOLDER = ANNOTATION_PREFIX + "holder"
+A_HOST = ANNOTATION_PREFIX + "host"
+A_PID = ANNOTATION_PREFIX + "pid"
+A_REASON = ANNOTATION_PREFIX + "reason"
+A_COMMAND = ANNOTATION_PREFIX + "command"
+A_TOKEN = ANNOTATION_PREFIX + "fencing-token"
+A_MEMBERS = ANNOTATION_PREFIX + "members"
+A_NAMESPACE = ANNOTATION_PREFIX + "namespace"
+A_LAST_BREAK = ANNOTATION_PREFIX + "last-break"
+A_NEXT = ANNOTATION_PREFIX + "next"
+A_RELEASED = ANNOTATION_PREFIX + "released-at"
+A_VANISHED = ANNOTATION_PREFIX + "vanished"
+A_MAX_TTL = ANNOTATION_PREFIX + "max-ttl"
+A_PROBE = ANNOTATION_PREFIX + "probe"
+HOLDER_ANNOTATIONS = (A_HOLDER, A_HOST, A_PID, A_REASON, A_COMMAND)
+
+# Claims on the next turn are written under their own field manager, so that a claim
+# never counts as a write of the lease: a waiter must not make a dead holder look alive.
+LINE_MANAGER = "coordinator-line"
+# Probes (a fresh server time stamp, see the module doc) have their own manager too.
+PROBE_MANAGER = "coordinator-probe"
+
+# How far a holder's clock rate may differ from an API server's, as a fraction.
+DRIFT_FACTOR = 0.01
+# managedFields times have one-second resolution; two of them bound an interval only
+# to within two seconds.
+TIMESTAMP_SLACK_S = 2.0
+DEFAULT_MAX_SERVER_SKEW_S = 5.0
+DEFAULT_MAX_TTL_S = 600.0
+# How long a freed (or lapsed) lease stays reserved for the contender that has waited
+# longest, by the server's clock, before anyone else may take it.
+HANDOFF_GRACE_S = 2.0
+
+
+def boot_clock() -> float:
+    """Seconds on CLOCK_BOOTTIME: like the monotonic clock, but it keeps counting while
+    the machine sleeps, so a suspended holder wakes up knowing its lease ran out."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):  # not Linux
+        return time.monotonic()
+
+
+def drift_allowance(ttl_s: float) -> float:
+    return ttl_s * DRIFT_FACTOR + 0.05
+
+
+def remaining_validity(ttl_s: float, elapsed_s: float) -> float:
+    """How long a holder may still act, counted on its own clock from the moment
+    *before* it sent the requests that took or renewed the leases."""
+    return ttl_s - elapsed_s - drift_allowance(ttl_s)
+
+
+def lapse_margin(ttl_s: float, max_server_skew_s: float) -> float:
+    """What a contender adds to the TTL before it believes a lease lapsed."""
+    return drift_allowance(ttl_s) + TIMESTAMP_SLACK_S + max(0.0, max_server_skew_s)
+
+
+# ------------------------------------------------------------------ parsing
+
+
+@dataclass(frozen=True, order=True)
+class TurnClaim:
+    """A waiting contender's claim on the next turn of one cluster's lease.
+
+    Waiters order themselves by when they began waiting, as that cluster's server saw
+    it (the ``Date`` of their first read), ties broken by lock id; the oldest claim
+    wins. Claims only ever delay a take, so they cannot break mutual exclusion.
+    """
+
+    since: int
+    lock_id: str
+    holder: str = field(default="", compare=False)
+
+    @classmethod
+    def parse(cls, raw: Any) -> TurnClaim | None:
+        if not isinstance(raw, str):
+            return None
+        try:
+            doc = json.loads(raw)
+            return cls(int(doc["since"]), str(doc["lock"]), str(doc.get("holder") or ""))
+        except (ValueError, TypeError, KeyError):
+            return None  # malformed: ignored, and overwritten by the next claim
+
+    def dump(self) -> str:
+        return json.dumps({"lock": self.lock_id, "holder": self.holder, "since": self.since}, separators=(",", ":"))
+
+
+def manager_time(obj: dict[str, Any], manager: str) -> datetime | None:
+    """The newest time the server stamped on ``manager``'s managedFields entries."""
+    entries = (obj.get("metadata") or {}).get("managedFields") or []
+    times = [parse_time(e.get("time")) for e in entries if isinstance(e, dict) and e.get("manager") == manager]
+    stamps = [t for t in times if t is not None]
+    return max(stamps) if stamps else None
+
+
+def _owns_ttl(obj: dict[str, Any]) -> bool:
+    for e in (obj.get("metadata") or {}).get("managedFields") or []:
+        if not isinstance(e, dict) or e.get("manager") != FIELD_MANAGER:
+            continue
+        spec = (e.get("fieldsV1") or {}).get("f:spec") or {}
+        if isinstance(spec, dict) and "f:leaseDurationSeconds" in spec:
+            return True
+    return False
+
+
+def _positive_int(raw: Any) -> int | None:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+@dataclass
+class LeaseView:
+    """One cluster's lease as read (``exists=False``: the server said 404)."""
+
+    exists: bool
+    obj: dict[str, Any] = field(default_factory=dict)
+    lock_id: str | None = None
+    ttl_s: int | None = None
+    ttl_owned: bool = False
+    acquired_at: datetime | None = None
+    renewed_at: datetime | None = None
+    transitions: int | None = None
+    token: int = 0
+    token_malformed: bool = False
+    info: dict[str, str] = field(default_factory=dict)
+    server_now: datetime | None = None  # the response's Date header: a hint, never evidence
+    own_write: datetime | None = None  # the server's stamp on our field manager's last write
+    resource_version: str | None = None
+    next_claim: TurnClaim | None = None
+    vanished: bool = False  # a tombstone: the lease was found deleted
+    max_ttl_note: int | None = None
+    break_note: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any] | None, server_now: datetime | None = None) -> LeaseView:
+        if not obj:
+            return cls(exists=False, server_now=server_now)
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        ann = meta.get("annotations") or {}
+        token, malformed = 0, False
+        raw = ann.get(A_TOKEN)
+        if raw is not None:
+            try:
+                token = int(raw)
+                malformed = token < 0
+            except (TypeError, ValueError):
+                malformed = True
+        ttl = spec.get("leaseDurationSeconds")
+        note: dict[str, Any] | None = None
+        if isinstance(ann.get(A_LAST_BREAK), str):
+            try:
+                loaded = json.loads(ann[A_LAST_BREAK])
+                note = loaded if isinstance(loaded, dict) else None
+            except ValueError:
+                note = None
+        return cls(
+            exists=True,
+            obj=obj,
+            lock_id=spec.get("holderIdentity") or None,
+            ttl_s=int(ttl) if isinstance(ttl, int) and ttl > 0 else None,
+            ttl_owned=_owns_ttl(obj),
+            acquired_at=parse_time(spec.get("acquireTime")),
+            renewed_at=parse_time(spec.get("renewTime")),
+            transitions=spec.get("leaseTransitions"),
+            token=max(token, 0),
+            token_malformed=malformed,
+            info={k[len(ANNOTATION_PREFIX) :]: str(v) for k, v in ann.items() if k in HOLDER_ANNOTATIONS},
+            server_now=server_now,
+            own_write=manager_time(obj, FIELD_MANAGER),
+            resource_version=meta.get("resourceVersion"),
+            next_claim=TurnClaim.parse(ann.get(A_NEXT)),
+            vanished=A_VANISHED in ann,
+            max_ttl_note=_positive_int(ann.get(A_MAX_TTL)),
+            break_note=note,
+        )
+
+    @property
+    def held(self) -> bool:
+        return self.lock_id is not None
+
+    @property
+    def blocking(self) -> bool:
+        """Held by a lock id, or a tombstone standing for an unknown holder."""
+        return self.held or self.vanished
+
+    @property
+    def fingerprint(self) -> tuple[Any, ...]:
+        """Our fields only: what local observation watches for change (other clients'
+        edits change the resourceVersion, not this)."""
+        spec = self.obj.get("spec") or {}
+        ann = (self.obj.get("metadata") or {}).get("annotations") or {}
+        return (
+            self.exists,
+            self.lock_id,
+            spec.get("renewTime"),
+            spec.get("acquireTime"),
+            spec.get("leaseDurationSeconds"),
+            ann.get(A_TOKEN),
+            self.vanished,
+        )
+
+    def broken_for(self, lock_id: str) -> bool:
+        """Does the last break note name ``lock_id`` as the holder it cleared?"""
+        return bool(self.break_note) and str((self.break_note or {}).get("previous_lock_id")) == lock_id
+
+    # -- expiry, as the rules below judge it
+
+    def effective_ttl(self, max_ttl_s: float) -> float:
+        return effective_ttl(self, max_ttl_s)
+
+    def remaining_hint(self, max_ttl_s: float = DEFAULT_MAX_TTL_S, skew_s: float = 0.0) -> float | None:
+        return remaining_hint(self, max_ttl_s=max_ttl_s, max_server_skew_s=skew_s)
+
+    def expired(self, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> bool | None:
+        """A hint (by the response's ``Date``): True when not blocking or seemingly
+        lapsed, None without evidence. Taking over never relies on it alone."""
+        if not self.blocking:
+            return True
+        rem = self.remaining_hint(max_ttl_s)
+        return None if rem is None else rem <= 0
+
+    def remaining_s(self) -> float | None:
+        return self.remaining_hint() if self.held else None
+
+    # -- taking turns (fairness only: these may delay a take, never allow one)
+
+    def live_for_other(self, lock_id: str) -> bool:
+        """Blocking for ``lock_id`` and not seemingly lapsed (by the Date hint)."""
+        return self.blocking and self.lock_id != lock_id and self.expired() is not True
+
+    @property
+    def live_claim(self) -> TurnClaim | None:
+        """The next-turn claim, unless it is the current holder's own (spent by holding)."""
+        claim = self.next_claim
+        return claim if claim is not None and claim.lock_id != self.lock_id else None
+
+    def reserved_left_s(self) -> float | None:
+        """Seconds until a next-turn claim stops binding: while the lease is live, and
+        for HANDOFF_GRACE_S after it was freed or lapsed (by the Date hint)."""
+        if self.held:
+            rem = self.remaining_s()
+            return None if rem is None else rem + HANDOFF_GRACE_S
+        if self.own_write is None or self.server_now is None:
+            return None
+        return HANDOFF_GRACE_S - (self.server_now - self.own_write).total_seconds()
+
+    def claim_fresh(self) -> bool:
+        left = self.reserved_left_s() if self.live_claim is not None else None
+        if left is None:
+            return False
+        return left > 0 if self.held else left >= 0
+
+    def binding_claim(self, lock_id: str, mine: TurnClaim | None = None) -> TurnClaim | None:
+        """The claim of a contender that has waited longer than ``mine`` (None: one who
+        has not waited), if it still binds."""
+        claim = self.live_claim
+        if claim is None or claim.lock_id == lock_id or (mine is not None and mine < claim):
+            return None
+        return claim if self.claim_fresh() else None
+
+    def reserved_for_other(self, lock_id: str, mine: TurnClaim | None = None) -> bool:
+        return self.lock_id != lock_id and self.binding_claim(lock_id, mine) is not None
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def effective_ttl(view: LeaseView, max_ttl_s: float) -> float:
+    """The TTL a contender must wait out. The lease's own duration when our field
+    manager set it; the deployment's maximum TTL for a tombstone or for a duration
+    someone else wrote (it might have been shortened behind the holder's back)."""
+    ceiling = max(float(max_ttl_s), float(view.max_ttl_note or 0))
+    if view.vanished or view.ttl_s is None or not view.ttl_owned:
+        return ceiling
+    return float(view.ttl_s)
+
+
+def lapsed_by_stamps(
+    view: LeaseView, stamp: datetime | None, *, max_ttl_s: float, max_server_skew_s: float
+) -> bool | None:
+    """Has ``view`` lapsed, judged by two server stamps: our own last write to it and
+    ``stamp``, a server time stamped after the read (a probe). None: no evidence."""
+    if view.own_write is None or stamp is None:
+        return None
+    ttl = effective_ttl(view, max_ttl_s)
+    return (stamp - view.own_write).total_seconds() > ttl + lapse_margin(ttl, max_server_skew_s)
+
+
+def remaining_hint(view: LeaseView, *, max_ttl_s: float, max_server_skew_s: float = 0.0) -> float | None:
+    """Seconds until ``view`` may lapse, estimated from the response's ``Date``. For
+    display and for deciding when to probe — never for taking over."""
+    if view.own_write is None or view.server_now is None:
+        return None
+    ttl = effective_ttl(view, max_ttl_s)
+    elapsed = (view.server_now - view.own_write).total_seconds()
+    return ttl + lapse_margin(ttl, max_server_skew_s) - elapsed
+
+
+@dataclass
+class Sighting:
+    """When this process first saw a lease's own fields as they are now (its clock)."""
+
+    fingerprint: tuple[Any, ...]
+    since: float
+
+
+def observe(previous: Sighting | None, view: LeaseView, now: float) -> Sighting:
+    """Update a local observation: it restarts whenever our fields change."""
+    if previous is not None and previous.fingerprint == view.fingerprint:
+        return previous
+    return Sighting(view.fingerprint, now)
+
+
+def lapsed_by_observation(
+    sighting: Sighting | None, view: LeaseView, now: float, *, max_ttl_s: float, max_server_skew_s: float
+) -> bool:
+    """Local observation: our fields unchanged for a whole TTL plus margin, counted on
+    this process's own clock."""
+    if sighting is None or sighting.fingerprint != view.fingerprint:
+        return False
+    ttl = effective_ttl(view, max_ttl_s)
+    return now - sighting.since > ttl + lapse_margin(ttl, max_server_skew_s)
+
+
+class Standing(StrEnum):
+    """Where a lease stands for one contender, before any write."""
+
+    MISSING = "missing"  # 404: record a tombstone; it blocks for a maximum TTL
+    FREE = "free"
+    OURS = "ours"
+    HELD = "held"  # blocking, and not known to have lapsed
+    PROBE = "probe"  # blocking, and the Date hint says it may have lapsed: get a stamp
+    LAPSED = "lapsed"  # blocking, but provably lapsed: may be taken over
+
+
+def standing(
+    view: LeaseView,
+    lock_id: str,
+    *,
+    max_ttl_s: float,
+    max_server_skew_s: float,
+    stamp: datetime | None = None,
+    observed_lapse: bool = False,
+    date_trusted: bool = True,
+) -> Standing:
+    """The one rule deciding whether a contender may write a lease.
+
+    ``stamp``: a server stamp taken after the read (a probe), if any; ``observed_lapse``:
+    local observation says our fields sat unchanged for a whole TTL; ``date_trusted``:
+    this cluster's ``Date`` header agreed with its stamps when last checked."""
+    if not view.exists:
+        return Standing.MISSING
+    if view.lock_id == lock_id:
+        return Standing.OURS
+    if not view.blocking:
+        return Standing.FREE
+    if view.own_write is None:
+        return Standing.LAPSED if observed_lapse else Standing.HELD
+    if stamp is not None:
+        lapsed = lapsed_by_stamps(view, stamp, max_ttl_s=max_ttl_s, max_server_skew_s=max_server_skew_s)
+        return Standing.LAPSED if lapsed else Standing.HELD
+    hint = remaining_hint(view, max_ttl_s=max_ttl_s, max_server_skew_s=max_server_skew_s)
+    if not date_trusted or hint is None or hint <= 0:
+        return Standing.PROBE
+    return Standing.HELD
+
+
+class RenewVerdict(StrEnum):
+    RENEW = "renew"  # still ours: extend it
+    BROKEN = "broken"  # a break cleared our lock id: the lock is lost at once
+    TAKEN = "taken"  # another lock id holds it: the lock is lost at once
+    GONE = "gone"  # free or missing: not ours here any more
+
+
+def renew_verdict(view: LeaseView, lock_id: str) -> RenewVerdict:
+    """What a renewal finds. A renewal never re-takes a lease it no longer holds."""
+    if view.exists and view.lock_id == lock_id:
+        return RenewVerdict.RENEW
+    if view.exists and view.broken_for(lock_id):
+        return RenewVerdict.BROKEN
+    if view.held:
+        return RenewVerdict.TAKEN
+    return RenewVerdict.GONE
+
+
+def history_known(view: LeaseView) -> bool:
+    """Does this lease carry the token history of its cluster? Not when it is missing,
+    a tombstone, or its token annotation is unreadable."""
+    return view.exists and not view.vanished and not view.token_malformed
+
+
+def next_token(views: list[LeaseView], quorum: int, state_tokens: list[int] | None) -> int | None:
+    """The fencing token of a new acquisition, or None when none can be proven safe yet.
+
+    Every granted token T was written on a majority of leases. If at least ``quorum``
+    of the leases read have kept their history, one of them is in that majority and
+    holds a token >= T, so one more than the highest seen is new. Otherwise (leases
+    deleted) the tokens of a majority of state replicas (``state_tokens``) are needed
+    too; None asks the caller to read them."""
+    seen = [v.token for v in views if v.exists and not v.token_malformed]
+    top = max(seen, default=0)
+    if sum(1 for v in views if history_known(v)) >= quorum:
+        return top + 1
+    if state_tokens is None:
+        return None
+    return max([top, *state_tokens]) + 1

@@ -1,0 +1,215 @@
+"""The pure lease rules (coordinator/lease.py), case by case, with made-up server stamps.
+
+No cluster here: every time is an argument. The same rules are exercised against real
+API servers in test_lock_hardening.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from coordinator.lease import (
+    A_LAST_BREAK,
+    A_TOKEN,
+    A_VANISHED,
+    LINE_MANAGER,
+    PROBE_MANAGER,
+    LeaseView,
+    RenewVerdict,
+    Standing,
+    effective_ttl,
+    lapse_margin,
+    lapsed_by_observation,
+    lapsed_by_stamps,
+    next_token,
+    observe,
+    renew_verdict,
+    standing,
+)
+
+T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+MAX_TTL = 600.0
+
+
+def _stamp(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def lease(
+    *,
+    holder: str | None = "other",
+    ttl: int = 30,
+    own_at: datetime | None = T0,
+    own_ttl: bool = True,
+    others: dict[str, datetime] | None = None,
+    annotations: dict[str, str] | None = None,
+    date: datetime | None = None,
+    token: int = 3,
+) -> LeaseView:
+    fields: list[dict[str, Any]] = []
+    if own_at is not None:
+        owned: dict[str, Any] = {"f:holderIdentity": {}, "f:renewTime": {}}
+        if own_ttl:
+            owned["f:leaseDurationSeconds"] = {}
+        fields.append({"manager": "coordinator", "operation": "Update", "time": _stamp(own_at),
+                       "fieldsV1": {"f:spec": owned}})
+    for manager, when in (others or {}).items():
+        fields.append({"manager": manager, "operation": "Update", "time": _stamp(when),
+                       "fieldsV1": {"f:metadata": {"f:labels": {}}}})
+    spec: dict[str, Any] = {"leaseDurationSeconds": ttl, "renewTime": "2026-12-01T12:00:00.000000Z"}
+    if holder:
+        spec["holderIdentity"] = holder
+    obj = {
+        "metadata": {
+            "name": "coordinator-lock-web",
+            "resourceVersion": "10",
+            "creationTimestamp": _stamp(T0 - timedelta(days=3)),
+            "annotations": {A_TOKEN: str(token), **(annotations or {})},
+            "managedFields": fields,
+        },
+        "spec": spec,
+    }
+    return LeaseView.parse(obj, date)
+
+
+def stand(view: LeaseView, **kw: Any) -> Standing:
+    kw.setdefault("max_ttl_s", MAX_TTL)
+    kw.setdefault("max_server_skew_s", 5.0)
+    return standing(view, "me", **kw)
+
+
+# -- evidence is our own field manager's, and only a server stamp after the read proves a lapse
+
+
+def test_a_held_lease_is_taken_only_with_a_later_server_stamp_past_ttl_and_margin() -> None:
+    view = lease(date=T0 + timedelta(seconds=300))  # the Date says long expired
+    assert stand(view) is Standing.PROBE  # ... which only earns a probe, not a take
+    margin = lapse_margin(30, 5.0)
+    assert stand(view, stamp=T0 + timedelta(seconds=30 + margin - 0.5)) is Standing.HELD
+    assert stand(view, stamp=T0 + timedelta(seconds=30 + margin + 0.5)) is Standing.LAPSED
+
+
+def test_a_date_from_a_clock_ahead_never_takes_a_live_lease() -> None:
+    # A TLS-terminating proxy 90 s ahead stamps the Date; the probe's stamp comes from
+    # the API server and shows the lease 3 s old.
+    view = lease(date=T0 + timedelta(seconds=93))
+    assert stand(view) is Standing.PROBE
+    assert stand(view, stamp=T0 + timedelta(seconds=3)) is Standing.HELD
+
+
+def test_an_untrusted_date_always_asks_for_a_probe() -> None:
+    view = lease(date=T0 + timedelta(seconds=1))
+    assert stand(view) is Standing.HELD
+    assert stand(view, date_trusted=False) is Standing.PROBE
+
+
+def test_server_skew_is_part_of_the_margin() -> None:
+    view = lease()
+    at = T0 + timedelta(seconds=30 + lapse_margin(30, 0.0) + 1)
+    assert lapsed_by_stamps(view, at, max_ttl_s=MAX_TTL, max_server_skew_s=0.0)
+    assert not lapsed_by_stamps(view, at, max_ttl_s=MAX_TTL, max_server_skew_s=5.0)
+
+
+def test_edits_by_other_managers_neither_renew_nor_expire() -> None:
+    # A labeler writes every few seconds: its times are newer, ours stays the evidence.
+    busy = lease(others={"labeler": T0 + timedelta(seconds=100), LINE_MANAGER: T0 + timedelta(seconds=99)})
+    assert busy.own_write == T0
+    assert stand(busy, stamp=T0 + timedelta(seconds=60)) is Standing.LAPSED
+    # ... and a young lease stays held whatever they wrote
+    assert stand(busy, stamp=T0 + timedelta(seconds=5)) is Standing.HELD
+
+
+def test_stripped_managed_fields_give_no_evidence_never_the_creation_time() -> None:
+    stripped = lease(own_at=None, date=T0 + timedelta(days=1))
+    assert stripped.own_write is None
+    # Neither a very late Date nor a probe stamp can prove a lapse without our entry.
+    assert stand(stripped) is Standing.HELD
+    assert stand(stripped, stamp=T0 + timedelta(days=1)) is Standing.HELD
+    assert stand(stripped, observed_lapse=True) is Standing.LAPSED
+
+
+def test_local_observation_needs_our_fields_unchanged_for_a_whole_ttl() -> None:
+    view = lease(own_at=None, ttl=30)
+    seen = observe(None, view, now=100.0)
+    wait = 30 + lapse_margin(30, 5.0)
+    assert not lapsed_by_observation(seen, view, 100.0 + wait - 1, max_ttl_s=MAX_TTL, max_server_skew_s=5.0)
+    # a foreign annotation changes the resourceVersion, not our fields: the sighting stands
+    relabeled = lease(own_at=None, ttl=30, annotations={"team": "x"})
+    assert observe(seen, relabeled, now=150.0) is seen
+    # the ttl was not set by us (no entry): the deployment's maximum applies
+    assert not lapsed_by_observation(seen, view, 100.0 + wait + 1, max_ttl_s=MAX_TTL, max_server_skew_s=5.0)
+    own_ttl_wait = MAX_TTL + lapse_margin(MAX_TTL, 5.0)
+    assert lapsed_by_observation(seen, view, 100.0 + own_ttl_wait + 1, max_ttl_s=MAX_TTL, max_server_skew_s=5.0)
+    # a renewal (our renewTime moved) restarts it
+    renewed = LeaseView.parse({**view.obj, "spec": {**view.obj["spec"], "renewTime": "2026-12-01T12:00:09Z"}})
+    again = observe(seen, renewed, now=160.0)
+    assert again is not seen and again.since == 160.0
+
+
+def test_a_duration_written_by_someone_else_is_not_believed() -> None:
+    shortened = lease(ttl=1, own_ttl=False)
+    assert effective_ttl(shortened, MAX_TTL) == MAX_TTL
+    assert stand(shortened, stamp=T0 + timedelta(seconds=60)) is Standing.HELD
+    assert effective_ttl(lease(ttl=30), MAX_TTL) == 30
+
+
+# -- missing leases and tombstones
+
+
+def test_a_missing_lease_is_never_free() -> None:
+    assert stand(LeaseView.parse(None)) is Standing.MISSING
+
+
+def test_a_tombstone_blocks_for_the_maximum_ttl() -> None:
+    stone = lease(holder=None, annotations={A_VANISHED: "2026-12-01T12:00:00Z"}, token=0)
+    assert stone.blocking and not stone.held
+    assert stand(stone, stamp=T0 + timedelta(seconds=100)) is Standing.HELD
+    late = T0 + timedelta(seconds=MAX_TTL + lapse_margin(MAX_TTL, 5.0) + 1)
+    assert stand(stone, stamp=late) is Standing.LAPSED
+    # a tombstone recorded with a longer maximum by someone else keeps it
+    longer = lease(holder=None, annotations={A_VANISHED: "x", "coordinator.io/max-ttl": "3600"}, token=0)
+    assert stand(longer, stamp=late) is Standing.HELD
+
+
+def test_tokens_need_a_majority_of_leases_with_their_history() -> None:
+    intact = [lease(token=5), lease(token=4), lease(token=2)]
+    assert next_token(intact, 2, None) == 6
+    # one deleted (a tombstone with the creator's floor) and one missing: one intact lease
+    # is not a majority, so the state's tokens are needed
+    stone = lease(holder=None, annotations={A_VANISHED: "x"}, token=1)
+    views = [stone, LeaseView.parse(None), lease(token=2)]
+    assert next_token(views, 2, None) is None
+    assert next_token(views, 2, [7, 3]) == 8
+    assert next_token(views, 2, [0, 0]) == 3
+    # every lease deleted: only the state can tell
+    gone = [LeaseView.parse(None)] * 3
+    assert next_token(gone, 2, None) is None and next_token(gone, 2, [3, 3]) == 4
+    # two intact leases among three are enough without the state
+    assert next_token([stone, lease(token=9), lease(token=4)], 2, None) == 10
+
+
+def test_an_unreadable_token_is_not_history() -> None:
+    bad = lease(token=0)
+    bad.obj["metadata"]["annotations"][A_TOKEN] = "lots"
+    view = LeaseView.parse(bad.obj)
+    assert view.token_malformed
+    assert next_token([view, lease(token=1)], 2, None) is None
+
+
+# -- renewal
+
+
+def test_a_renewal_renews_only_its_own_lease_and_a_break_or_another_id_is_loss() -> None:
+    assert renew_verdict(lease(holder="me"), "me") is RenewVerdict.RENEW
+    assert renew_verdict(lease(holder="other"), "me") is RenewVerdict.TAKEN
+    broken = lease(holder=None, annotations={A_LAST_BREAK: '{"by": "ops", "previous_lock_id": "me"}'})
+    assert renew_verdict(broken, "me") is RenewVerdict.BROKEN
+    other_break = lease(holder=None, annotations={A_LAST_BREAK: '{"by": "ops", "previous_lock_id": "zz"}'})
+    assert renew_verdict(other_break, "me") is RenewVerdict.GONE
+    assert renew_verdict(LeaseView.parse(None), "me") is RenewVerdict.GONE
+
+
+def test_probe_and_line_managers_are_not_our_writes() -> None:
+    view = lease(others={PROBE_MANAGER: T0 + timedelta(seconds=50), LINE_MANAGER: T0 + timedelta(seconds=40)})
+    assert view.own_write == T0

@@ -1,0 +1,300 @@
+"""The lock against the way real clusters get touched: other clients edit, annotate and
+delete its Leases, members pause, breaks and releases happen mid-hold.
+
+Every test here runs on real kube-apiservers (the sandbox); the other clients are the
+real `kubectl` under their own field managers. Each case was a way to get two holders,
+a repeated fencing token, a lost lock or a lock left behind on the earlier code.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from coord_fixtures import Env, make_env
+
+from coordinator.errors import LockHeldError
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import lease_path
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LEASE = "coordinator-lock-web"
+
+
+def kubectl(env: Env, index: int, *args: str) -> str:
+    """A real other client: kubectl on cluster ``index``, in the deployment's namespace."""
+    exe = shutil.which("kubectl")
+    if exe is None:
+        pytest.fail("kubectl is missing: scripts/setup.sh installs Debian's kubernetes-client")
+    proc = subprocess.run(
+        [exe, "--kubeconfig", env.kubeconfig, "--context", f"sandbox-{index}", "-n", env.namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def lease(env: Env, index: int) -> dict[str, Any] | None:
+    try:
+        return anyio.run(env.raw, index, "GET", lease_path(env.namespace, LEASE))
+    except KubeError as err:
+        assert err.kind == "not-found"
+        return None
+
+
+async def holder_now(env: Env, index: int) -> str | None:
+    try:
+        obj = await env.raw(index, "GET", lease_path(env.namespace, LEASE))
+    except KubeError as err:
+        assert err.kind == "not-found"
+        return None
+    return obj["spec"].get("holderIdentity")
+
+
+def holder_on(env: Env, index: int) -> str | None:
+    obj = lease(env, index)
+    return None if obj is None else obj["spec"].get("holderIdentity")
+
+
+def token_on(env: Env, index: int) -> int:
+    obj = lease(env, index)
+    assert obj is not None
+    return int(obj["metadata"]["annotations"]["coordinator.io/fencing-token"])
+
+
+def acquire(env: Env, holder: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return env.cli("-o", "json", "lock", "acquire", "web", "--holder", holder, *args)
+
+
+def doc(proc: subprocess.CompletedProcess[str]) -> Any:
+    assert proc.stdout.strip(), proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def short(sandbox3: Any, tmp_path: Path) -> Env:
+    """A deployment whose maximum TTL is 8 s, so that deleted leases free up quickly."""
+    return make_env(sandbox3, tmp_path, max_ttl_s=8)
+
+
+# -- 1. managedFields stripped
+
+
+def test_stripped_managed_fields_do_not_make_a_live_lease_look_free(dep3: Env) -> None:
+    a = acquire(dep3, "alice", "--ttl", "60s")
+    assert a.returncode == 0, a.stderr
+    for i in (1, 2, 3):
+        kubectl(dep3, i, "patch", "lease", LEASE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
+        assert not (lease(dep3, i) or {}).get("metadata", {}).get("managedFields")
+    st = doc(dep3.cli("-o", "json", "lock", "status", "web"))
+    assert st["held_by_majority"] and st["lock_id"] == doc(a)["lock_id"], st
+    b = acquire(dep3, "bob")
+    assert b.returncode == 3, b.stderr
+    assert all(holder_on(dep3, i) == doc(a)["lock_id"] for i in (1, 2, 3))
+
+
+# -- 2. another client keeps editing the lease of a dead holder
+
+
+def test_edits_by_another_client_do_not_keep_a_dead_holders_lock_alive(dep3: Env) -> None:
+    a = acquire(dep3, "alice", "--ttl", "5s")  # alice never renews: as if she died
+    assert a.returncode == 0, a.stderr
+    stop = threading.Event()
+    edits = [0]
+
+    def labeler() -> None:
+        while not stop.is_set():
+            for i in (1, 2, 3):
+                kubectl(dep3, i, "annotate", "--overwrite", "--field-manager=labeler", "lease", LEASE,
+                        f"team.example.com/seen={edits[0]}")
+            edits[0] += 1
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=labeler, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1)
+        early = acquire(dep3, "bob", "--max-server-skew", "0s")
+        assert early.returncode == 3, early.stderr  # alice's lease is still live
+        b = acquire(dep3, "bob", "--max-server-skew", "0s", "--wait", "30s")
+        assert b.returncode == 0, b.stderr
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert edits[0] >= 5  # the edits went on all along
+    assert doc(b)["fencing_token"] > doc(a)["fencing_token"]
+
+
+# -- 3. a lease vanishes from one member
+
+
+def test_a_deleted_lease_is_held_by_an_unknown_holder_not_free(dep3: Env) -> None:
+    dep3.sandbox.pause(3)
+    a = dep3.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "web", "--holder", "alice", "--ttl", "300s")
+    assert a.returncode == 0, a.stderr
+    dep3.sandbox.resume(3)
+    kubectl(dep3, 1, "delete", "lease", LEASE)
+    dep3.sandbox.pause(2)
+    b = dep3.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "web", "--holder", "bob")
+    assert b.returncode in (3, 4), b.stderr  # never a second holder
+    outcomes = {c["name"]: c["outcome"] for c in doc(b)["clusters"]}
+    assert outcomes["c1"] == "held-by-other", doc(b)
+    dep3.sandbox.resume(2)
+    # the tombstone recorded on c1 says so to everyone, and carries no holder
+    stone = lease(dep3, 1)
+    assert stone is not None and "coordinator.io/vanished" in stone["metadata"]["annotations"]
+    assert holder_on(dep3, 2) == doc(a)["lock_id"]
+    assert holder_on(dep3, 3) is None
+
+
+# -- 4. every lease deleted: recovers by itself within one maximum TTL, tokens keep rising
+
+
+def test_all_leases_deleted_recover_within_a_max_ttl_with_a_higher_token(short: Env) -> None:
+    a = acquire(short, "alice", "--ttl", "5s")
+    assert a.returncode == 0, a.stderr
+    first = doc(a)
+    wrote = short.cli("state", "set", "web", "replicas=3", "--lock-id", first["lock_id"])
+    assert wrote.returncode == 0, wrote.stderr
+    assert short.cli("lock", "release", "web", "--holder", "alice").returncode == 0
+    # a second holder, so that the state holds a token above 1
+    b = acquire(short, "bob", "--ttl", "5s")
+    assert b.returncode == 0, b.stderr
+    assert short.cli("state", "set", "web", "replicas=4", "--lock-id", doc(b)["lock_id"]).returncode == 0
+    state_token = doc(b)["fencing_token"]
+    for i in (1, 2, 3):
+        kubectl(short, i, "delete", "lease", LEASE)
+    at_once = acquire(short, "carol", "--ttl", "5s")
+    assert at_once.returncode == 3, at_once.stderr  # deleted leases are not free
+    started = time.monotonic()
+    c = acquire(short, "carol", "--ttl", "5s", "--wait", "60s", "--max-server-skew", "0s")
+    assert c.returncode == 0, c.stderr
+    assert time.monotonic() - started < 30
+    assert doc(c)["fencing_token"] > state_token
+    wrote = short.cli("state", "set", "web", "replicas=5", "--lock-id", doc(c)["lock_id"])
+    assert wrote.returncode == 0, wrote.stderr
+    assert short.cli("state", "get", "web", "replicas").stdout.strip() == "5"
+
+
+# -- 5. renewal returns at quorum
+
+
+def test_renewal_with_one_member_paused_keeps_a_short_lock(dep3: Env) -> None:
+    async def hold() -> None:
+        async with dep3.api(timeout=5) as c:
+            async with c.lock("web", ttl=6, holder="alice") as held:
+                dep3.sandbox.pause(3)
+                await anyio.sleep(12)  # two TTLs: needs renewals that do not wait for c3
+                assert held.valid, "the lock was lost with only one of three members paused"
+
+    anyio.run(hold)
+
+
+# -- 6 and 12. a break sticks; a renewal that finds the lock taken has lost it at once
+
+
+def test_a_break_sticks_and_the_broken_holder_knows_at_its_next_renewal(dep3: Env) -> None:
+    async def hold() -> None:
+        async with dep3.api(timeout=3) as c:
+            async with c.lock("web", ttl=30, holder="alice") as held:
+                lock_id = held.lock_id
+                broke = dep3.cli("lock", "break", "web", "--yes", "--reason", "test")
+                assert broke.returncode == 0, broke.stderr
+                with anyio.fail_after(15):  # renewals every 10 s; validity would be ~30 s
+                    await held.lost.wait()
+                assert not held.valid
+                # the broken holder did not take anything back
+                for i in (1, 2, 3):
+                    assert await holder_now(dep3, i) != lock_id
+
+    anyio.run(hold)
+
+
+def test_a_new_holder_after_a_break_is_seen_at_the_next_renewal(dep3: Env) -> None:
+    async def hold() -> None:
+        async with dep3.api(timeout=3) as c:
+            async with c.lock("web", ttl=9, holder="alice") as held:
+                assert dep3.cli("lock", "break", "web", "--yes").returncode == 0
+                bob = acquire(dep3, "bob", "--ttl", "60s")
+                assert bob.returncode == 0, bob.stderr
+                with anyio.fail_after(6):  # the next renewal, well before alice's validity ends
+                    await held.lost.wait()
+                assert await holder_now(dep3, 1) == doc(bob)["lock_id"]
+
+    anyio.run(hold)
+
+
+# -- 7. renew from another process keeps the TTL
+
+
+def test_renew_by_lock_id_keeps_the_leases_ttl(dep3: Env, tmp_path: Path) -> None:
+    a = acquire(dep3, "alice", "--ttl", "45s")
+    assert a.returncode == 0, a.stderr
+    other = {"COORDINATOR_HOLDER": "ci-runner"}
+    r = dep3.cli("lock", "renew", "web", "--lock-id", doc(a)["lock_id"], env=other)
+    assert r.returncode == 0, r.stderr
+    assert {(lease(dep3, i) or {})["spec"]["leaseDurationSeconds"] for i in (1, 2, 3)} == {45}
+    r = dep3.cli("lock", "renew", "web", "--lock-id", doc(a)["lock_id"], "--ttl", "50s", env=other)
+    assert r.returncode == 0, r.stderr
+    assert {(lease(dep3, i) or {})["spec"]["leaseDurationSeconds"] for i in (1, 2, 3)} == {50}
+
+
+# -- 8. a release that reaches a minority
+
+
+def test_a_release_reaching_a_minority_exits_4_and_keeps_the_record(dep3: Env) -> None:
+    a = acquire(dep3, "alice", "--ttl", "60s")
+    assert a.returncode == 0, a.stderr
+    dep3.sandbox.pause(2)
+    dep3.sandbox.pause(3)
+    r = dep3.cli("--timeout", "2s", "lock", "release", "web", "--holder", "alice")
+    assert r.returncode == 4, r.stderr
+    assert "kept" in r.stderr
+    dep3.sandbox.resume(2)
+    dep3.sandbox.resume(3)
+    assert holder_on(dep3, 2) == doc(a)["lock_id"]
+    again = dep3.cli("lock", "release", "web", "--holder", "alice")  # the record is still there
+    assert again.returncode == 0, again.stderr
+    assert all(holder_on(dep3, i) is None for i in (1, 2, 3))
+    nothing = dep3.cli("lock", "release", "web", "--holder", "alice", "--if-held")
+    assert nothing.returncode == 0, nothing.stderr
+    assert dep3.cli("lock", "release", "web", "--holder", "alice").returncode == 6
+
+
+# -- 14. a lock that cannot be recorded is never taken
+
+
+def test_a_corrupt_lock_record_stops_acquire_before_any_lease_is_taken(dep3: Env) -> None:
+    book = dep3.config.with_name(dep3.config.stem + ".locks.yaml")
+    book.write_text("locks: [this is not: a lock record\n")
+    a = acquire(dep3, "alice")
+    assert a.returncode == 2, a.stderr
+    assert "Traceback" not in a.stderr
+    assert all(holder_on(dep3, i) is None for i in (1, 2, 3))
+
+
+def test_api_contenders_agree_on_who_holds_after_a_deletion(dep3: Env) -> None:
+    """In-process: a contender that finds a lease missing records it and is refused; the
+    holder keeps the lock on the two intact leases and renews there."""
+
+    async def go() -> None:
+        async with dep3.api(timeout=3) as c:
+            async with c.lock("web", ttl=9, holder="alice") as held:
+                kubectl(dep3, 2, "delete", "lease", LEASE)
+                async with dep3.api(timeout=3) as other:
+                    with pytest.raises(LockHeldError):
+                        await other.acquire("web", ttl=9, holder="bob")
+                await anyio.sleep(7)
+                assert held.valid
+
+    anyio.run(go)
