@@ -62,6 +62,10 @@ HOLDER_ANNOTATIONS = (A_HOLDER, A_HOST, A_PID, A_REASON, A_COMMAND)
 LINE_MANAGER = "coordinator-line"
 # Probes (a fresh server time stamp, see the module doc) have their own manager too.
 PROBE_MANAGER = "coordinator-probe"
+# Releases by the holder: the server's stamp on this manager dates the last real release,
+# from which the next turn stays reserved for the longest waiter (takes and give-backs of
+# failed attempts do not move it).
+RELEASE_MANAGER = "coordinator-release"
 
 # How far a holder's clock rate may differ from an API server's, as a fraction.
 DRIFT_FACTOR = 0.01
@@ -172,6 +176,7 @@ class LeaseView:
     info: dict[str, str] = field(default_factory=dict)
     server_now: datetime | None = None  # the response's Date header: a hint, never evidence
     own_write: datetime | None = None  # the server's stamp on our field manager's last write
+    released: datetime | None = None  # the server's stamp on the last release by a holder
     resource_version: str | None = None
     next_claim: TurnClaim | None = None
     vanished: bool = False  # a tombstone: the lease was found deleted
@@ -215,6 +220,7 @@ class LeaseView:
             info={k[len(ANNOTATION_PREFIX) :]: str(v) for k, v in ann.items() if k in HOLDER_ANNOTATIONS},
             server_now=server_now,
             own_write=manager_time(obj, FIELD_MANAGER),
+            released=manager_time(obj, RELEASE_MANAGER),
             resource_version=meta.get("resourceVersion"),
             next_claim=TurnClaim.parse(ann.get(A_NEXT)),
             vanished=A_VANISHED in ann,
@@ -288,9 +294,9 @@ class LeaseView:
         if self.held:
             rem = self.remaining_s()
             return None if rem is None else rem + HANDOFF_GRACE_S
-        if self.own_write is None or self.server_now is None:
+        if self.released is None or self.server_now is None:
             return None
-        return HANDOFF_GRACE_S - (self.server_now - self.own_write).total_seconds()
+        return HANDOFF_GRACE_S - (self.server_now - self.released).total_seconds()
 
     def claim_fresh(self) -> bool:
         left = self.reserved_left_s() if self.live_claim is not None else None

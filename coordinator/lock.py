@@ -108,6 +108,7 @@ from coordinator.lease import (
     HOLDER_ANNOTATIONS,
     LINE_MANAGER,
     PROBE_MANAGER,
+    RELEASE_MANAGER,
     LeaseView,
     RenewVerdict,
     Sighting,
@@ -1004,7 +1005,11 @@ class LockEngine:
             body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1, keep_claim=keep_claim)
             return body, "released", ""
 
-        result = await self._cas(cluster, view, decide)
+        # A real release is dated under its own field manager: the next turn stays reserved
+        # for HANDOFF_GRACE_S from it. A failed attempt giving back what it took writes as
+        # a take does, so that it never extends that reservation.
+        manager = FIELD_MANAGER if keep_claim else RELEASE_MANAGER
+        result = await self._cas(cluster, view, decide, manager=manager)
         if result.ok and result.value is not None and result.value.action == "released":
             result.extra["ours"] = True
         return result

@@ -91,7 +91,13 @@ def short(sandbox3: Any, tmp_path: Path) -> Env:
 
 
 def test_stripped_managed_fields_do_not_make_a_live_lease_look_free(dep3: Env) -> None:
-    a = acquire(dep3, "alice", "--ttl", "60s")
+    # The lease object must be older than a TTL, as any lease in use for a while is:
+    # without our managedFields entry, its creationTimestamp must not pass for a write.
+    first = acquire(dep3, "alice", "--ttl", "4s")
+    assert first.returncode == 0, first.stderr
+    assert dep3.cli("lock", "release", "web", "--holder", "alice").returncode == 0
+    time.sleep(8)
+    a = acquire(dep3, "alice", "--ttl", "20s")
     assert a.returncode == 0, a.stderr
     for i in (1, 2, 3):
         kubectl(dep3, i, "patch", "lease", LEASE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
@@ -223,11 +229,11 @@ def test_a_break_sticks_and_the_broken_holder_knows_at_its_next_renewal(dep3: En
 def test_a_new_holder_after_a_break_is_seen_at_the_next_renewal(dep3: Env) -> None:
     async def hold() -> None:
         async with dep3.api(timeout=3) as c:
-            async with c.lock("web", ttl=9, holder="alice") as held:
+            async with c.lock("web", ttl=30, holder="alice") as held:
                 assert dep3.cli("lock", "break", "web", "--yes").returncode == 0
                 bob = acquire(dep3, "bob", "--ttl", "60s")
                 assert bob.returncode == 0, bob.stderr
-                with anyio.fail_after(6):  # the next renewal, well before alice's validity ends
+                with anyio.fail_after(12):  # the next renewal (every 10 s), not alice's validity (~30 s)
                     await held.lost.wait()
                 assert await holder_now(dep3, 1) == doc(bob)["lock_id"]
 
@@ -298,3 +304,58 @@ def test_api_contenders_agree_on_who_holds_after_a_deletion(dep3: Env) -> None:
                 assert held.valid
 
     anyio.run(go)
+
+
+# -- 11. a Date that is not the API server's
+
+
+def test_a_date_header_from_a_clock_ahead_never_takes_a_live_lease(dep3: Env, tmp_path: Path) -> None:
+    """Bob reaches every member through a TLS-terminating proxy whose Date runs 90 s
+    ahead. Alice's 60 s lease looks long expired by that Date; the probe's server stamp
+    says it is seconds old, so Bob is refused."""
+    from dateproxy import DateShiftingProxy, proxy_kubeconfig
+
+    from coordinator.admin import connect_cluster, create_deployment
+    from coordinator.clusters import ClusterSet
+    from coordinator.config import ConfigStore
+
+    a = acquire(dep3, "alice", "--ttl", "60s")
+    assert a.returncode == 0, a.stderr
+    pki = dep3.sandbox.dir / "pki"
+    proxies = [DateShiftingProxy(dep3.sandbox.server(i), pki, 90.0) for i in (1, 2, 3)]
+    urls = {f"proxied-{i}": p.start() for i, p in zip((1, 2, 3), proxies, strict=True)}
+    try:
+        kc = proxy_kubeconfig(tmp_path / "proxied.kubeconfig", pki, dep3.sandbox.token, urls)
+        bob = Env(sandbox=dep3.sandbox, config=tmp_path / "bob" / "config.yaml", namespace=dep3.namespace)
+        store = ConfigStore(bob.config)
+
+        async def setup() -> None:
+            for i in (1, 2, 3):
+                await connect_cluster(store, f"c{i}", f"proxied-{i}", str(kc))
+            cs = ClusterSet(store.load(), timeout=5)
+            try:
+                await create_deployment(store, cs, "web", dep3.namespace, ["c1", "c2", "c3"], "configmap")
+            finally:
+                await cs.aclose()
+
+        anyio.run(setup)
+        b = bob.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob")
+        assert b.returncode == 3, b.stderr
+        assert all(p.requests > 0 for p in proxies)
+    finally:
+        for p in proxies:
+            p.stop()
+    assert all(holder_on(dep3, i) == doc(a)["lock_id"] for i in (1, 2, 3))
+
+
+def test_the_holders_validity_runs_on_the_boot_clock() -> None:
+    """A laptop that sleeps stops CLOCK_MONOTONIC but not CLOCK_BOOTTIME: validity must be
+    counted on the latter, or a suspended holder wakes up believing in its lock."""
+    import time as _time
+
+    from coordinator.lease import boot_clock
+
+    before = _time.clock_gettime(_time.CLOCK_BOOTTIME)
+    now = boot_clock()
+    after = _time.clock_gettime(_time.CLOCK_BOOTTIME)
+    assert before <= now <= after

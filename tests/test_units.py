@@ -188,7 +188,8 @@ def _lease_view(*, holder: str | None, claim: str | None, written_s_ago: float, 
             "resourceVersion": "7",
             "managedFields": [
                 {
-                    "manager": "coordinator",
+                    # a free lease was last written by its holder's release
+                    "manager": "coordinator" if holder else "coordinator-release",
                     "time": written.strftime("%Y-%m-%dT%H:%M:%SZ"),
                     "fieldsV1": {"f:spec": {"f:leaseDurationSeconds": {}}},
                 }
@@ -236,3 +237,18 @@ def test_a_claim_binds_only_later_waiters() -> None:
     assert freed.reserved_for_other("tie", TurnClaim(100, "zzz")) and not freed.reserved_for_other(
         "tie", TurnClaim(100, "aaa")
     )
+
+
+def test_a_failed_attempt_giving_back_a_lease_does_not_extend_the_reservation() -> None:
+    from datetime import timedelta
+
+    claim = TurnClaim(100, "claimant", "c")
+    freed = _lease_view(holder=None, claim=claim.dump(), written_s_ago=HANDOFF_GRACE_S + 1)
+    assert not freed.reserved_for_other("newcomer")
+    # the claimant took it and gave it back (a write of the coordinator manager) just now
+    assert freed.server_now is not None
+    freed.obj["metadata"]["managedFields"].append(
+        {"manager": "coordinator", "time": (freed.server_now - timedelta(seconds=0.5)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    )
+    again = LeaseView.parse(freed.obj, freed.server_now)
+    assert not again.reserved_for_other("newcomer")
