@@ -63,6 +63,13 @@ class IdentityMismatchError(CoordinatorError):
     exit_code = ExitCode.IDENTITY_MISMATCH
 
 
+class MembershipError(CoordinatorError):
+    """The member set the clusters store differs from this machine's record, or too few
+    members confirm it."""
+
+    exit_code = ExitCode.IDENTITY_MISMATCH
+
+
 class StateConflictError(CoordinatorError):
     """Stale fencing token, lost race, newer schema, or the lock is not held."""
 

@@ -70,6 +70,7 @@ from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import (
     IdentityMismatchError,
     LockHeldError,
+    MembershipError,
     NoQuorumError,
     StateConflictError,
 )
@@ -124,6 +125,8 @@ from coordinator.lease import (
     standing,
 )
 from coordinator.logs import get_logger
+from coordinator.membership import A_MEMBERSHIP, LEGACY, Check, Membership, Stored, Verdict
+from coordinator.membership import check as check_membership
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
 
@@ -204,6 +207,7 @@ class AcquireResult:
     validity_s: float = 0.0
     started: float = 0.0  # boot-clock time before the writes were sent
     lost: str | None = None  # a renewal that found the lock taken or broken says why
+    membership: Check | None = None  # what the members store, against the local record
 
     def valid_until(self) -> float:
         return self.started + remaining_validity(self.ttl_s, 0.0)
@@ -271,6 +275,11 @@ class LockEngine:
         self._sightings: dict[str, Sighting] = {}
         # Clusters whose Date header disagreed with their own stamps: always probe there.
         self._date_untrusted: set[str] = set()
+        # The member set this machine's record names, by identity: what every member
+        # must store (see coordinator/membership.py).
+        self.membership = Membership.of(
+            (clusters.record(m).identity for m in self.members), getattr(deployment, "epoch", 1)
+        )
 
     @property
     def timeout(self) -> float:
@@ -353,7 +362,29 @@ class LockEngine:
             A_MEMBERS: ",".join(self.members),
             A_NAMESPACE: self.dep.namespace,
             A_MAX_TTL: str(math.ceil(self.max_ttl_s)),
+            A_MEMBERSHIP: self.membership.dump(),
         }
+
+    def stored_membership(self, view: LeaseView) -> Stored:
+        """What one member's lease says about the member set: nothing when it is missing
+        or a tombstone (a tombstone is written by whoever found the lease missing, so it
+        proves nothing), LEGACY for a lease from before stored member sets."""
+        if not view.exists or view.vanished:
+            return None
+        raw = ((view.obj.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP)
+        if raw is None:
+            return LEGACY
+        return Membership.parse(raw)
+
+    def check_members(self, stored: Mapping[str, Stored]) -> Check:
+        return check_membership(self.membership, stored, self.members)
+
+    def membership_error(self, result: Check) -> MembershipError | NoQuorumError:
+        names = {self.clusters.record(m).identity: m for m in self.members}
+        text = result.explain(self.dep.name, names)
+        if result.verdict is Verdict.UNOBSERVABLE:
+            return NoQuorumError(text)
+        return MembershipError(text)
 
     def _fresh_lease(self, *, vanished: bool, floor: int = 0) -> dict[str, Any]:
         """A holderless lease: free (made with the deployment), or a tombstone for one
@@ -364,6 +395,7 @@ class LockEngine:
         if vanished:
             ann[A_VANISHED] = micro_time(_now())
             ann[A_TOKEN] = str(floor)
+            ann.pop(A_MEMBERSHIP, None)
         meta["annotations"] = ann
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {}}
 
@@ -400,38 +432,53 @@ class LockEngine:
                     query={"fieldManager": FIELD_MANAGER},
                 )
             except KubeError as err:
-                if err.kind == kube.ALREADY_EXISTS:
-                    return ClusterResult(cluster, Outcome.OK, ClusterLease(None, "exists"), detail="lease exists")
-                return failed(cluster, err)  # type: ignore[return-value]
+                if err.kind != kube.ALREADY_EXISTS:
+                    return failed(cluster, err)  # type: ignore[return-value]
+                try:
+                    view = await self._read(cluster)
+                except KubeError as err2:
+                    return failed(cluster, err2)  # type: ignore[return-value]
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "exists"), detail="lease exists")
             return ClusterResult(
                 cluster, Outcome.OK, ClusterLease(LeaseView.parse(resp.body, resp.server_time), "created")
             )
 
-        return await fan_out(self.members, one, timeout=self.timeout)
+        results = await fan_out(self.members, one, timeout=self.timeout)
+        stored = {k: self.stored_membership(r.value.view) for k, r in results.items() if r.value and r.value.view}
+        verdict = self.check_members(stored)
+        if verdict.verdict is Verdict.CONFLICT:
+            raise MembershipError(
+                f"Deployment {self.dep.name!r} already exists in namespace {self.dep.namespace!r} with a "
+                "different member set: " + verdict.explain(self.dep.name, self._identity_names())
+            )
+        return results
 
-    async def _state_tokens(self) -> list[int] | None:
-        """The fencing tokens of the state replicas, when a majority can be read (a
-        missing state object counts as token 0); None otherwise."""
+    def _identity_names(self) -> dict[str, str]:
+        return {self.clusters.record(m).identity: m for m in self.members}
+
+    async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
+        """What a majority of the state replicas say: per member that answered, the
+        fencing token its envelope was written with (0 if there is no state object) and
+        the member set it stores. Returns as soon as a majority answered."""
         base = configmaps_path if self.dep.storage == "configmap" else secrets_path
         path = f"{base(self.dep.namespace)}/{state_name(self.dep.name)}"
 
-        async def one(cluster: str) -> ClusterResult[int]:
+        async def one(cluster: str) -> ClusterResult[tuple[int, Stored]]:
             try:
                 resp = await self.clusters.client(cluster).request("GET", path)
             except KubeError as err:
                 if err.kind == kube.NOT_FOUND:
-                    return ClusterResult(cluster, Outcome.OK, 0)
+                    return ClusterResult(cluster, Outcome.OK, (0, None))
                 return failed(cluster, err)  # type: ignore[return-value]
-            token = _envelope_token(resp.body, secret=self.dep.storage == "secret")
-            if token is None:
+            found = _envelope_evidence(resp.body, secret=self.dep.storage == "secret")
+            if found is None:
                 return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
-            return ClusterResult(cluster, Outcome.OK, token)
+            return ClusterResult(cluster, Outcome.OK, found)
 
         results = await fan_out(
             self.members, one, timeout=self.timeout, until=lambda rs: sum(r.ok for r in rs.values()) >= self.q
         )
-        tokens = [r.value for r in results.values() if r.ok and r.value is not None]
-        return tokens if len(tokens) >= self.q else None
+        return {k: r.value for k, r in results.items() if r.ok and r.value is not None}
 
     # -- writing one lease
 
@@ -709,8 +756,10 @@ class LockEngine:
         token_ready = anyio.Event()
         chosen: dict[str, int | None] = {}
         line: dict[str, TurnClaim | None] = {}
-        attempt_over = {"lost": False, "won": False, "mismatch": False}
+        attempt_over = {"lost": False, "won": False, "mismatch": False, "membership": False}
         choosing = [False]
+
+        members_check: list[Check] = []
 
         async def maybe_choose_token() -> None:
             if token_ready.is_set() or choosing[0]:
@@ -719,15 +768,28 @@ class LockEngine:
                 return
             views = list(reads.values())
             token = next_token(views, self.q, None) if len(views) >= self.q else None
-            if token is None and len(views) >= self.q:
-                # Leases were deleted: the token must also clear what the state has seen.
+            verdict = self.check_members({c: self.stored_membership(v) for c, v in reads.items()})
+            needs_more = verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED)
+            if len(views) >= self.q and (token is None or needs_more):
+                # Leases were deleted: the token must also clear what the state replicas
+                # have seen, and the member set may be confirmed by them.
                 choosing[0] = True
+                evidence: dict[str, tuple[int, Stored]] = {}
                 try:
                     with anyio.move_on_after(self.timeout * 0.75):
-                        token = next_token(views, self.q, await self._state_tokens())
+                        evidence = await self._state_evidence()
                 finally:
                     choosing[0] = False
+                views = list(reads.values())  # more reads may have landed meanwhile
+                stored = {c: self.stored_membership(v) for c, v in reads.items()}
+                for c, (_, kept) in evidence.items():
+                    if stored.get(c) is None and kept is not None:
+                        stored[c] = kept
+                verdict = self.check_members(stored)
+                state_tokens = [t for t, _ in evidence.values()] if len(evidence) >= self.q else None
+                token = next_token(views, self.q, None) or next_token(views, self.q, state_tokens)
             chosen["token"] = token
+            members_check.append(verdict)
             line["ahead"] = _first_in_line(views, lock_id, mine)
             token_ready.set()
 
@@ -745,6 +807,14 @@ class LockEngine:
                 reads_done += 1
             await maybe_choose_token()
             await token_ready.wait()
+            if members_check and not members_check[0].ok and len(reads) >= self.q:
+                attempt_over["membership"] = True
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "not attempted"),
+                    detail="not attempted: a majority of the members do not confirm this machine's member set",
+                )
             if len(reads) < self.q:
                 return ClusterResult(
                     cluster,
@@ -819,9 +889,12 @@ class LockEngine:
             members=self.members,
             ttl_s=ttl_s,
             started=started,
+            membership=members_check[0] if members_check else None,
         )
         outcomes = [r.outcome for r in results.values()]
-        won = quorum.quorum_reached(outcomes, self.n) and not attempt_over["mismatch"]
+        won = (
+            quorum.quorum_reached(outcomes, self.n) and not attempt_over["mismatch"] and not attempt_over["membership"]
+        )
         validity = remaining_validity(ttl_s, boot_clock() - started)
         if won and validity > 0:
             result.acquired = True
@@ -980,6 +1053,10 @@ class LockEngine:
         report = acquire_report(result)
         if self._mismatch(result):
             raise IdentityMismatchError(report, payload=result)
+        if result.membership is not None and not result.membership.ok:
+            err = self.membership_error(result.membership)
+            err.payload = result
+            raise err
         if quorum.failure_outcome(outcomes, self.n) is Outcome.HELD_BY_OTHER:
             raise LockHeldError(report, payload=result)
         raise NoQuorumError(report, payload=result)
@@ -1124,6 +1201,7 @@ class LockEngine:
 
     async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
         """Clear the lease whatever its holder (admin override), leaving an audit note."""
+        await self.verify_members()
         note = {"by": by, "host": socket.gethostname(), "at": micro_time(_now()), "reason": reason}
         # A malformed fencing token is replaced by the highest valid one on the other
         # members, so that tokens keep rising after the break; those clusters wait (a
@@ -1182,6 +1260,31 @@ class LockEngine:
         log.warning("lock broken", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
         return results
 
+    def _raise_on_member_conflict(self, results: Mapping[str, ClusterResult[ClusterLease]]) -> None:
+        """Stop when a member stores another member set under the same or a newer epoch
+        (this machine's record is stale or divergent). Missing confirmation alone does
+        not stop commands that only read or clear."""
+        stored = {
+            k: self.stored_membership(r.value.view) for k, r in results.items() if r.ok and r.value and r.value.view
+        }
+        verdict = self.check_members(stored)
+        if verdict.verdict is Verdict.CONFLICT:
+            raise self.membership_error(verdict)
+
+    async def verify_members(self) -> None:
+        """Read every member's lease and stop on a conflicting stored member set."""
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+            return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
+
+        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        self._raise_on_mismatch(results)
+        self._raise_on_member_conflict(results)
+
     def _raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
         if bad:
@@ -1199,6 +1302,7 @@ class LockEngine:
 
         results = await fan_out(self.members, on_cluster, timeout=self.timeout)
         self._raise_on_mismatch(results)
+        self._raise_on_member_conflict(results)
         rows: list[ClusterStatus] = []
         live: dict[str, str | None] = {}
         remaining: dict[str, float] = {}
@@ -1309,17 +1413,25 @@ def _with_annotation(obj: dict[str, Any], key: str, value: str) -> dict[str, Any
     return body
 
 
-def _envelope_token(obj: dict[str, Any], *, secret: bool) -> int | None:
-    """The fencing token a state object's envelope was written with, if readable."""
+def _envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored] | None:
+    """From a state object: the fencing token its envelope was written with and the
+    member set it stores (by identity); None when the envelope is unreadable."""
     raw = (obj.get("data") or {}).get("envelope.json")
     if not isinstance(raw, str):
         return None
     try:
         text = base64.b64decode(raw).decode() if secret else raw
-        token = json.loads(text).get("token")
-    except (ValueError, AttributeError, UnicodeDecodeError):
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
         return None
-    return token if isinstance(token, int) and token >= 0 else None
+    token = doc.get("token") if isinstance(doc, dict) else None
+    if not isinstance(token, int) or token < 0:
+        return None
+    stored: Stored = Membership.parse(doc.get("membership"))
+    if stored is None and isinstance(doc.get("member_ids"), dict) and doc["member_ids"]:
+        # envelopes from before stored epochs name the writer's members by identity
+        stored = Membership.of(str(v) for v in doc["member_ids"].values())
+    return token, stored
 
 
 def _with_claim(obj: dict[str, Any], claim: TurnClaim | None) -> dict[str, Any]:

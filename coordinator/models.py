@@ -63,6 +63,8 @@ class DeploymentRecord(_Model):
     created_at: datetime = Field(default_factory=utcnow)
     # No lease may be taken for longer; a lease found deleted blocks for this long.
     max_ttl_s: float = Field(default=600.0, ge=1.0)
+    # The configuration epoch of the member set, as stored on the members.
+    epoch: int = Field(default=1, ge=1)
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,109 @@
+"""The member set lives in the clusters: machines whose records differ are refused.
+
+On real API servers (the 5-cluster sandbox). Two machines are two config files with the
+same clusters connected; one of them keeps a record that disagrees with what the
+members store, as a laptop that missed a change (or made one alone) would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from coord_fixtures import Env, make_env
+
+from coordinator.config import ConfigStore
+from coordinator.kube.resources import lease_path
+from coordinator.membership import A_MEMBERSHIP, LEGACY, Membership, Verdict, check
+from coordinator.models import DeploymentRecord
+
+pytestmark = pytest.mark.integration
+
+
+def _second_machine(env: Env, tmp_path: Path, deployment: str, members: list[str]) -> Env:
+    """Another machine: the same clusters connected, and a record of ``deployment`` with
+    ``members`` written straight into its config (as an older or divergent record)."""
+    other = make_env(env.sandbox, tmp_path / "other", deployment="scratch")
+    with ConfigStore(other.config).edit() as cfg:
+        cfg.deployments[deployment] = DeploymentRecord(name=deployment, namespace=env.namespace, clusters=members)
+    other.namespace = env.namespace
+    other.deployment = deployment
+    return other
+
+
+def _acquire(env: Env, deployment: str, holder: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return env.cli("-o", "json", "--timeout", "2s", "lock", "acquire", deployment, "--holder", holder, *extra)
+
+
+def test_a_record_with_fewer_members_is_refused(dep5: Env, tmp_path: Path) -> None:
+    made = dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2",
+                    "--cluster", "c3")
+    assert made.returncode == 0, made.stderr
+    lone = _second_machine(dep5, tmp_path, "pay", ["c1"])
+    refused = _acquire(lone, "pay", "x")
+    assert refused.returncode == 5, refused.stderr
+    assert "deployment import pay" in refused.stderr and "c1" in refused.stderr
+    ok = _acquire(dep5, "pay", "y")
+    assert ok.returncode == 0, ok.stderr
+    # and creating it anew on that machine with the smaller set is refused as well
+    again = lone.cli("deployment", "delete", "pay")
+    assert again.returncode == 0, again.stderr
+    create = lone.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1")
+    assert create.returncode == 5, create.stderr
+    assert "different member set" in create.stderr
+
+
+def test_disjoint_majorities_cannot_both_hold(dep5: Env, tmp_path: Path) -> None:
+    """{c1,c2,c3} stored; a machine that replaced c2,c3 by c4,c5 on its own is refused,
+    whether or not it can reach the member they share."""
+    made = dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2",
+                    "--cluster", "c3")
+    assert made.returncode == 0, made.stderr
+    first = _acquire(dep5, "pay", "y", "--ttl", "60s")
+    assert first.returncode == 0, first.stderr
+    rogue = _second_machine(dep5, tmp_path, "pay", ["c1", "c4", "c5"])
+    seen = _acquire(rogue, "pay", "x")
+    assert seen.returncode == 5, seen.stderr
+    dep5.sandbox.pause(1)
+    unseen = _acquire(rogue, "pay", "x")
+    assert unseen.returncode == 5, unseen.stderr  # c4 and c5 store nothing: not confirmed
+    assert "confirm" in unseen.stderr
+    for i in (4, 5):
+        with pytest.raises(Exception):  # noqa: B017 - nothing was written there
+            anyio.run(dep5.raw, i, "GET", lease_path(dep5.namespace, "coordinator-lock-pay"))
+
+
+def test_every_lease_stores_the_member_set_by_identity(dep5: Env) -> None:
+    lease: dict[str, Any] = anyio.run(dep5.raw, 2, "GET", lease_path(dep5.namespace, "coordinator-lock-web"))
+    stored = Membership.parse(lease["metadata"]["annotations"][A_MEMBERSHIP])
+    assert stored is not None and stored.epoch == 1 and len(stored.members) == 5
+    cfg = ConfigStore(dep5.config).load()
+    assert set(stored.members) == {cfg.clusters[f"c{i}"].identity for i in range(1, 6)}
+    st = dep5.cli("-o", "json", "lock", "status", "web")
+    assert st.returncode == 0 and json.loads(st.stdout)["quorum"] == 3
+
+
+# -- the pure rule, case by case
+
+
+def test_check_rules() -> None:
+    local = Membership.of(["a", "b", "c"])
+    members = ["A", "B", "C"]
+    assert check(local, {"A": local, "B": local}, members).verdict is Verdict.OK
+    assert check(local, {"A": local, "B": LEGACY}, members).verdict is Verdict.OK
+    assert check(local, {"A": local}, members).verdict is Verdict.UNOBSERVABLE
+    assert check(local, {"A": local, "B": None, "C": None}, members).verdict is Verdict.UNCONFIRMED
+    other = Membership.of(["a", "d", "e"])
+    assert check(local, {"A": other, "B": local, "C": local}, members).verdict is Verdict.CONFLICT
+    newer = Membership.of(["a", "b", "c", "d"], epoch=2)
+    result = check(local, {"A": newer, "B": local, "C": local}, members)
+    assert result.verdict is Verdict.CONFLICT and "epoch 2" in result.explain("pay")
+    older = Membership.of(["a", "b"], epoch=1)
+    later_local = Membership.of(["a", "b", "c"], epoch=2)
+    assert check(later_local, {"A": older, "B": later_local, "C": later_local}, members).verdict is Verdict.OK
+    assert Membership.parse("nonsense") is None and Membership.parse('{"epoch": 0, "members": ["a"]}') is None
+    assert Membership.parse(local.dump()) == local
