@@ -84,8 +84,10 @@ watcher=$!
 sleep 3
 run coordinator lock release payments
 sleep 2
-kill -INT "${watcher}" 2>/dev/null || true
-wait "${watcher}" 2>/dev/null || true
+# SIGTERM, not SIGINT: a background job of a script starts with SIGINT ignored.
+# The watch ends cleanly on SIGTERM (exit 0).
+kill -TERM "${watcher}"
+wait "${watcher}"
 
 step "Done"
 echo "Everything above ran against real API servers on this machine."

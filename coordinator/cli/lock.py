@@ -335,35 +335,52 @@ def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> N
             )
         return
 
-    async def loop() -> None:
+    async def follow() -> None:
         import anyio
 
         last: str | None = None
+        while True:
+            st = await c.status(deployment)
+            doc = status_document(st)
+            key = dump_document(
+                {k: v for k, v in doc.items() if k != "expires_in_s"}
+                | {"clusters": [{k: v for k, v in r.items()} for r in doc["clusters"]]},
+                "json",
+            )
+            if key != last:
+                last = key
+                if fmt == "json":
+                    import json
+
+                    from coordinator.cli.output import to_jsonable
+
+                    click.echo(json.dumps(to_jsonable(doc)))
+                elif fmt == "yaml":
+                    click.echo("---\n" + dump_document(doc, "yaml"))
+                else:
+                    from datetime import UTC, datetime
+
+                    say(f"--- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}")
+                    _status_text(st)
+            await anyio.sleep(every)
+
+    async def loop() -> None:
+        import signal
+
+        import anyio
+
+        # The watch ends normally on SIGINT, SIGTERM or SIGHUP: output flushed, clients
+        # closed (outside the cancelled scope), exit 0. A signal ignored at start stays
+        # ignored: a background job of a script starts with SIGINT ignored, and is
+        # stopped with SIGTERM.
+        stops = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
         async with c:
-            while True:
-                st = await c.status(deployment)
-                doc = status_document(st)
-                key = dump_document(
-                    {k: v for k, v in doc.items() if k != "expires_in_s"}
-                    | {"clusters": [{k: v for k, v in r.items()} for r in doc["clusters"]]},
-                    "json",
-                )
-                if key != last:
-                    last = key
-                    if fmt == "json":
-                        import json
-
-                        from coordinator.cli.output import to_jsonable
-
-                        click.echo(json.dumps(to_jsonable(doc)))
-                    elif fmt == "yaml":
-                        click.echo("---\n" + dump_document(doc, "yaml"))
-                    else:
-                        from datetime import UTC, datetime
-
-                        say(f"--- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}")
-                        _status_text(st)
-                await anyio.sleep(every)
+            with anyio.open_signal_receiver(*stops) as signals:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(follow)
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        break
 
     try:
         run(loop)
