@@ -414,4 +414,7 @@ def deployment_document(cfg: LocalConfig, dep: DeploymentRecord) -> dict[str, An
         "quorum": dep.quorum,
         "storage": dep.storage,
         "created_at": dep.created_at,
+        "epoch": dep.epoch,
+        "change_in_progress": {"to": dep.joint} if dep.joint else None,
+        "max_ttl_s": dep.max_ttl_s,
     }

@@ -11,12 +11,16 @@ from coordinator.errors import NoQuorumError, UsageError
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, state_name
+from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.models import MAX_DEPLOYMENT_NAME, DeploymentRecord
 from coordinator.state import decode_replica
 
 
-async def _list(cs: ClusterSet, cluster: str, path: str, selector: str) -> list[dict[str, Any]]:
-    resp = await cs.client(cluster).request("GET", path, query={"labelSelector": selector})
+async def _list(cs: ClusterSet, cluster: str, path: str, selector: str, name: str) -> list[dict[str, Any]]:
+    # Selecting by name as well lets RBAC authorize the list by resource name: the Role
+    # `rbac print` emits grants it on the deployment's own objects only.
+    query = {"labelSelector": selector, "fieldSelector": f"metadata.name={name}"}
+    resp = await cs.client(cluster).request("GET", path, query=query)
     return list(resp.body.get("items") or [])
 
 
@@ -41,7 +45,7 @@ async def import_deployment(
                 try:
                     found += [
                         (kind, o)
-                        for o in await _list(cs, source, path, selector)
+                        for o in await _list(cs, source, path, selector, state_name(name))
                         if (o.get("metadata") or {}).get("name") == state_name(name)
                     ]
                 except KubeError as err:
@@ -56,7 +60,7 @@ async def import_deployment(
             try:
                 leases = [
                     o
-                    for o in await _list(cs, source, path, selector)
+                    for o in await _list(cs, source, path, selector, lease_name(name))
                     if (o.get("metadata") or {}).get("name") == lease_name(name)
                 ]
             except KubeError as err:
@@ -77,11 +81,30 @@ async def import_deployment(
             f"Deployment {name!r} is stored on {source!r} in {len(namespaces)} namespaces "
             f"({', '.join(namespaces)}). Pass --namespace NS to say which one to import."
         )
+    # The member set a lease stores (by identity, with its epoch) is the newest word on
+    # membership: state envelopes name the members of their last write only.
+    for lease in leases:
+        stored = Membership.parse(((lease.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP))
+        if stored is None:
+            continue
+        ns = str(lease["metadata"]["namespace"])
+        members = _map_identities(cfg, stored.members)
+        joint = _map_identities(cfg, stored.joint) if stored.joint is not None else None
+        kind_found = next((k for k, o in found if str(o["metadata"]["namespace"]) == ns), "configmap")
+        storage_kind: Literal["configmap", "secret"] = "secret" if kind_found == "secret" else "configmap"
+        max_ttl = _positive(((lease.get("metadata") or {}).get("annotations") or {}).get("coordinator.io/max-ttl"))
+        record = DeploymentRecord(
+            name=name, namespace=ns, clusters=members, storage=storage_kind, epoch=stored.epoch, joint=joint
+        )
+        if max_ttl is not None:
+            record.max_ttl_s = max_ttl
+        return _save(store, record), f"lock lease (member set epoch {stored.epoch})"
     for kind, obj in found:
         rep = decode_replica(source, obj, kind)
         if rep.envelope is None:
             continue
-        ns = rep.envelope.namespace or str(obj["metadata"]["namespace"])
+        # where the object was found: an envelope copied from another namespace names that one
+        ns = str(obj["metadata"]["namespace"])
         members = _map_members(cfg, list(rep.envelope.members), rep.envelope.member_ids)
         storage: Literal["configmap", "secret"] = "secret" if kind == "secret" else "configmap"
         record = DeploymentRecord(name=name, namespace=ns, clusters=members, storage=storage)
@@ -98,6 +121,27 @@ async def import_deployment(
         f"No state or lock of deployment {name!r} was found on {source!r} in {where}. Check the "
         "name, or pass --namespace if the cluster does not let you list across namespaces."
     )
+
+
+def _positive(raw: Any) -> float | None:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if value >= 1 else None
+
+
+def _map_identities(cfg: Any, identities: tuple[str, ...]) -> list[str]:
+    """Local names of the clusters with these identities; refuses when one is not connected."""
+    by_identity = {c.identity: c.name for c in cfg.clusters.values()}
+    missing = [i for i in identities if i not in by_identity]
+    if missing:
+        raise UsageError(
+            f"The deployment's members include {len(missing)} cluster(s) not connected here (identities "
+            f"{', '.join(missing)}). Connect them with `coordinator cluster connect NAME --context CTX`, "
+            "then import again."
+        )
+    return [by_identity[i] for i in identities]
 
 
 def _map_members(cfg: Any, names: list[str], ids: dict[str, str]) -> list[str]:

@@ -443,17 +443,22 @@ def history_known(view: LeaseView) -> bool:
     return view.exists and not view.vanished and not view.token_malformed
 
 
-def next_token(views: list[LeaseView], quorum: int, state_tokens: list[int] | None) -> int | None:
+def next_token(
+    views: list[LeaseView], quorum: int, state_tokens: list[int] | None, *, history_ok: bool | None = None
+) -> int | None:
     """The fencing token of a new acquisition, or None when none can be proven safe yet.
 
     Every granted token T was written on a majority of leases. If at least ``quorum``
     of the leases read have kept their history, one of them is in that majority and
     holds a token >= T, so one more than the highest seen is new. Otherwise (leases
     deleted) the tokens of a majority of state replicas (``state_tokens``) are needed
-    too; None asks the caller to read them."""
+    too; None asks the caller to read them. ``history_ok`` replaces the count when the
+    caller judges majorities itself (a joint configuration needs one of each set)."""
     seen = [v.token for v in views if v.exists and not v.token_malformed]
     top = max(seen, default=0)
-    if sum(1 for v in views if history_known(v)) >= quorum:
+    if history_ok is None:
+        history_ok = sum(1 for v in views if history_known(v)) >= quorum
+    if history_ok:
         return top + 1
     if state_tokens is None:
         return None

@@ -116,6 +116,7 @@ from coordinator.lease import (
     Standing,
     TurnClaim,
     boot_clock,
+    history_known,
     lapsed_by_observation,
     manager_time,
     next_token,
@@ -265,9 +266,12 @@ class LockEngine:
         self.dep = deployment
         self.name = lease_name(deployment.name)
         self.path = lease_path(deployment.namespace, self.name)
-        self.members = list(deployment.clusters)
+        joint = list(getattr(deployment, "joint", None) or [])
+        # One group normally; the old and the new set while a member change is under way.
+        self.majorities = quorum.Majorities([list(deployment.clusters), *([joint] if joint else [])])
+        self.members = self.majorities.members
         self.n = len(self.members)
-        self.q = quorum.quorum_size(self.n)
+        self.q = self.majorities.quorum  # for display: q of the current set
         self.background = background
         self.max_ttl_s = float(getattr(deployment, "max_ttl_s", DEFAULT_MAX_TTL_S))
         self.max_server_skew_s = max_server_skew_s
@@ -278,7 +282,9 @@ class LockEngine:
         # The member set this machine's record names, by identity: what every member
         # must store (see coordinator/membership.py).
         self.membership = Membership.of(
-            (clusters.record(m).identity for m in self.members), getattr(deployment, "epoch", 1)
+            (clusters.record(m).identity for m in deployment.clusters),
+            getattr(deployment, "epoch", 1),
+            [clusters.record(m).identity for m in joint] if joint else None,
         )
 
     @property
@@ -376,8 +382,14 @@ class LockEngine:
             return LEGACY
         return Membership.parse(raw)
 
+    def _token(self, reads: Mapping[str, LeaseView], state_tokens: list[int] | None) -> int | None:
+        """The new fencing token from these reads (see lease.next_token), with "a
+        majority" meaning one of every group of the configuration."""
+        known = [c for c, v in reads.items() if history_known(v)]
+        return next_token(list(reads.values()), self.q, state_tokens, history_ok=self.majorities.reached(known))
+
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
-        return check_membership(self.membership, stored, self.members)
+        return check_membership(self.membership, stored, self.members, self.majorities.groups)
 
     def membership_error(self, result: Check) -> MembershipError | NoQuorumError:
         names = {self.clusters.record(m).identity: m for m in self.members}
@@ -476,7 +488,10 @@ class LockEngine:
             return ClusterResult(cluster, Outcome.OK, found)
 
         results = await fan_out(
-            self.members, one, timeout=self.timeout, until=lambda rs: sum(r.ok for r in rs.values()) >= self.q
+            self.members,
+            one,
+            timeout=self.timeout,
+            until=lambda rs: self.majorities.reached(k for k, r in rs.items() if r.ok),
         )
         return {k: r.value for k, r in results.items() if r.ok and r.value is not None}
 
@@ -764,13 +779,14 @@ class LockEngine:
         async def maybe_choose_token() -> None:
             if token_ready.is_set() or choosing[0]:
                 return
-            if len(reads) < self.q and reads_done < self.n:
+            enough = self.majorities.reached(reads)
+            if not enough and reads_done < self.n:
                 return
             views = list(reads.values())
-            token = next_token(views, self.q, None) if len(views) >= self.q else None
+            token = self._token(reads, None) if enough else None
             verdict = self.check_members({c: self.stored_membership(v) for c, v in reads.items()})
             needs_more = verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED)
-            if len(views) >= self.q and (token is None or needs_more):
+            if enough and (token is None or needs_more):
                 # Leases were deleted: the token must also clear what the state replicas
                 # have seen, and the member set may be confirmed by them.
                 choosing[0] = True
@@ -786,8 +802,8 @@ class LockEngine:
                     if stored.get(c) is None and kept is not None:
                         stored[c] = kept
                 verdict = self.check_members(stored)
-                state_tokens = [t for t, _ in evidence.values()] if len(evidence) >= self.q else None
-                token = next_token(views, self.q, None) or next_token(views, self.q, state_tokens)
+                state_tokens = [t for t, _ in evidence.values()] if self.majorities.reached(evidence) else None
+                token = self._token(reads, state_tokens)
             chosen["token"] = token
             members_check.append(verdict)
             line["ahead"] = _first_in_line(views, lock_id, mine)
@@ -807,7 +823,7 @@ class LockEngine:
                 reads_done += 1
             await maybe_choose_token()
             await token_ready.wait()
-            if members_check and not members_check[0].ok and len(reads) >= self.q:
+            if members_check and not members_check[0].ok and self.majorities.reached(reads):
                 attempt_over["membership"] = True
                 return ClusterResult(
                     cluster,
@@ -815,7 +831,7 @@ class LockEngine:
                     ClusterLease(view, "not attempted"),
                     detail="not attempted: a majority of the members do not confirm this machine's member set",
                 )
-            if len(reads) < self.q:
+            if not self.majorities.reached(reads):
                 return ClusterResult(
                     cluster,
                     Outcome.ERROR,
@@ -858,10 +874,10 @@ class LockEngine:
             if any(o is Outcome.IDENTITY_MISMATCH for o in outcomes):
                 attempt_over["mismatch"] = True
                 return True
-            if quorum.quorum_reached(outcomes, self.n):
+            if self.majorities.reached_by({k: r.outcome for k, r in results.items()}):
                 attempt_over["won"] = True
                 return True
-            if quorum.quorum_impossible(outcomes, self.n):
+            if self.majorities.impossible_by({k: r.outcome for k, r in results.items()}):
                 attempt_over["lost"] = True
                 return True
             return False
@@ -891,10 +907,8 @@ class LockEngine:
             started=started,
             membership=members_check[0] if members_check else None,
         )
-        outcomes = [r.outcome for r in results.values()]
-        won = (
-            quorum.quorum_reached(outcomes, self.n) and not attempt_over["mismatch"] and not attempt_over["membership"]
-        )
+        refused = attempt_over["mismatch"] or attempt_over["membership"]
+        won = self.majorities.reached_by({k: r.outcome for k, r in results.items()}) and not refused
         validity = remaining_validity(ttl_s, boot_clock() - started)
         if won and validity > 0:
             result.acquired = True
@@ -1047,9 +1061,6 @@ class LockEngine:
     def _settle(self, result: AcquireResult, *, final: bool) -> AcquireResult:
         if result.acquired:
             return result
-        outcomes = [r.outcome for r in result.results.values()]
-        # clusters that never answered count as unreachable
-        outcomes += [Outcome.UNREACHABLE] * (self.n - len(outcomes))
         report = acquire_report(result)
         if self._mismatch(result):
             raise IdentityMismatchError(report, payload=result)
@@ -1057,7 +1068,10 @@ class LockEngine:
             err = self.membership_error(result.membership)
             err.payload = result
             raise err
-        if quorum.failure_outcome(outcomes, self.n) is Outcome.HELD_BY_OTHER:
+        # Held by others when enough clusters were seen to say so (clusters that never
+        # answered count as unreachable); otherwise too few could be observed.
+        seen = [k for k, r in result.results.items() if r.outcome.observable]
+        if self.majorities.reached(seen):
             raise LockHeldError(report, payload=result)
         raise NoQuorumError(report, payload=result)
 
@@ -1119,7 +1133,7 @@ class LockEngine:
         self._raise_on_mismatch(results)
         ours = [k for k, r in results.items() if r.ok and r.extra.get("ours")]
         observable = [k for k, r in results.items() if r.outcome.observable]
-        if len(observable) < self.q:
+        if not self.majorities.reached(observable):
             unseen = sorted(set(self.members) - set(observable))
             done = f"released on {', '.join(sorted(ours))}" if ours else "released nowhere"
             raise NoQuorumError(
@@ -1176,7 +1190,7 @@ class LockEngine:
             self.members,
             on_cluster,
             timeout=self.timeout,
-            until=lambda rs: bool(lost) or quorum.quorum_reached([r.outcome for r in rs.values()], self.n),
+            until=lambda rs: bool(lost) or self.majorities.reached_by({k: r.outcome for k, r in rs.items()}),
         )
         self._raise_on_mismatch(results)
         result = AcquireResult(
@@ -1194,10 +1208,58 @@ class LockEngine:
             lost="; ".join(v for _, v in sorted(lost.items())) or None,
         )
         validity = remaining_validity(ttl_s, boot_clock() - started)
-        if not lost and quorum.quorum_reached([r.outcome for r in results.values()], self.n) and validity > 0:
+        renewed = self.majorities.reached_by({k: r.outcome for k, r in results.items()})
+        if not lost and renewed and validity > 0:
             result.acquired = True
             result.validity_s = validity
         return result
+
+    async def adopt_membership(
+        self, lock_id: str, token: int, ttl_s: float, holder: str, *, seed: Iterable[str] = ()
+    ) -> dict[str, ClusterResult[ClusterLease]]:
+        """For a member change, under the lock ``lock_id``: write this engine's member set
+        on every member's lease that still names ``lock_id``, and on the members in
+        ``seed`` (new ones) take the lease for ``lock_id`` with ``token`` — unless it is
+        held by someone else or has seen a higher token. OK where the lease now names
+        ``lock_id`` and stores the set."""
+        seeding = set(seed)
+
+        async def one(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+
+            def decide(view: LeaseView) -> Decision:
+                if view.exists and view.lock_id == lock_id:
+                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
+                    return body, "member set written", ""
+                if cluster not in seeding:
+                    return ClusterResult(
+                        cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "not ours"), detail="no longer ours"
+                    )
+                if view.held and view.expired(self.max_ttl_s) is not True:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.HELD_BY_OTHER,
+                        ClusterLease(view, "held"),
+                        detail=_held_detail(view, self.max_ttl_s),
+                    )
+                if view.token > token or view.token_malformed:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.CONFLICT,
+                        ClusterLease(view, "newer token"),
+                        detail=f"the new member's lease has token {view.token}, above this lock's {token}",
+                    )
+                body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder)
+                return body, "seeded with the lock", ""
+
+            return await self._cas(cluster, view, decide)
+
+        results = await fan_out(self.members, one, timeout=self.timeout)
+        self._raise_on_mismatch(results)
+        return results
 
     async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
         """Clear the lease whatever its holder (admin override), leaving an audit note."""
@@ -1352,13 +1414,12 @@ class LockEngine:
                     error="fencing-token annotation is malformed" if v.token_malformed else note,
                 )
             )
-        winner = quorum.majority_holder(live, self.n)
+        winner = self.majorities.holder(live)
         holder_row = next((row for row in rows if winner and row.lock_id == winner), None)
         expires = None
         if winner:
-            expires = quorum.majority_expiry(
-                [remaining[c] for c, lid in live.items() if lid == winner and c in remaining], self.n
-            )
+            mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
+            expires = self.majorities.expiry(mine)
         return LockStatus(
             deployment=self.dep.name,
             namespace=self.dep.namespace,

@@ -30,10 +30,12 @@ class Membership:
 
     epoch: int
     members: tuple[str, ...]
+    # While the set changes: the new set. Decisions then need a majority of both.
+    joint: tuple[str, ...] | None = None
 
     @classmethod
-    def of(cls, identities: Iterable[str], epoch: int = 1) -> Membership:
-        return cls(int(epoch), tuple(sorted(set(identities))))
+    def of(cls, identities: Iterable[str], epoch: int = 1, joint: Iterable[str] | None = None) -> Membership:
+        return cls(int(epoch), tuple(sorted(set(identities))), tuple(sorted(set(joint))) if joint is not None else None)
 
     @classmethod
     def parse(cls, raw: Any) -> Membership | None:
@@ -51,10 +53,18 @@ class Membership:
             return None
         if not all(isinstance(m, str) and m for m in members):
             return None
-        return cls.of(members, epoch)
+        joint = doc.get("joint")
+        if joint is not None and (
+            not isinstance(joint, list) or not joint or not all(isinstance(m, str) and m for m in joint)
+        ):
+            return None
+        return cls.of(members, epoch, joint)
 
     def document(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "members": list(self.members)}
+        doc: dict[str, Any] = {"epoch": self.epoch, "members": list(self.members)}
+        if self.joint is not None:
+            doc["joint"] = list(self.joint)
+        return doc
 
     def dump(self) -> str:
         return json.dumps(self.document(), separators=(",", ":"))
@@ -141,7 +151,12 @@ class Check:
         )
 
 
-def check(local: Membership, stored: Mapping[str, Stored], members: Sequence[str]) -> Check:
+def check(
+    local: Membership,
+    stored: Mapping[str, Stored],
+    members: Sequence[str],
+    groups: Sequence[Sequence[str]] | None = None,
+) -> Check:
     """Compare what each member that answered stores (``stored``, by local member name)
     with ``local``. Members absent from ``stored`` did not answer.
 
@@ -165,11 +180,17 @@ def check(local: Membership, stored: Mapping[str, Stored], members: Sequence[str
                 out.conflicting[member] = value
             else:
                 out.behind.append(member)
+    sets = [list(g) for g in groups] if groups else [list(members)]
+
+    def majority_of_each(names: Iterable[str]) -> bool:
+        chosen = set(names)
+        return all(len(chosen.intersection(g)) >= len(g) // 2 + 1 for g in sets)
+
     if out.conflicting:
         out.verdict = Verdict.CONFLICT
-    elif len(out.agreeing) >= local.quorum:
+    elif majority_of_each(out.agreeing):
         out.verdict = Verdict.OK
-    elif len(out.agreeing) + len(out.unseen) >= local.quorum:
+    elif majority_of_each([*out.agreeing, *out.unseen]):
         out.verdict = Verdict.UNOBSERVABLE
     else:
         out.verdict = Verdict.UNCONFIRMED

@@ -65,6 +65,8 @@ class DeploymentRecord(_Model):
     max_ttl_s: float = Field(default=600.0, ge=1.0)
     # The configuration epoch of the member set, as stored on the members.
     epoch: int = Field(default=1, ge=1)
+    # While a member change is in progress (a joint configuration): the new member set.
+    joint: list[str] | None = None
 
     @field_validator("name")
     @classmethod

@@ -118,3 +118,62 @@ def newest(orders: Mapping[str, tuple[int, int]]) -> str | None:
 def behind(orders: Mapping[str, tuple[int, int]], winner: tuple[int, int]) -> list[str]:
     """Replicas older than the winner: the ones to repair."""
     return sorted(name for name, order in orders.items() if order < winner)
+
+
+class Majorities:
+    """The quorum rule of a member set, or of a joint configuration while the set changes:
+    a decision needs a majority of *every* group (Raft's joint consensus), so that no
+    majority of the old set and no majority of the new set can decide apart."""
+
+    def __init__(self, groups: Sequence[Sequence[str]]) -> None:
+        if not groups or any(not g for g in groups):
+            raise ValueError("a configuration has at least one non-empty group")
+        self.groups = [list(dict.fromkeys(g)) for g in groups]
+        self.members = list(dict.fromkeys(m for g in self.groups for m in g))
+
+    @property
+    def joint(self) -> bool:
+        return len(self.groups) > 1
+
+    def reached(self, clusters: Iterable[str]) -> bool:
+        chosen = set(clusters)
+        return all(len(chosen.intersection(g)) >= quorum_size(len(g)) for g in self.groups)
+
+    def impossible(self, failed: Iterable[str]) -> bool:
+        """True once so many clusters said no that some group can no longer reach q."""
+        lost = set(failed)
+        return any(len(g) - len(lost.intersection(g)) < quorum_size(len(g)) for g in self.groups)
+
+    def reached_by(self, results: Mapping[str, Outcome]) -> bool:
+        return self.reached(c for c, o in results.items() if o is Outcome.OK)
+
+    def impossible_by(self, results: Mapping[str, Outcome]) -> bool:
+        return self.impossible(c for c, o in results.items() if o is not Outcome.OK)
+
+    def holder(self, holders: Mapping[str, str | None]) -> str | None:
+        """The lock id holding live leases on a majority of every group, if any."""
+        for lock_id in dict.fromkeys(h for h in holders.values() if h):
+            if self.reached(c for c, h in holders.items() if h == lock_id):
+                return lock_id
+        return None
+
+    def expiry(self, remaining: Mapping[str, float]) -> float | None:
+        """When a majority holder stops being one: the soonest of each group's q-th
+        longest remaining lease time."""
+        ends = []
+        for g in self.groups:
+            times = [remaining[c] for c in g if c in remaining]
+            end = majority_expiry(times, len(g))
+            if end is None:
+                return None
+            ends.append(end)
+        return min(ends)
+
+    @property
+    def quorum(self) -> int:
+        """For display: the q of the first (the current) group."""
+        return quorum_size(len(self.groups[0]))
+
+    def describe(self) -> str:
+        parts = [f"{quorum_size(len(g))} of {len(g)} ({', '.join(g)})" for g in self.groups]
+        return " and ".join(parts)

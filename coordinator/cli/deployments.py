@@ -186,3 +186,138 @@ def import_(ctx: click.Context, name: str, source: str, namespace: str | None) -
             f"{', '.join(rec.clusters)}) from the {origin} on {source}."
         ),
     )
+
+
+def _change(
+    ctx: click.Context,
+    name: str,
+    *,
+    add: str | None = None,
+    remove: str | None = None,
+    lock_id: str | None,
+    holder: str | None,
+    ttl: str,
+    wait: str = "0s",
+    force_dead: bool = False,
+) -> None:
+    from coordinator.api import Coordinator
+    from coordinator.durations import parse_duration
+    from coordinator.reconfig import change_members, new_members
+
+    app = app_of(ctx)
+    ttl_s = parse_duration(ttl, what="--ttl")
+    wait_s = parse_duration(wait, what="--wait")
+    c = Coordinator.from_config(app.config_path, timeout=app.timeout)
+    rec = c.deployment(name)
+    if rec.joint is not None:
+        target = list(rec.joint)
+        say(f"Finishing the change of {name} to {', '.join(target)} that is in progress.")
+    else:
+        target = new_members(rec, add=add, remove=remove)
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with c:
+            return await change_members(
+                c,
+                name,
+                target,
+                lock_id=lock_id,
+                holder=holder,
+                ttl=ttl_s,
+                wait=wait_s,
+                force_dead=[remove] if force_dead and remove else None,
+            )
+
+    report = run(go)
+
+    def text() -> None:
+        say(
+            f"Deployment {name} now spans {', '.join(report.new)} (was {', '.join(report.old)}); "
+            f"configuration epoch {report.epoch}."
+        )
+        for step in report.steps:
+            say(f"  - {step}")
+        say("Other machines must run `coordinator deployment import` to adopt it (they are refused until then).")
+
+    emit(ctx, report.document(), text)
+
+
+_change_lock_id = click.option(
+    "--lock-id",
+    envvar="COORDINATOR_LOCK_ID",
+    default=None,
+    help="Run under this lock (held by you) instead of taking it.",
+)
+_change_holder = click.option("--holder", envvar="COORDINATOR_HOLDER", default=None, help="Who takes the lock.")
+_change_ttl = click.option("--ttl", default="60s", show_default=True, help="TTL of the lock held during the change.")
+_change_wait = click.option(
+    "--wait", default="0s", show_default=True, help="Wait this long for the lock if it is held."
+)
+
+
+@deployment.command("add-cluster")
+@click.argument("name")
+@click.argument("cluster")
+@_change_lock_id
+@_change_holder
+@_change_ttl
+@_change_wait
+@click.pass_context
+def add_cluster(
+    ctx: click.Context, name: str, cluster: str, lock_id: str | None, holder: str | None, ttl: str, wait: str
+) -> None:
+    """Add a member, through a joint configuration, under the lock (resumable).
+
+    Example: coordinator deployment add-cluster payments us-2
+    """
+    _change(ctx, name, add=cluster, lock_id=lock_id, holder=holder, ttl=ttl, wait=wait)
+
+
+@deployment.command("remove-cluster")
+@click.argument("name")
+@click.argument("cluster")
+@click.option(
+    "--force-dead",
+    is_flag=True,
+    help="The cluster is gone for good: remove it without asking it (the rest must hold a majority of the new set).",
+)
+@_change_lock_id
+@_change_holder
+@_change_ttl
+@_change_wait
+@click.pass_context
+def remove_cluster(
+    ctx: click.Context,
+    name: str,
+    cluster: str,
+    force_dead: bool,
+    lock_id: str | None,
+    holder: str | None,
+    ttl: str,
+    wait: str,
+) -> None:
+    """Remove a member, through a joint configuration, under the lock (resumable).
+
+    Example: coordinator deployment remove-cluster payments eu-3 --force-dead
+    """
+    _change(ctx, name, remove=cluster, lock_id=lock_id, holder=holder, ttl=ttl, wait=wait, force_dead=force_dead)
+
+
+@deployment.command("replace-cluster")
+@click.argument("name")
+@click.argument("old")
+@click.argument("new")
+@_change_lock_id
+@_change_holder
+@_change_ttl
+@_change_wait
+@click.pass_context
+def replace_cluster(
+    ctx: click.Context, name: str, old: str, new: str, lock_id: str | None, holder: str | None, ttl: str, wait: str
+) -> None:
+    """Replace a member (e.g. a rebuilt cluster connected under a new name), through a joint
+    configuration, under the lock (resumable).
+
+    Example: coordinator deployment replace-cluster payments eu-3 eu-3b
+    """
+    _change(ctx, name, add=new, remove=old, lock_id=lock_id, holder=holder, ttl=ttl, wait=wait)

@@ -1,0 +1,277 @@
+"""Changing a deployment's member set safely: add, remove or replace a cluster.
+
+A change moves through a *joint configuration* (Raft's joint consensus): for as long as
+it lasts, a decision needs a majority of the old set **and** a majority of the new one,
+so a majority of the old set and a majority of the new set can never decide apart —
+before, during or after the change. Step by step, all under the deployment's lock:
+
+1. take the lock with the current configuration (or use ``--lock-id``);
+2. write the joint configuration (epoch + 1, old and new sets) on the members' leases,
+   seeding each new member's lease with the lock and its fencing token; it counts once
+   majorities of both sets store it and hold the lock; this machine's record follows;
+3. copy the state to the new members (a sync under the joint configuration);
+4. commit the new set (epoch + 2) on majorities of both sets; the record follows;
+5. release the lock (unless it was given with ``--lock-id``).
+
+An interrupted change leaves the joint configuration stored, which is safe: running the
+same command again finishes it. Machines whose record predates the change are refused
+(the members store a newer epoch) until they run ``deployment import``.
+
+``--force-dead`` removes members that are gone for good without asking them: the new
+set must then have a majority of its own reachable, and a lock or a state write that
+reached only the dead members and fewer than a majority of the others can be lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from coordinator.api import Coordinator, check_ttl
+from coordinator.errors import NoQuorumError, StateConflictError, UsageError
+from coordinator.fanout import ClusterResult
+from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
+from coordinator.models import DeploymentRecord
+
+
+@dataclass
+class ChangeReport:
+    deployment: str
+    old: list[str]
+    new: list[str]
+    epoch: int
+    steps: list[str] = field(default_factory=list)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "deployment": self.deployment,
+            "old_members": self.old,
+            "new_members": self.new,
+            "epoch": self.epoch,
+            "steps": self.steps,
+        }
+
+
+def _confirm(engine: LockEngine, results: dict[str, ClusterResult[ClusterLease]], what: str) -> None:
+    ok = [k for k, r in results.items() if r.ok]
+    if engine.majorities.reached(ok):
+        return
+    per = "; ".join(f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(results.items()))
+    raise NoQuorumError(
+        f"Could not {what} on {engine.majorities.describe()}: done on {', '.join(sorted(ok)) or 'none'} ({per}). "
+        "The change stopped in a safe state; run the same command again to finish it."
+    )
+
+
+async def change_members(
+    c: Coordinator,
+    name: str,
+    target: list[str],
+    *,
+    lock_id: str | None = None,
+    holder: str | None = None,
+    ttl: float = 60.0,
+    wait: float = 0.0,
+    force_dead: list[str] | None = None,
+) -> ChangeReport:
+    """Move deployment ``name`` to the member set ``target`` (see the module doc)."""
+    rec = c.deployment(name)
+    dead = list(dict.fromkeys(force_dead or []))
+    if rec.joint is not None and list(rec.joint) != list(target):
+        raise UsageError(
+            f"A change of deployment {name!r} to {', '.join(rec.joint)} is already in progress; run that "
+            "change again to finish it before starting another."
+        )
+    if len(set(target)) != len(target) or not target:
+        raise UsageError("The new member set must name each cluster once and at least one cluster.")
+    for member in target:
+        c.clusters.record(member)
+    if list(target) == list(rec.clusters) and rec.joint is None:
+        raise UsageError(f"Deployment {name!r} already has exactly these members; nothing to change.")
+    check_ttl(ttl, LockEngine(c.clusters, rec))
+    report = ChangeReport(name, list(rec.clusters), list(target), rec.epoch)
+    who = holder or default_holder()
+
+    if dead:
+        return await _remove_dead(c, rec, target, dead, who, ttl, report)
+
+    engine = c.lock_engine(name)
+    held: AcquireResult
+    if lock_id:
+        token = await _token_of(engine, lock_id)
+        held = AcquireResult(
+            deployment=name,
+            namespace=rec.namespace,
+            lock_id=lock_id,
+            holder=who,
+            fencing_token=token,
+            acquired=True,
+            quorum=engine.q,
+            results={},
+            members=engine.members,
+            ttl_s=ttl,
+        )
+        renewed = await engine.renew(lock_id, token, ttl, who)
+        if not renewed.acquired:
+            raise StateConflictError(
+                f"Lock {lock_id} does not hold deployment {name!r} on {engine.majorities.describe()}"
+                + (f": {renewed.lost}" if renewed.lost else "")
+                + ". Take the lock, or leave out --lock-id and the change takes it."
+            )
+        held = renewed
+        report.steps.append(f"using lock {lock_id} (token {token})")
+    else:
+        held = await engine.acquire(
+            ttl_s=ttl,
+            holder=who,
+            reason=f"member change to {', '.join(target)}",
+            command=current_command(),
+            wait_s=wait,
+        )
+        report.steps.append(f"took the lock {held.lock_id} (token {held.fencing_token})")
+    token = held.fencing_token or 0
+    try:
+        async with keep_renewed(engine, held) as lost:
+            joint_rec = (
+                rec if rec.joint is not None else rec.model_copy(update={"epoch": rec.epoch + 1, "joint": list(target)})
+            )
+            joint = LockEngine(c.clusters, joint_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+            seed = [m for m in target if m not in rec.clusters]
+            _confirm(
+                joint,
+                await joint.adopt_membership(held.lock_id, token, ttl, who, seed=seed),
+                "store the joint configuration",
+            )
+            _save(c, joint_rec)
+            report.epoch = joint_rec.epoch
+            report.steps.append(
+                f"joint configuration (epoch {joint_rec.epoch}) stored on {joint.majorities.describe()}"
+            )
+            if os.environ.get("COORDINATOR_TEST_KILL_AFTER") == "joint":
+                os.kill(os.getpid(), signal.SIGKILL)  # the interrupted-change test
+            if lost.is_set():
+                raise StateConflictError("The lock was lost during the change; run the same command again.")
+            # The copy reads a majority of old and new together (any such majority meets
+            # the old majority that confirmed the last write) and writes every member.
+            union = joint_rec.model_copy(update={"clusters": _union(rec, joint_rec), "joint": None})
+            c.config.deployments[name] = union
+            try:
+                synced = await c.state(name).sync()
+            finally:
+                c.config.deployments[name] = joint_rec
+            report.steps.append(f"state copied to the members ({_sync_summary(synced)})")
+            final_rec = joint_rec.model_copy(
+                update={"epoch": joint_rec.epoch + 1, "clusters": list(target), "joint": None}
+            )
+            final = LockEngine(c.clusters, final_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+            # The commit is written on the old members too, so that a stale machine finds
+            # the newer epoch wherever it looks; it counts on majorities of both sets.
+            committing = LockEngine(c.clusters, joint_rec, background=c._tg)
+            committing.membership = final.membership
+            _confirm(
+                joint,
+                await committing.adopt_membership(held.lock_id, token, ttl, who),
+                "commit the new member set",
+            )
+            _save(c, final_rec)
+            report.epoch = final_rec.epoch
+            report.steps.append(f"new member set committed (epoch {final_rec.epoch})")
+    finally:
+        if not lock_id:
+            with anyio.CancelScope(shield=True):
+                try:
+                    current = c.deployment(name)
+                    union = current.model_copy(update={"joint": None, "clusters": _union(rec, current)})
+                    releaser = LockEngine(c.clusters, union, background=c._tg)
+                    # release on every member, old and new, writing the set in force
+                    releaser.membership = LockEngine(c.clusters, current).membership
+                    await releaser.release(held.lock_id)
+                    report.steps.append("released the lock")
+                except Exception as err:  # reported; the lock expires by itself
+                    report.steps.append(f"release failed: {err}")
+    return report
+
+
+async def _token_of(engine: LockEngine, lock_id: str) -> int:
+    status = await engine.status()
+    tokens = [row.token for row in status.clusters if row.lock_id == lock_id and row.token is not None]
+    if not tokens:
+        raise StateConflictError(f"Lock {lock_id} holds nothing on deployment {engine.dep.name!r}.")
+    return max(tokens)
+
+
+async def _remove_dead(
+    c: Coordinator,
+    rec: DeploymentRecord,
+    target: list[str],
+    dead: list[str],
+    who: str,
+    ttl: float,
+    report: ChangeReport,
+) -> ChangeReport:
+    """Drop members that are gone for good: the new set decides alone (no joint step)."""
+    unknown = [d for d in dead if d not in rec.clusters]
+    if unknown or any(d in target for d in dead):
+        raise UsageError(f"--force-dead names clusters that are not being removed: {', '.join(unknown or dead)}.")
+    final_rec = rec.model_copy(update={"epoch": rec.epoch + 2, "clusters": list(target), "joint": None})
+    final = LockEngine(c.clusters, final_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+    held = await final.acquire(ttl_s=ttl, holder=who, reason="remove dead members", command=current_command())
+    report.steps.append(f"took the lock {held.lock_id} on the remaining members (token {held.fencing_token})")
+    try:
+        _confirm(
+            final,
+            await final.adopt_membership(held.lock_id, held.fencing_token or 0, ttl, who),
+            "commit the new member set",
+        )
+        _save(c, final_rec)
+        report.epoch = final_rec.epoch
+        report.steps.append(
+            f"removed {', '.join(dead)} without asking them (epoch {final_rec.epoch}); a lock or state write "
+            "that reached only them and fewer than a majority of the others is given up"
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await final.release(held.lock_id)
+                report.steps.append("released the lock")
+            except Exception as err:
+                report.steps.append(f"release failed: {err}")
+    return report
+
+
+def _union(a: DeploymentRecord, b: DeploymentRecord) -> list[str]:
+    return list(dict.fromkeys([*a.clusters, *(a.joint or []), *b.clusters, *(b.joint or [])]))
+
+
+def _save(c: Coordinator, rec: DeploymentRecord) -> None:
+    c.config.deployments[rec.name] = rec
+    if c.store is None:
+        return
+    with c.store.edit() as cfg:
+        cfg.deployments[rec.name] = rec
+
+
+def _sync_summary(synced: Any) -> str:
+    if isinstance(synced, dict):
+        repaired = synced.get("repaired") or synced.get("written") or []
+        if isinstance(repaired, list | tuple | set):
+            return f"repaired {', '.join(sorted(map(str, repaired))) or 'none'}"
+    return "done"
+
+
+def new_members(rec: DeploymentRecord, *, add: str | None = None, remove: str | None = None) -> list[str]:
+    """The member set after adding and/or removing one cluster (a replace does both)."""
+    members = list(rec.clusters)
+    if add is not None:
+        if add in members:
+            raise UsageError(f"Cluster {add!r} is already a member of deployment {rec.name!r}.")
+        members.append(add)
+    if remove is not None:
+        if remove not in members:
+            raise UsageError(f"Cluster {remove!r} is not a member of deployment {rec.name!r}.")
+        members.remove(remove)
+    return members
