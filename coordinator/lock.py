@@ -130,6 +130,7 @@ from coordinator.membership import A_MEMBERSHIP, LEGACY, Check, Membership, Stor
 from coordinator.membership import check as check_membership
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
+from coordinator.text import printable
 
 __all__ = [
     "A_COMMAND",
@@ -1647,7 +1648,9 @@ def acquire_report(result: AcquireResult) -> str:
             f"Could not observe {', '.join(unseen)}; an unobservable cluster is never counted "
             f"as free. Check `coordinator cluster info NAME` for reachability and permissions."
         )
-    return head + "Per cluster:\n" + "".join(f"  {line}\n" for line in lines) + " ".join(advice)
+    # One line per cluster: a line break in what the clusters say (holder, reason, a
+    # server's message) must not pass for a line of this report.
+    return head + "Per cluster:\n" + "".join(f"  {printable(line)}\n" for line in lines) + printable(" ".join(advice))
 
 
 @contextlib.asynccontextmanager

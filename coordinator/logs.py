@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 # What configure_logging() asked for (or the quiet default); given to structlog when it
@@ -41,21 +42,27 @@ def configure_logging(*, log_format: str = "console", verbosity: int = 0) -> Non
 def _apply() -> None:
     import structlog
 
-    renderer: structlog.typing.Processor
+    processors: list[structlog.typing.Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     if _format == "json":
-        renderer = structlog.processors.JSONRenderer()
+        processors.append(structlog.processors.JSONRenderer())  # JSON escapes control characters itself
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+        # Console lines carry what the clusters said (details, holders): escaped, one line each.
+        processors += [_printable_values, structlog.dev.ConsoleRenderer(colors=False)]
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def _printable_values(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    from coordinator.text import printable
+
+    return {k: printable(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
 def _structlog_logger(name: str) -> Any:

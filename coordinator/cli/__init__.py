@@ -17,6 +17,7 @@ import click
 
 from coordinator import __version__
 from coordinator.errors import CoordinatorError, ExitCode
+from coordinator.text import printable
 
 # name -> "module:attribute" of a click command or group
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -175,6 +176,12 @@ def _usage_paragraph(err: click.UsageError) -> str:
     return text
 
 
+def _print_traceback() -> None:
+    """The traceback of the exception being handled, on stderr, with what the clusters
+    said in it (exception texts) escaped like every other message."""
+    click.echo(printable(traceback.format_exc(), keep_newlines=True), err=True, nl=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI and maps every outcome to a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -187,8 +194,9 @@ def main(argv: list[str] | None = None) -> None:
             raise _single(group) from None
     except CoordinatorError as err:
         if verbose:
-            traceback.print_exc()
-        click.echo(f"Error: {err.message}", err=True)
+            _print_traceback()
+        # The paragraph carries what the clusters said: escaped, but its own lines kept.
+        click.echo(f"Error: {printable(err.message, keep_newlines=True)}", err=True)
         sys.exit(int(err.exit_code))
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
             err.show()
         else:
             # One paragraph like every other error (click's own: usage, blank line, error).
-            click.echo(f"Error: {_usage_paragraph(err)}", err=True)
+            click.echo(f"Error: {printable(_usage_paragraph(err))}", err=True)
         sys.exit(int(ExitCode.USAGE))
     except click.ClickException as err:
         err.show()
@@ -213,10 +221,10 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)
     except Exception as err:  # a bug: say so, keep the traceback behind -v
         if verbose:
-            traceback.print_exc()
+            _print_traceback()
         click.echo(
             f"Internal error (this is a bug in coordinator {__version__}; please report it "
-            f"with the output of the same command run with -v): {type(err).__name__}: {err}",
+            f"with the output of the same command run with -v): {type(err).__name__}: {printable(str(err))}",
             err=True,
         )
         sys.exit(int(ExitCode.INTERNAL))

@@ -1,5 +1,10 @@
 """Rendering only: tables for people (rich on a terminal, plain text when piped),
-JSON or YAML documents for machines. ``NO_COLOR`` is respected."""
+JSON or YAML documents for machines. ``NO_COLOR`` is respected.
+
+Everything for people goes out through :func:`table`, :func:`say` and :func:`note` (and
+errors through ``cli.main``), which show control characters as escapes: much of what is
+printed was written into the clusters by others (see ``coordinator.text``). JSON and
+YAML documents are printed exact."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import anyio
 import click
 
 from coordinator.errors import CoordinatorError
+from coordinator.text import printable
 
 T = TypeVar("T")
 
@@ -71,17 +77,24 @@ def _color() -> bool:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> None:
-    """A table: boxed with rich on a terminal, aligned plain columns when piped."""
-    cells = [["" if c is None else str(c) for c in row] for row in rows]
+    """A table: boxed with rich on a terminal, aligned plain columns when piped.
+
+    Every cell is one line of printable text: a newline or control character in a value
+    is shown as an escape, so that no value can add a row or act on the terminal."""
+    cells = [["" if c is None else printable(str(c)) for c in row] for row in rows]
+    headers = [printable(h) for h in headers]
+    title = printable(title) if title is not None else None
     if _color():
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        t = Table(title=title, title_justify="left", header_style="bold")
+        # Text objects, not strings: rich would read '[...]' in a value as markup.
+        t = Table(title=Text(title) if title else None, title_justify="left", header_style="bold")
         for h in headers:
-            t.add_column(h, overflow="fold")
+            t.add_column(Text(h), overflow="fold")
         for row in cells:
-            t.add_row(*row)
+            t.add_row(*(Text(c) for c in row))
         Console().print(t)
         return
     if title:
@@ -108,8 +121,16 @@ def when(value: datetime | None) -> str:
 
 
 def say(text: str) -> None:
-    click.echo(text)
+    """One line for people on stdout; control characters (newlines too) as escapes."""
+    click.echo(printable(text))
 
 
 def note(text: str) -> None:
-    click.echo(text, err=True)
+    """One line for people on stderr; control characters (newlines too) as escapes."""
+    click.echo(printable(text), err=True)
+
+
+def live_line(text: str) -> None:
+    """Replace the current line of a terminal on stderr (a progress line) with ``text``."""
+    sys.stderr.write("\r\033[K" + printable(text)[:200])
+    sys.stderr.flush()
