@@ -443,6 +443,15 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
 @click.option(
     "--grace", default="10s", show_default=True, help="After SIGTERM on a lost lock, wait this long before SIGKILL."
 )
+@click.option(
+    "--lock-id",
+    envvar="COORDINATOR_LOCK_ID",
+    default=None,
+    help="Run under this lock, already held by this holder (e.g. from `lock acquire`), instead of taking "
+    "one; it stays held afterwards unless --release [env COORDINATOR_LOCK_ID, when COORDINATOR_DEPLOYMENT "
+    "is unset or names this deployment].",
+)
+@click.option("--release", is_flag=True, help="With --lock-id: release the lock when the command ends.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run_(
@@ -453,26 +462,55 @@ def run_(
     reason: str,
     holder: str | None,
     grace: str,
+    lock_id: str | None,
+    release: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Run a command while holding the lock (renewed in the background, released on exit).
+    """Run a command while holding the lock (renewed in the background, released at the end).
 
-    The child gets COORDINATOR_LOCK_ID, COORDINATOR_FENCING_TOKEN and COORDINATOR_DEPLOYMENT.
-    If the lock is lost the child gets SIGTERM, then SIGKILL after --grace; exit status 7.
+    The command runs in a process group of its own, with COORDINATOR_LOCK_ID,
+    COORDINATOR_FENCING_TOKEN and COORDINATOR_DEPLOYMENT in its environment. Signals
+    sent to `lock run` go to the whole group. If the lock is lost, the group gets
+    SIGTERM, then SIGKILL after --grace, and the exit status is 7. The lock is released
+    only once no process of the group is left; if `lock run` itself is killed, a
+    watchdog stops the group. Ctrl-Z stops the group too, and the lock is checked
+    before it continues.
+
+    Exit status: the command's (128+N if it was killed by signal N); 127 if it is not
+    found, 126 if it cannot be run; 7 if the lock was lost.
 
     Example: coordinator lock run payments --wait 10m -- ./deploy.sh v1.2
     """
-    from coordinator.lockrun import run_locked
+    from click.core import ParameterSource
 
-    code = run_locked(
-        app_of(ctx),
-        deployment,
-        list(command),
-        ttl_s=_duration(ttl, "--ttl"),
-        wait_s=_duration(wait, "--wait"),
+    from coordinator.lockrun import RunOptions, run_locked
+
+    if lock_id and ctx.get_parameter_source("lock_id") is ParameterSource.ENVIRONMENT:
+        import os
+
+        # A child of another `lock run` inherits its lock id: it is ours only for the
+        # same deployment.
+        named = os.environ.get("COORDINATOR_DEPLOYMENT")
+        if named and named != deployment:
+            lock_id = None
+    if release and not lock_id:
+        from coordinator.errors import UsageError
+
+        raise UsageError("--release goes with --lock-id: without it, `lock run` always releases the lock it took.")
+    ttl_given = ctx.get_parameter_source("ttl") is not ParameterSource.DEFAULT
+    wait_s = _duration(wait, "--wait")
+    opts = RunOptions(
+        deployment=deployment,
+        command=list(command),
+        ttl_s=_duration(ttl, "--ttl") if ttl_given or not lock_id else None,
+        wait_s=wait_s,
         reason=reason,
         holder=holder,
         grace_s=_duration(grace, "--grace"),
+        lock_id=lock_id,
+        release=release,
+        on_wait=_wait_reporter() if wait_s > 0 and not lock_id else None,
     )
+    code = run_locked(_coordinator(ctx), opts)
     sys.stdout.flush()
     ctx.exit(code)
