@@ -24,7 +24,14 @@ from coordinator.kube.identity import (
     discover_identity,
     read_identity,
 )
-from coordinator.kube.resources import IDENTITY_CONFIGMAP, LABEL_MANAGED_BY, LABEL_VALUE, namespace_path
+from coordinator.kube.resources import (
+    IDENTITY_CONFIGMAP,
+    LABEL_MANAGED_BY,
+    LABEL_VALUE,
+    lease_name,
+    namespace_path,
+    state_name,
+)
 from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.outcome import Outcome
 
@@ -186,34 +193,46 @@ class ClusterInfo:
     namespace: str
     storage: list[str] = field(default_factory=list)
     permissions: dict[str, dict[str, bool | None]] = field(default_factory=dict)
+    deployments: list[str] = field(default_factory=list)
 
     @property
     def missing(self) -> list[str]:
         return [f"{verb} {res}" for res, verbs in self.permissions.items() for verb, ok in verbs.items() if ok is False]
 
 
-def permission_checks(namespace: str, storages: Sequence[str]) -> list[tuple[str, str, str, str | None]]:
+def permission_checks(
+    namespace: str, storages: Sequence[str], deployments: Sequence[str] = ()
+) -> list[tuple[str, str, str, str | None]]:
     """(api group, resource, verb, resource name or None) for every right the tool needs in
-    ``namespace`` with the given state storages: read off the Role that `rbac print` emits,
-    so the check and the grant cannot disagree."""
+    ``namespace`` for ``deployments`` with the given state storages: read off the Roles that
+    `rbac print` emits, so the check and the grant cannot disagree. With no deployment
+    named, a deployment's own objects are checked as any object of their kind (stricter
+    than the printed Role, which grants them by name only)."""
     from coordinator import rbac
 
-    checks: dict[tuple[str, str, str], str | None] = {}
+    placeholder = "x"
+    checks: dict[tuple[str, str, str, str | None], None] = {}
     for storage in storages:
-        for rule in rbac.role(namespace, storage=storage)["rules"]:  # type: ignore[arg-type]
-            name = (rule.get("resourceNames") or [None])[0]  # the Role names one object at most
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        key = (group, resource, verb)
-                        # an unrestricted rule of one storage covers a named one of another
-                        if key not in checks or name is None:
-                            checks[key] = name
-    return [(g, r, v, n) for (g, r, v), n in checks.items()]
+        for deployment in deployments or [placeholder]:
+            for rule in rbac.role(namespace, deployment, storage=storage)["rules"]:  # type: ignore[arg-type]
+                names: list[str | None] = list(rule.get("resourceNames") or [None])
+                if not deployments:
+                    own = {lease_name(placeholder), state_name(placeholder)}
+                    names = [None if n in own else n for n in names]
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            for name in names:
+                                checks[(group, resource, verb, name)] = None
+    return list(checks)
 
 
 async def cluster_info(
-    clusters: ClusterSet, name: str, namespace: str, storages: Sequence[str] = ("configmap",)
+    clusters: ClusterSet,
+    name: str,
+    namespace: str,
+    storages: Sequence[str] = ("configmap",),
+    deployments: Sequence[str] = (),
 ) -> ClusterInfo:
     rec = clusters.record(name)
     client = clusters.client(name)
@@ -253,16 +272,22 @@ async def cluster_info(
     except KubeError as err:
         info.identity_ok = False if err.kind == "identity-mismatch" else None
         info.error = err.detail
-    checks = permission_checks(namespace, storages)
+    checks = permission_checks(namespace, storages, deployments)
+    answers: dict[tuple[str, str], list[bool | None]] = {}
     for _, resource, verb, _ in checks:
         info.permissions.setdefault(resource, {})[verb] = None
+        answers[(resource, verb)] = []
 
     async def check(group: str, resource: str, verb: str, resource_name: str | None) -> None:
-        info.permissions[resource][verb] = await _can_i(client, verb, group, resource, namespace, resource_name)
+        answers[(resource, verb)].append(await _can_i(client, verb, group, resource, namespace, resource_name))
 
     async with anyio.create_task_group() as tg:  # one access review per right, all at once
         for entry in checks:
             tg.start_soon(check, *entry)
+    for (resource, verb), said in answers.items():
+        # a right on several objects: missing if missing on one, unknown if unknown on one
+        info.permissions[resource][verb] = False if False in said else (None if None in said else True)
+    info.deployments = list(deployments)
     return info
 
 

@@ -3,11 +3,18 @@
 Everything here is pure: functions build manifests as plain dicts, ready to be dumped as
 YAML or JSON and applied with ``kubectl apply -f -`` on every member cluster.
 
-What the tool touches, and so what is granted:
+What the tool touches, and so what is granted, by name wherever Kubernetes allows:
 
-- in the deployment's namespace (a ``Role`` and a ``RoleBinding``): Leases (the lock) and
-  ConfigMaps (the state, and the fallback cluster identity), or with Secret storage,
-  Secrets for the state plus only ``get``/``create`` on ConfigMaps for the identity;
+- per deployment, in its namespace (a ``Role`` and a ``RoleBinding`` each): the Lease
+  ``coordinator-lock-<deployment>`` and the ConfigMap or Secret
+  ``coordinator-state-<deployment>``, to get, list and watch (only with a
+  ``fieldSelector`` on ``metadata.name``, which Kubernetes authorizes by name), update
+  and delete; ``get`` on the ConfigMap ``coordinator-identity`` (the fallback cluster
+  identity); and ``create`` on Leases and on ConfigMaps (and Secrets with Secret
+  storage). Kubernetes authorizes a create before the object has a name, so a rule
+  with ``resourceNames`` never matches one: ``create`` is granted for any name in the
+  namespace, and says so in the printed YAML. It lets the subject make new objects of
+  those kinds, never read, change or delete anyone else's.
 - cluster-wide (a ``ClusterRole`` and a ``ClusterRoleBinding``): ``get`` on exactly two
   namespaces, ``kube-system`` (whose UID is the cluster identity) and the deployment's
   own, and ``create`` on SelfSubjectAccessReviews (``cluster info`` asks what it may do);
@@ -15,23 +22,25 @@ What the tool touches, and so what is granted:
   Kubernetes cannot narrow ``create`` by name, so this is a separate, opt-in pair.
 
 Object names are stable for a given input, so applying the output twice changes nothing,
-and distinct subjects get distinct bindings: granting a second user never replaces the
-first (a binding's ``roleRef`` is immutable, and its ``subjects`` list would be replaced).
-Names are ``:``-separated like Kubernetes' own ``system:`` roles, e.g. the binding
-``coordinator:configmap-storage:group:release-engineers``; no part holds a ``:``, so two
-different inputs never produce the same name.
+and distinct subjects and deployments get distinct objects: granting a second user, or
+a second deployment, never replaces the first (a binding's ``roleRef`` is immutable, and
+its ``subjects`` list, like a Role's ``rules``, would be replaced). Names are
+``:``-separated like Kubernetes' own ``system:`` roles, e.g. the binding
+``coordinator:deployment:payments:configmap:group:release-engineers``; no part holds a
+``:``, so two different inputs never produce the same name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from coordinator.errors import UsageError
-from coordinator.kube.resources import IDENTITY_CONFIGMAP, LABEL_MANAGED_BY, LABEL_VALUE
-from coordinator.models import DNS1123_LABEL
+from coordinator.kube.resources import IDENTITY_CONFIGMAP, LABEL_MANAGED_BY, LABEL_VALUE, lease_name, state_name
+from coordinator.models import DNS1123_LABEL, MAX_DEPLOYMENT_NAME, check_dns_label
 
 Storage = Literal["configmap", "secret"]
 SubjectKind = Literal["User", "Group", "ServiceAccount"]
@@ -40,9 +49,22 @@ Manifest = dict[str, Any]
 STORAGES: tuple[Storage, ...] = ("configmap", "secret")
 RBAC_API_GROUP = "rbac.authorization.k8s.io"
 RBAC_API_VERSION = f"{RBAC_API_GROUP}/v1"
-# What the tool does to its own objects: read, watch for releases, create, compare-and-swap
-# update, and delete (purge). Never patch, never deletecollection.
-OBJECT_VERBS: tuple[str, ...] = ("get", "list", "watch", "create", "update", "delete")
+# What the tool does to its own objects, by name: read (``list`` and ``watch`` only with a
+# fieldSelector on metadata.name: `deployment import`, waiting for a release), compare-and-
+# swap update, and delete (purge). Never patch, never deletecollection. ``create`` cannot
+# be limited by name and is a rule of its own.
+NAMED_VERBS: tuple[str, ...] = ("get", "list", "watch", "update", "delete")
+CREATE_NOTE = (
+    "create cannot be limited by name: Kubernetes authorizes a create before the object "
+    "has a name, so a rule with resourceNames never matches one. This rule lets the "
+    "subject create new {kinds} under any name in this namespace; it cannot read, "
+    "change or delete any it does not name above."
+)
+NAMED_NOTE = (
+    "Only the objects named here: get, list and watch (only with a fieldSelector on "
+    "metadata.name, which Kubernetes authorizes by name), update and delete."
+)
+IDENTITY_NOTE = "The fallback cluster identity (used only where kube-system cannot be read): read by name."
 NAMESPACE_CREATOR_ROLE = "coordinator:create-namespaces"
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -125,33 +147,56 @@ def validate_namespace(namespace: str, *, what: str = "namespace") -> str:
     )
 
 
-def role(namespace: str, *, storage: Storage = "configmap") -> Manifest:
-    """The namespaced ``Role``: Leases, plus the state's ConfigMaps or Secrets."""
+def validate_deployment(name: str) -> str:
+    """Return ``name`` if it is a valid deployment name, else UsageError."""
+    try:
+        return check_dns_label(name, what="deployment name", max_len=MAX_DEPLOYMENT_NAME)
+    except ValueError as err:
+        raise UsageError(
+            f"{str(err)[0].upper()}{str(err)[1:]}. Name each deployment with --deployment as it "
+            "was (or will be) created."
+        ) from None
+
+
+def deployments_of(names: Sequence[str]) -> list[str]:
+    """The deployment names, validated, each once, in the order given; at least one."""
+    if not names:
+        raise UsageError(
+            "Name the deployment(s) to grant with --deployment NAME (repeatable): the rights are "
+            "granted on each deployment's own lock and state objects by name, not on every "
+            "object in the namespace."
+        )
+    return list(dict.fromkeys(validate_deployment(n) for n in names))
+
+
+def role(namespace: str, deployment: str, *, storage: Storage = "configmap") -> Manifest:
+    """The namespaced ``Role`` for one deployment: its Lease and its state object by name,
+    the identity ConfigMap by name, and ``create`` (which cannot be limited by name)."""
     validate_namespace(namespace)
-    rules = [_rule("coordination.k8s.io", "leases", OBJECT_VERBS)]
-    if storage == "configmap":
-        # The state and, when kube-system cannot be read, the identity ConfigMap.
-        rules.append(_rule("", "configmaps", OBJECT_VERBS))
-    elif storage == "secret":
-        rules.append(_rule("", "secrets", OBJECT_VERBS))
-        # Identity fallback only: read the one ConfigMap by name, create it once.
-        # (Kubernetes cannot restrict ``create`` by resource name.)
-        rules.append(_rule("", "configmaps", ("get",), resource_names=(IDENTITY_CONFIGMAP,)))
-        rules.append(_rule("", "configmaps", ("create",)))
-    else:
+    validate_deployment(deployment)
+    if storage not in STORAGES:
         raise UsageError(f"Unknown storage {storage!r}; choose one of: {', '.join(STORAGES)}.")
+    state_resource = "configmaps" if storage == "configmap" else "secrets"
+    rules = [
+        _rule("coordination.k8s.io", "leases", NAMED_VERBS, resource_names=(lease_name(deployment),)),
+        _rule("", state_resource, NAMED_VERBS, resource_names=(state_name(deployment),)),
+        _rule("", "configmaps", ("get",), resource_names=(IDENTITY_CONFIGMAP,)),
+        _rule("coordination.k8s.io", "leases", ("create",)),
+        # The state object (ConfigMap or Secret), and the identity ConfigMap, made once.
+        _rule("", ("configmaps",) if storage == "configmap" else ("configmaps", "secrets"), ("create",)),
+    ]
     return {
         "apiVersion": RBAC_API_VERSION,
         "kind": "Role",
-        "metadata": _metadata(role_name(storage), namespace),
+        "metadata": _metadata(role_name(deployment, storage), namespace),
         "rules": rules,
     }
 
 
-def role_binding(namespace: str, subject: Subject, *, storage: Storage = "configmap") -> Manifest:
-    """Binds :func:`role` to ``subject`` in ``namespace``."""
+def role_binding(namespace: str, deployment: str, subject: Subject, *, storage: Storage = "configmap") -> Manifest:
+    """Binds :func:`role` of ``deployment`` to ``subject`` in ``namespace``."""
     validate_namespace(namespace)
-    name = role_name(storage)
+    name = role_name(validate_deployment(deployment), storage)
     return {
         "apiVersion": RBAC_API_VERSION,
         "kind": "RoleBinding",
@@ -159,6 +204,16 @@ def role_binding(namespace: str, subject: Subject, *, storage: Storage = "config
         "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "Role", "name": name},
         "subjects": [subject.to_manifest()],
     }
+
+
+def rule_note(rule: Manifest) -> str:
+    """Why a rule of :func:`role` is there, for a comment above it in the printed YAML."""
+    if rule.get("resourceNames") == [IDENTITY_CONFIGMAP]:
+        return IDENTITY_NOTE
+    if rule.get("resourceNames"):
+        return NAMED_NOTE
+    kinds = {"leases": "Leases", "configmaps": "ConfigMaps", "secrets": "Secrets"}
+    return CREATE_NOTE.format(kinds=" and ".join(kinds.get(r, r) for r in rule["resources"]))
 
 
 def cluster_role(namespace: str) -> Manifest:
@@ -216,28 +271,28 @@ def namespace_creator_binding(subject: Subject) -> Manifest:
 def manifests(
     namespace: str,
     subject: Subject,
+    deployments: Sequence[str],
     *,
     storage: Storage = "configmap",
     create_namespace: bool = False,
 ) -> list[Manifest]:
-    """Every object ``subject`` needs to use deployments in ``namespace``, in apply order.
+    """Every object ``subject`` needs to use ``deployments`` in ``namespace``, in apply order.
 
     Roles come before the bindings that refer to them.
     """
-    objects = [
-        role(namespace, storage=storage),
-        role_binding(namespace, subject, storage=storage),
-        cluster_role(namespace),
-        cluster_role_binding(namespace, subject),
-    ]
+    validate_namespace(namespace)
+    names = deployments_of(deployments)
+    objects = [role(namespace, d, storage=storage) for d in names]
+    objects += [role_binding(namespace, d, subject, storage=storage) for d in names]
+    objects += [cluster_role(namespace), cluster_role_binding(namespace, subject)]
     if create_namespace:
         objects += [namespace_creator_cluster_role(), namespace_creator_binding(subject)]
     return objects
 
 
-def role_name(storage: Storage) -> str:
-    """Name of the namespaced Role; one per storage kind, shared by every subject."""
-    return f"coordinator:{storage}-storage"
+def role_name(deployment: str, storage: Storage) -> str:
+    """Name of a deployment's Role, shared by every subject granted that deployment."""
+    return f"coordinator:deployment:{deployment}:{storage}"
 
 
 def cluster_role_name(namespace: str) -> str:
@@ -247,12 +302,13 @@ def cluster_role_name(namespace: str) -> str:
 
 def _rule(
     api_group: str,
-    resource: str,
+    resources: str | tuple[str, ...],
     verbs: tuple[str, ...],
     *,
     resource_names: tuple[str, ...] | list[str] = (),
 ) -> Manifest:
-    rule: Manifest = {"apiGroups": [api_group], "resources": [resource]}
+    listed = [resources] if isinstance(resources, str) else list(resources)
+    rule: Manifest = {"apiGroups": [api_group], "resources": listed}
     if resource_names:
         rule["resourceNames"] = list(resource_names)
     rule["verbs"] = list(verbs)

@@ -15,11 +15,13 @@ from coordinator.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_RBAC = ROOT / "deploy" / "rbac.yaml"
-DEPLOY_RBAC_ARGS = "rbac print --namespace my-deployment-ns --group coordinator-users".split()
+DEPLOY_RBAC_ARGS = (
+    "rbac print --namespace my-deployment-ns --deployment my-deployment --group coordinator-users".split()
+)
 
 LABEL = ("coordinator.io/managed-by", "coordinator")
 RBAC = "rbac.authorization.k8s.io"
-ALL_VERBS = ("get", "list", "watch", "create", "update", "delete")
+NAMED_VERBS = ("get", "list", "watch", "update", "delete")
 
 # One tuple per granted (apiGroup, resource, verb, resourceName); None = any name.
 Grant = tuple[str, str, str, str | None]
@@ -42,8 +44,8 @@ def _expected(*grants: Grant) -> list[Grant]:
     return sorted(grants, key=repr)
 
 
-def _every_verb(group: str, resource: str) -> list[Grant]:
-    return [(group, resource, verb, None) for verb in ALL_VERBS]
+def _by_name(group: str, resource: str, name: str) -> list[Grant]:
+    return [(group, resource, verb, name) for verb in NAMED_VERBS]
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -57,7 +59,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-def _print(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
+def _print(capsys: pytest.CaptureFixture[str], *args: str, deployment: str | None = "web") -> list[dict[str, Any]]:
+    if deployment is not None:
+        args = (*args, "--deployment", deployment)
     code, out, err = _run(capsys, "rbac", "print", *args)
     assert code == 0, err
     return [doc for doc in yaml.safe_load_all(out) if doc is not None]
@@ -88,13 +92,21 @@ def test_default_output_is_role_clusterrole_and_their_bindings(
     assert {o["apiVersion"] for o in objects} == {"rbac.authorization.k8s.io/v1"}
 
 
-def test_role_grants_exactly_leases_and_configmaps(capsys: pytest.CaptureFixture[str]) -> None:
+def test_role_grants_the_deployments_objects_by_name_and_only_create_unnamed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     role = _one(_print(capsys, "--namespace", "payments", "--group", "release"), "Role")
     assert role["metadata"]["namespace"] == "payments"
     assert _grants(role) == _expected(
-        *_every_verb("coordination.k8s.io", "leases"),
-        *_every_verb("", "configmaps"),
+        *_by_name("coordination.k8s.io", "leases", "coordinator-lock-web"),
+        *_by_name("", "configmaps", "coordinator-state-web"),
+        ("", "configmaps", "get", "coordinator-identity"),
+        ("coordination.k8s.io", "leases", "create", None),
+        ("", "configmaps", "create", None),
     )
+    # Nothing but create is granted without a name: no list of every object, no delete
+    # of someone else's.
+    assert {verb for _, _, verb, name in _grants(role) if name is None} == {"create"}
 
 
 def test_secret_storage_swaps_configmaps_for_secrets_but_keeps_the_identity_configmap(
@@ -102,11 +114,81 @@ def test_secret_storage_swaps_configmaps_for_secrets_but_keeps_the_identity_conf
 ) -> None:
     objects = _print(capsys, "--namespace", "payments", "--group", "release", "--storage", "secret")
     assert _grants(_one(objects, "Role")) == _expected(
-        *_every_verb("coordination.k8s.io", "leases"),
-        *_every_verb("", "secrets"),
+        *_by_name("coordination.k8s.io", "leases", "coordinator-lock-web"),
+        *_by_name("", "secrets", "coordinator-state-web"),
         ("", "configmaps", "get", "coordinator-identity"),
+        ("coordination.k8s.io", "leases", "create", None),
         ("", "configmaps", "create", None),
+        ("", "secrets", "create", None),
     )
+
+
+def test_each_deployment_gets_its_own_role_and_binding(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(
+        capsys,
+        "rbac",
+        "print",
+        "-n",
+        "payments",
+        "--deployment",
+        "web",
+        "--deployment",
+        "api",
+        "--deployment",
+        "web",
+        "--user",
+        "alice",
+    )
+    assert code == 0, err
+    objects = [doc for doc in yaml.safe_load_all(out) if doc is not None]
+    assert [o["kind"] for o in objects] == [
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ]
+    roles = _by_kind(objects, "Role")
+    assert [r["metadata"]["name"] for r in roles] == [
+        "coordinator:deployment:web:configmap",
+        "coordinator:deployment:api:configmap",
+    ]
+    assert {name for r in roles for *_, name in _grants(r)} == {
+        "coordinator-lock-web",
+        "coordinator-state-web",
+        "coordinator-lock-api",
+        "coordinator-state-api",
+        "coordinator-identity",
+        None,
+    }
+    # Printing for one deployment gives the same Role: applying it for a second one
+    # never replaces the first's.
+    assert _one(_print(capsys, "-n", "payments", "--user", "bob", deployment="api"), "Role") == roles[1]
+    for binding, role in zip(_by_kind(objects, "RoleBinding"), roles, strict=True):
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_the_printed_yaml_says_why_create_is_not_limited_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        capsys, "rbac", "print", "-n", "payments", "--deployment", "web", "--user", "a", "--storage", "secret"
+    )
+    assert code == 0
+    text = " ".join(line.lstrip("# ") for line in out.splitlines() if line.startswith("#"))
+    assert "cannot limit `create` by name" in text
+    assert "create new ConfigMaps and Secrets under any name" in text
+    assert "create new Leases under any name" in text
+    # In every Role, each rule has a comment right above it; the create rules say why.
+    roles = [doc for doc in out.split("\n---\n") if "\nkind: Role\n" in f"\n{doc}"]
+    assert len(roles) == 1
+    _, rules = roles[0].split("\nrules:\n")
+    chunks = rules.split("\n- apiGroups:")
+    comments = [[line for line in chunk.splitlines() if line.startswith("#")] for chunk in chunks[:-1]]
+    bodies = ["\n".join(ln for ln in chunk.splitlines() if not ln.startswith("#")) for chunk in chunks[1:]]
+    creates = [i for i, body in enumerate(bodies) if body.rstrip().endswith("verbs:\n  - create")]
+    assert len(creates) == 2 and all(comments[i] for i in range(len(chunks) - 1))
+    for i in creates:
+        assert "create cannot be limited by name" in " ".join(comments[i]), comments[i]
 
 
 def test_cluster_role_reads_only_kube_system_and_the_namespace(
@@ -217,7 +299,7 @@ def test_names_are_stable_and_valid_rbac_names(capsys: pytest.CaptureFixture[str
 
 def test_distinct_subjects_that_slug_alike_get_distinct_bindings() -> None:
     names = {
-        rbac.role_binding("ns", subject)["metadata"]["name"]
+        rbac.role_binding("ns", "web", subject)["metadata"]["name"]
         for subject in (
             rbac.Subject.user("a-b"),
             rbac.Subject.user("a_b"),
@@ -239,7 +321,7 @@ def test_a_namespace_named_kube_system_is_listed_once() -> None:
 
 def test_cli_output_is_the_library_manifests(capsys: pytest.CaptureFixture[str]) -> None:
     objects = _print(capsys, "--namespace", "payments", "--service-account", "ci:deployer", "--storage", "secret")
-    expected = rbac.manifests("payments", rbac.parse_service_account("ci:deployer"), storage="secret")
+    expected = rbac.manifests("payments", rbac.parse_service_account("ci:deployer"), ["web"], storage="secret")
     assert objects == expected
 
 
@@ -247,15 +329,17 @@ def test_cli_output_is_the_library_manifests(capsys: pytest.CaptureFixture[str])
 
 
 def test_yaml_output_starts_with_how_it_was_made(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "rbac", "print", "--namespace", "payments", "--user", "alice smith")
+    code, out, _ = _run(
+        capsys, "rbac", "print", "--namespace", "payments", "--user", "alice smith", "--deployment", "web"
+    )
     assert code == 0
     header = [line for line in out.splitlines() if line.startswith("#")]
-    assert "#   coordinator rbac print --namespace payments --user 'alice smith'" in header
+    assert "#   coordinator rbac print --namespace payments --deployment web --user 'alice smith'" in header
 
 
 def test_json_output_is_a_list_kubectl_can_apply(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ("--namespace", "payments", "--group", "release")
-    as_yaml = _print(capsys, *args)
+    args = ("--namespace", "payments", "--group", "release", "--deployment", "web")
+    as_yaml = _print(capsys, *args, deployment=None)
     code, out, err = _run(capsys, "-o", "json", "rbac", "print", *args)
     assert code == 0, err
     assert json.loads(out) == {"apiVersion": "v1", "kind": "List", "items": as_yaml}
@@ -276,7 +360,9 @@ def test_help_shows_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     ["Payments", "-payments", "payments-", "pay_ments", "pay.ments", "payments\n", "", "p" * 64],
 )
 def test_an_invalid_namespace_is_a_usage_error(capsys: pytest.CaptureFixture[str], namespace: str) -> None:
-    code, out, err = _run(capsys, "rbac", "print", "--namespace", namespace, "--group", "release")
+    code, out, err = _run(
+        capsys, "rbac", "print", "--namespace", namespace, "--group", "release", "--deployment", "web"
+    )
     assert code == 2
     assert out == ""
     assert "Invalid namespace" in err and "DNS-1123" in err
@@ -295,6 +381,10 @@ def test_an_invalid_namespace_is_a_usage_error(capsys: pytest.CaptureFixture[str
         ["--user", "alice\nbob"],
         ["--group", " "],
         ["--storage", "etcd", "--group", "release"],
+        ["--group", "release", "--deployment", ""],
+        ["--group", "release", "--deployment", "Web"],
+        ["--group", "release", "--deployment", "w" * 46],
+        ["--group", "release", "--deployment", "web\n"],
     ],
     ids=[
         "no-subject",
@@ -306,9 +396,15 @@ def test_an_invalid_namespace_is_a_usage_error(capsys: pytest.CaptureFixture[str
         "newline-user",
         "blank-group",
         "unknown-storage",
+        "empty-deployment",
+        "upper-case-deployment",
+        "too-long-deployment",
+        "newline-deployment",
     ],
 )
 def test_bad_subjects_and_options_are_usage_errors(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    if not any(a == "--deployment" for a in args):
+        args = [*args, "--deployment", "web"]
     code, out, err = _run(capsys, "rbac", "print", "--namespace", "payments", *args)
     assert code == 2, err
     assert out == ""
@@ -317,7 +413,15 @@ def test_bad_subjects_and_options_are_usage_errors(capsys: pytest.CaptureFixture
 
 def test_library_rejects_a_bad_namespace_too() -> None:
     with pytest.raises(UsageError, match="Invalid namespace"):
-        rbac.manifests("Not_A_Namespace", rbac.Subject.group("release"))
+        rbac.manifests("Not_A_Namespace", rbac.Subject.group("release"), ["web"])
+
+
+def test_a_deployment_must_be_named(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "rbac", "print", "--namespace", "payments", "--group", "release")
+    assert code == 2 and out == ""
+    assert "--deployment" in err and "by name" in err
+    with pytest.raises(UsageError, match="--deployment"):
+        rbac.manifests("payments", rbac.Subject.group("release"), [])
 
 
 # --- the checked-in example -------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The RBAC of `coordinator rbac print`, applied on real API servers, is exactly enough.
 
 A freshly minted sandbox user starts with no rights at all (beyond what every
-authenticated user gets). The admin applies what `rbac print --namespace NS --user U`
-prints, object by object, and every command then works as that user. A user without
-those rights sees forbidden clusters, which are never counted as free.
+authenticated user gets). The admin applies what `rbac print --namespace NS --deployment D
+--user U` prints, object by object, and every command then works as that user, while
+every other Secret, ConfigMap and Lease of the namespace stays out of its reach. A user
+without those rights sees forbidden clusters, which are never counted as free.
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ import pytest
 import yaml
 from coord_fixtures import Env
 
-from coordinator.kube.client import KubeError
+from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.resources import lease_path
 
 pytestmark = pytest.mark.integration
 
 RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
-PLURALS = {"Role": "roles", "RoleBinding": "rolebindings", "ClusterRole": "clusterroles",
-           "ClusterRoleBinding": "clusterrolebindings"}
+PLURALS = {
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+}
 
 
 def _json(proc: subprocess.CompletedProcess[str]) -> Any:
@@ -55,10 +60,19 @@ def _collection(obj: dict[str, Any]) -> str:
     return f"{RBAC_API}/namespaces/{ns}/{plural}" if ns else f"{RBAC_API}/{plural}"
 
 
-def _grant(sandbox: Any, env: Env, namespace: str, user: str, *, storage: str = "configmap",
-           clusters: tuple[int, ...] = (1, 2, 3)) -> list[dict[str, Any]]:
+def _grant(
+    sandbox: Any,
+    env: Env,
+    namespace: str,
+    user: str,
+    *,
+    storage: str = "configmap",
+    clusters: tuple[int, ...] = (1, 2, 3),
+    deployments: tuple[str, ...] = ("app",),
+) -> list[dict[str, Any]]:
     """Apply, as cluster admin, exactly what `coordinator rbac print` prints for ``user``."""
-    printed = _ok(env.cli("rbac", "print", "--namespace", namespace, "--user", user, "--storage", storage))
+    named = [arg for d in deployments for arg in ("--deployment", d)]
+    printed = _ok(env.cli("rbac", "print", "--namespace", namespace, *named, "--user", user, "--storage", storage))
     objects = [o for o in yaml.safe_load_all(printed) if o]
     assert {o["kind"] for o in objects} == set(PLURALS), objects
     for i in clusters:
@@ -81,8 +95,9 @@ def _env(sandbox: Any, tmp_path: Path, namespace: str, label: str) -> Env:
 
 def _connect(env: Env, minted: Any) -> None:
     for i, context in enumerate(minted.contexts, start=1):
-        doc = _json(env.cli("-o", "json", "cluster", "connect", f"u{i}", "--context", context,
-                            "--kubeconfig", str(minted.path)))
+        doc = _json(
+            env.cli("-o", "json", "cluster", "connect", f"u{i}", "--context", context, "--kubeconfig", str(minted.path))
+        )
         # The ClusterRole lets it read kube-system (by name), so the identity is its UID.
         assert doc["identity_source"] == "kube-system-uid", doc
 
@@ -101,10 +116,15 @@ def test_every_command_works_with_exactly_the_printed_rights(
 
     _grant(sandbox3, env, namespace, user, storage=storage)
     _connect(env, minted)
-    info = _json(env.cli("-o", "json", "cluster", "info", "u1", "--namespace", namespace, "--storage", storage))
+    info = _json(
+        env.cli(
+            "-o", "json", "cluster", "info", "u1", "--namespace", namespace, "--storage", storage, "--deployment", "app"
+        )
+    )
     assert info["identity_ok"] is True and info["reachable"] is True
     assert all(info["permissions"]["leases"].values()), info
     assert info["storage"] == [storage] and info["missing_permissions"] == [], info
+    assert info["deployments"] == ["app"], info
     if storage == "secret":
         # the rights of the storage in use are checked, not those of the other one
         assert all(info["permissions"]["secrets"].values()), info
@@ -113,8 +133,9 @@ def test_every_command_works_with_exactly_the_printed_rights(
         assert "secrets" not in info["permissions"], info
 
     members = ["--cluster", "u1", "--cluster", "u2", "--cluster", "u3"]
-    created = _json(env.cli("-o", "json", "deployment", "create", "app", "-n", namespace, *members,
-                            "--storage", storage))
+    created = _json(
+        env.cli("-o", "json", "deployment", "create", "app", "-n", namespace, *members, "--storage", storage)
+    )
     assert {c["outcome"] for c in created["namespace_on_clusters"]} == {"ok"}, created
     # with the deployment recorded, its storage is the one checked by default
     inferred = _json(env.cli("-o", "json", "cluster", "info", "u2"))
@@ -127,8 +148,8 @@ def test_every_command_works_with_exactly_the_printed_rights(
     assert status["held_by_majority"] and {c["status"] for c in status["clusters"]} == {"held"}, status
     _ok(env.cli("lock", "renew", "app"))
 
-    _ok(env.cli("state", "set", "app", "replicas=3", "version=1.2.0"))
-    assert _json(env.cli("-o", "json", "state", "get", "app")) == {"replicas": 3, "version": "1.2.0"}
+    _ok(env.cli("state", "set", "app", "owner=team", "version=1.2.0"))
+    assert _json(env.cli("-o", "json", "state", "get", "app")) == {"owner": "team", "version": "1.2.0"}
     document = tmp_path / "state.yaml"
     document.write_text("replicas: 5\nversion: 1.3.0\n")
     _ok(env.cli("state", "apply", "app", "-f", str(document)))
@@ -138,27 +159,93 @@ def test_every_command_works_with_exactly_the_printed_rights(
     assert len(_json(env.cli("-o", "json", "state", "history", "app"))) == 2
     backup = tmp_path / "backup.json"
     _ok(env.cli("state", "backup", "app", "-f", str(backup)))
-    _ok(env.cli("state", "set", "app", "replicas=9"))
+    _ok(env.cli("state", "set", "app", "version=9"))
     _ok(env.cli("state", "restore", "app", "-f", str(backup)))
     assert _json(env.cli("-o", "json", "state", "get", "app")) == {"replicas": 5, "version": "1.3.0"}
     _ok(env.cli("lock", "release", "app"))
 
-    # Waiting watches the leases; break clears them; run holds them around a child.
+    # Waiting watches the lease (a watch by name): the waiter is woken by the release.
+    ready = tmp_path / "holding"
+    holder = env.popen(
+        "lock",
+        "run",
+        "app",
+        "--holder",
+        "first",
+        "--ttl",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        f"touch {ready}; sleep 6",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(ready)
+        waited = env.cli(
+            "--log-format",
+            "json",
+            "-vv",
+            "lock",
+            "acquire",
+            "app",
+            "--ttl",
+            "60s",
+            "--wait",
+            "60s",
+            "--holder",
+            "second",
+        )
+    finally:
+        holder.wait(timeout=90)
+    assert holder.returncode == 0, holder.stderr.read() if holder.stderr else ""
+    _ok(waited)
+    assert "lease watch interrupted" not in waited.stderr, waited.stderr  # no watch was refused
+    _ok(env.cli("lock", "release", "app", "--holder", "second"))
+    _ok(env.cli("lock", "release", "app", "--holder", "second", "--if-held"))
+
+    # Break clears the leases; run holds them around a child.
     _ok(env.cli("lock", "acquire", "app", "--ttl", "60s", "--wait", "5s", "--holder", "someone"))
     _ok(env.cli("lock", "break", "app", "--yes", "--reason", "rbac test"))
     _ok(env.cli("lock", "run", "app", "--", "true"))
     final = _json(env.cli("-o", "json", "lock", "status", "app"))
     assert not final["held_by_majority"] and {c["status"] for c in final["clusters"]} == {"free"}, final
 
+    # The local records: listed and shown; imported again from a member (a list by name).
+    assert [d["name"] for d in _json(env.cli("-o", "json", "deployment", "list"))] == ["app"]
+    assert _json(env.cli("-o", "json", "deployment", "show", "app"))["storage"] == storage
+    fresh = _env(sandbox3, tmp_path, namespace, "fresh")
+    _connect(fresh, minted)
+    imported = _json(fresh.cli("-o", "json", "deployment", "import", "app", "--cluster", "u2", "-n", namespace))
+    assert sorted(imported["clusters"]) == ["u1", "u2", "u3"], imported
+    assert _json(fresh.cli("-o", "json", "deployment", "show", "app"))["storage"] == storage
+    assert _json(fresh.cli("-o", "json", "state", "get", "app")) == {"replicas": 5, "version": "1.3.0"}
 
-def _leases_absent(env: Env, deployment: str, clusters: tuple[int, ...]) -> bool:
+    # Purge deletes the deployment's objects on every member (delete by name).
+    _ok(env.cli("deployment", "delete", "app", "--purge", "--yes"))
+    state_path = f"/api/v1/namespaces/{namespace}/{'configmaps' if storage == 'configmap' else 'secrets'}"
+    for i in (1, 2, 3):
+        assert sandbox3.admin(i).get(f"{state_path}/coordinator-state-app") is None
+        assert sandbox3.admin(i).get(lease_path(namespace, "coordinator-lock-app")) is None
+    _ok(env.cli("cluster", "disconnect", "u3", "--force"))
+
+
+def _wait_for(path: Path, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear in time"
+        time.sleep(0.1)
+
+
+def _leases_free(env: Env, deployment: str, clusters: tuple[int, ...]) -> bool:
+    """No lease of ``deployment`` names a holder (they are made, free, with the deployment)."""
     for i in clusters:
-        try:
-            anyio.run(env.raw, i, "GET", lease_path(env.namespace, f"coordinator-lock-{deployment}"))
-        except KubeError as err:
-            assert err.kind == "not-found", err
-            continue
-        return False
+        lease = anyio.run(env.raw, i, "GET", lease_path(env.namespace, f"coordinator-lock-{deployment}"))
+        if (lease.get("spec") or {}).get("holderIdentity"):
+            return False
     return True
 
 
@@ -180,8 +267,11 @@ def test_without_the_rights_clusters_are_forbidden_and_never_free(
     granted = _env(sandbox3, tmp_path, namespace, "owner")
     _grant(sandbox3, granted, namespace, owner)
     _connect(granted, owner_kc)
-    _ok(granted.cli("deployment", "create", "app", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
-                    "--cluster", "u3"))
+    _ok(
+        granted.cli(
+            "deployment", "create", "app", "-n", namespace, "--cluster", "u1", "--cluster", "u2", "--cluster", "u3"
+        )
+    )
 
     # Nobody: no rights anywhere. Partial: the printed rights on cluster 1 only.
     nobody = _as(granted, tmp_path, "nobody", _user(sandbox3, tmp_path, "nobody")[1])
@@ -201,7 +291,7 @@ def test_without_the_rights_clusters_are_forbidden_and_never_free(
         assert "never counted as free" in attempt.stderr and "Traceback" not in attempt.stderr
         outcomes = {c["name"]: c["outcome"] for c in json.loads(attempt.stdout)["clusters"]}
         assert outcomes["u2"] == outcomes["u3"] == "forbidden", outcomes
-    assert _leases_absent(granted, "app", (1, 2, 3))  # nothing was taken, not even where it could be
+    assert _leases_free(granted, "app", (1, 2, 3))  # nothing was taken, not even where it could be
 
     # Held by the owner: the partial user sees one held lease and two forbidden ones.
     _ok(granted.cli("lock", "acquire", "app", "--ttl", "60s", "--holder", "owner"))
@@ -217,3 +307,129 @@ def test_without_the_rights_clusters_are_forbidden_and_never_free(
             assert "Traceback" not in proc.stderr
     st = _json(granted.cli("-o", "json", "lock", "status", "app"))
     assert st["holder"] == "owner" and st["held_by_majority"], st
+
+
+# ----------------------------------------------------------------- nothing else in reach
+
+OTHERS = {
+    # kind: (collection path under the namespace, body)
+    "Secret": (
+        "/api/v1/namespaces/{ns}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "stringData": {"password": "hunter2"}},
+    ),
+    "ConfigMap": (
+        "/api/v1/namespaces/{ns}/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "data": {"feature": "on"}},
+    ),
+    "Lease": (
+        "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+        {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {}},
+    ),
+}
+
+
+def _place(sandbox: Any, ns: str, kind: str, name: str) -> str:
+    """Create (as admin) an object the tool does not own; return its path."""
+    collection, body = OTHERS[kind]
+    collection = collection.format(ns=ns)
+    sandbox.admin(1).create(collection, {**body, "metadata": {"name": name}})
+    return f"{collection}/{name}"
+
+
+async def _attempts(client: KubeClient, path: str) -> dict[str, str]:
+    """Every way to read, change or delete the object at ``path``; the kind of each answer."""
+    collection, name = path.rsplit("/", 1)
+    found: dict[str, str] = {}
+    tries: dict[str, tuple[str, str, dict[str, Any] | None, Any, str]] = {
+        "get": ("GET", path, None, None, "application/json"),
+        "list": ("GET", collection, None, None, "application/json"),
+        "list-by-name": ("GET", collection, {"fieldSelector": f"metadata.name={name}"}, None, "application/json"),
+        "list-by-label": (
+            "GET",
+            collection,
+            {"labelSelector": "coordinator.io/managed-by=coordinator"},
+            None,
+            "application/json",
+        ),
+        "update": ("PUT", path, None, {"metadata": {"name": name}}, "application/json"),
+        "patch": ("PATCH", path, None, {"metadata": {"labels": {"x": "y"}}}, "application/merge-patch+json"),
+        "delete": ("DELETE", path, None, None, "application/json"),
+        "deletecollection": ("DELETE", collection, None, None, "application/json"),
+    }
+    for what, (method, target, query, body, content_type) in tries.items():
+        try:
+            await client.request(method, target, query=query, body=body, content_type=content_type)
+            found[what] = "ALLOWED"
+        except KubeError as err:
+            found[what] = err.kind
+    try:
+        async for _ in client.watch(collection, query={"fieldSelector": f"metadata.name={name}"}, timeout=1):
+            break
+        found["watch"] = "ALLOWED"
+    except KubeError as err:
+        found["watch"] = err.kind
+    return found
+
+
+@pytest.mark.parametrize("storage", ["configmap", "secret"])
+def test_the_printed_rights_reach_nothing_else_in_the_namespace(
+    sandbox3: Any, namespace: str, tmp_path: Path, storage: str
+) -> None:
+    """The application's db-password, its ConfigMaps and Leases, and the objects of a
+    deployment the user was not granted, can be neither read, listed, watched, changed
+    nor deleted with exactly what `rbac print` prints."""
+    user, minted = _user(sandbox3, tmp_path, "least")
+    env = _env(sandbox3, tmp_path, namespace, "least")
+    _grant(sandbox3, env, namespace, user, storage=storage, clusters=(1,))
+    targets = {
+        "the application's Secret": _place(sandbox3, namespace, "Secret", "db-password"),
+        "the application's ConfigMap": _place(sandbox3, namespace, "ConfigMap", "app-config"),
+        "another Lease": _place(sandbox3, namespace, "Lease", "leader-election"),
+        "another deployment's lease": _place(sandbox3, namespace, "Lease", "coordinator-lock-other"),
+        "another deployment's state": _place(
+            sandbox3, namespace, "Secret" if storage == "secret" else "ConfigMap", "coordinator-state-other"
+        ),
+    }
+    before = {what: sandbox3.admin(1).get(path) for what, path in targets.items()}
+
+    async def probe() -> dict[str, dict[str, str]]:
+        client = KubeClient(Endpoint("u1", minted.contexts[0], str(minted.path)), timeout=5)
+        try:
+            return {what: await _attempts(client, path) for what, path in targets.items()}
+        finally:
+            await client.close()
+
+    answers = anyio.run(probe)
+    for what, found in answers.items():
+        assert set(found.values()) == {"forbidden"}, (what, found)
+    after = {what: sandbox3.admin(1).get(path) for what, path in targets.items()}
+    assert after == before  # nothing was changed or deleted
+
+    # What it may do: its own objects, by name, and create (which Kubernetes cannot limit
+    # by name): a new object it then can neither read nor delete.
+    async def own() -> tuple[str, dict[str, str]]:
+        client = KubeClient(Endpoint("u1", minted.contexts[0], str(minted.path)), timeout=5)
+        try:
+            collection = OTHERS["ConfigMap"][0].format(ns=namespace)
+            await client.request(
+                "POST", collection, body={"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "squatter"}}
+            )
+            lease = lease_path(namespace, "coordinator-lock-app")
+            await client.request(
+                "POST",
+                lease.rsplit("/", 1)[0],
+                body={
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": "coordinator-lock-app"},
+                    "spec": {},
+                },
+            )
+            created = (await client.request("GET", lease)).body["metadata"]["name"]
+            return created, await _attempts(client, f"{collection}/squatter")
+        finally:
+            await client.close()
+
+    created, squatter = anyio.run(own)
+    assert created == "coordinator-lock-app"
+    assert set(squatter.values()) == {"forbidden"}, squatter

@@ -128,7 +128,7 @@ def _every_command(run: Recorder, sandbox: Any, contexts: list[str], tmp_path: P
     run("lock", "run", "web", "--", "true")
     run("lock", "acquire", "web", "--ttl", "60s", "--wait", "3s")
     run("lock", "break", "web", "--yes", json_logs=True)
-    run("rbac", "print", "--namespace", env.namespace, "--user", "someone@example.com")
+    run("rbac", "print", "--namespace", env.namespace, "--deployment", "web", "--user", "someone@example.com")
     run("sandbox", "status", "--dir", str(sandbox.dir))
     # Failures: an API server that does not answer, a cluster that is not connected.
     sandbox.pause(2)

@@ -102,8 +102,17 @@ def list_(ctx: click.Context) -> None:
     default=None,
     help="State storage whose rights to check [default: that of its deployments in the namespace, else configmap].",
 )
+@click.option(
+    "--deployment",
+    "deployments",
+    multiple=True,
+    metavar="NAME",
+    help="Deployment whose objects' rights to check (repeatable) [default: its deployments in the namespace].",
+)
 @click.pass_context
-def info(ctx: click.Context, name: str, namespace: str | None, storage: str | None) -> None:
+def info(
+    ctx: click.Context, name: str, namespace: str | None, storage: str | None, deployments: tuple[str, ...]
+) -> None:
     """Show server, version, identity, reachability, latency and permissions.
 
     Example: coordinator cluster info eu-1 --namespace payments
@@ -121,11 +130,17 @@ def info(ctx: click.Context, name: str, namespace: str | None, storage: str | No
     else:
         used = {d.storage for d in cfg.deployments.values() if name in d.clusters and d.namespace == namespace}
         storages = sorted(used) or ["configmap"]
+    if deployments:
+        from coordinator.rbac import deployments_of
+
+        names = deployments_of(deployments)
+    else:
+        names = sorted(d.name for d in cfg.deployments.values() if name in d.clusters and d.namespace == namespace)
 
     async def go():  # type: ignore[no-untyped-def]
         cs = ClusterSet(cfg, timeout=app.timeout)
         try:
-            return await cluster_info(cs, name, namespace, storages)
+            return await cluster_info(cs, name, namespace, storages, names)
         finally:
             await cs.aclose()
 
@@ -143,6 +158,7 @@ def info(ctx: click.Context, name: str, namespace: str | None, storage: str | No
         "error": inf.error,
         "namespace": inf.namespace,
         "storage": inf.storage,
+        "deployments": inf.deployments,
         "permissions": inf.permissions,
         "missing_permissions": inf.missing,
     }
@@ -159,7 +175,8 @@ def info(ctx: click.Context, name: str, namespace: str | None, storage: str | No
         for res, verbs in inf.permissions.items():
             shown = " ".join(f"{v}:{'yes' if ok else ('no' if ok is False else '?')}" for v, ok in verbs.items())
             rows.append([f"{res} in {inf.namespace}", shown])
-        rows.append(["checked for", f"{' and '.join(inf.storage)} storage"])
+        objects = f"deployment(s) {', '.join(inf.deployments)}" if inf.deployments else "any deployment"
+        rows.append(["checked for", f"{objects}, {' and '.join(inf.storage)} storage"])
         if inf.error and inf.reachable:
             rows.append(["error", inf.error])
         table(["", inf.name], rows)
@@ -167,6 +184,7 @@ def info(ctx: click.Context, name: str, namespace: str | None, storage: str | No
             say(
                 f"Missing permissions in namespace {inf.namespace}: {', '.join(inf.missing)}. "
                 f"`coordinator rbac print --namespace {inf.namespace}"
+                + "".join(f" --deployment {d}" for d in inf.deployments or ["DEPLOYMENT"])
                 + "".join(f" --storage {st}" for st in inf.storage if st != "configmap")
                 + " --user USER` prints the rules the tool needs."
             )
