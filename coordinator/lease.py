@@ -55,6 +55,9 @@ A_RELEASED = ANNOTATION_PREFIX + "released-at"
 A_VANISHED = ANNOTATION_PREFIX + "vanished"
 A_MAX_TTL = ANNOTATION_PREFIX + "max-ttl"
 A_PROBE = ANNOTATION_PREFIX + "probe"
+# The lease's own metadata.uid, written by every coordinator write: a lease recreated from
+# a copy (a backup restored, a manifest re-applied) carries another object's uid.
+A_UID = ANNOTATION_PREFIX + "uid"
 HOLDER_ANNOTATIONS = (A_HOLDER, A_HOST, A_PID, A_REASON, A_COMMAND)
 
 # Claims on the next turn are written under their own field manager, so that a claim
@@ -182,6 +185,9 @@ class LeaseView:
     vanished: bool = False  # a tombstone: the lease was found deleted
     max_ttl_note: int | None = None
     break_note: dict[str, Any] | None = None
+    uid: str | None = None
+    uid_note: str | None = None
+    created: datetime | None = None  # the server's creationTimestamp
 
     @classmethod
     def parse(cls, obj: dict[str, Any] | None, server_now: datetime | None = None) -> LeaseView:
@@ -226,11 +232,20 @@ class LeaseView:
             vanished=A_VANISHED in ann,
             max_ttl_note=_positive_int(ann.get(A_MAX_TTL)),
             break_note=note,
+            uid=meta.get("uid") or None,
+            uid_note=ann.get(A_UID) if isinstance(ann.get(A_UID), str) else None,
+            created=parse_time(meta.get("creationTimestamp")),
         )
 
     @property
     def held(self) -> bool:
         return self.lock_id is not None
+
+    @property
+    def verified(self) -> bool:
+        """Was this very object last written by coordinator (its uid annotation names
+        it)? A copy recreated from a backup names the object it was copied from."""
+        return self.exists and self.uid is not None and self.uid_note == self.uid
 
     @property
     def blocking(self) -> bool:
@@ -406,6 +421,17 @@ def standing(
         return Standing.MISSING
     if view.lock_id == lock_id:
         return Standing.OURS
+    if not view.verified and not view.vanished:
+        # Not written by coordinator as this object: it may be a recreated copy of a
+        # deleted lease, so it blocks like a tombstone for a maximum TTL after its
+        # creation (a server stamp), whatever it says.
+        young = _young(view, stamp, max_ttl_s=max_ttl_s, max_server_skew_s=max_server_skew_s)
+        if young is None:
+            return Standing.PROBE if stamp is None else Standing.HELD
+        if young:
+            if stamp is not None:
+                return Standing.HELD
+            return Standing.PROBE if not date_trusted else Standing.HELD
     if not view.blocking:
         return Standing.FREE
     if view.own_write is None:
@@ -417,6 +443,24 @@ def standing(
     if not date_trusted or hint is None or hint <= 0:
         return Standing.PROBE
     return Standing.HELD
+
+
+def _young(view: LeaseView, stamp: datetime | None, *, max_ttl_s: float, max_server_skew_s: float) -> bool | None:
+    """Was ``view`` created less than a maximum TTL (plus margin) ago? By the probe
+    ``stamp`` when given, else by the Date hint (None when neither says)."""
+    if view.created is None:
+        return None
+    ceiling = max(float(max_ttl_s), float(view.max_ttl_note or 0))
+    limit = ceiling + lapse_margin(ceiling, max_server_skew_s)
+    now = stamp if stamp is not None else view.server_now
+    if now is None:
+        return None
+    age = (now - view.created).total_seconds()
+    if stamp is None and age <= limit:
+        return True  # the hint says young: believe it (it only delays)
+    if stamp is None:
+        return None  # the hint says old: only a stamp may prove it
+    return age <= limit
 
 
 class RenewVerdict(StrEnum):
@@ -440,7 +484,7 @@ def renew_verdict(view: LeaseView, lock_id: str) -> RenewVerdict:
 def history_known(view: LeaseView) -> bool:
     """Does this lease carry the token history of its cluster? Not when it is missing,
     a tombstone, or its token annotation is unreadable."""
-    return view.exists and not view.vanished and not view.token_malformed
+    return view.exists and view.verified and not view.vanished and not view.token_malformed
 
 
 def next_token(

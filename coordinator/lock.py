@@ -27,10 +27,12 @@ its holder's validity ended, and that a lease that disappears is never taken as 
   agree within 1 % and server offsets within ``max_server_skew``.
 * A lease found missing is recorded as a tombstone that counts as held by an unknown
   holder for one maximum TTL (no lease may be taken for longer). Leases are created
-  with the deployment, so a missing one was deleted.
+  with the deployment, so a missing one was deleted. A lease whose ``coordinator.io/uid``
+  does not name the object itself is a recreated copy: it blocks for a maximum TTL after
+  its creation and carries no history.
 * Fencing tokens: one more than the highest on a majority of leases that kept their
-  history; when deleted leases leave no such majority, the state replicas' tokens of a
-  majority are included too; when neither can be read, no lease is taken.
+  history; when deleted leases leave no such majority, every member's lease and the
+  state replicas' tokens of a majority are included too; short of that, nothing is taken.
 * Renewals return once a majority is renewed, never re-take a lease, and report the
   lock lost at once when a lease names another lock id or a break note names ours.
 
@@ -102,6 +104,7 @@ from coordinator.lease import (
     A_REASON,
     A_RELEASED,
     A_TOKEN,
+    A_UID,
     A_VANISHED,
     DEFAULT_MAX_SERVER_SKEW_S,
     DEFAULT_MAX_TTL_S,
@@ -444,6 +447,10 @@ class LockEngine:
                     body=self._fresh_lease(vanished=False),
                     query={"fieldManager": FIELD_MANAGER},
                 )
+                made = LeaseView.parse(resp.body, resp.server_time)
+                if made.uid:  # name this very object; unnamed, it would block for a max TTL
+                    made = await self._write(cluster, made, _with_annotation(made.obj, A_UID, made.uid))
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(made, "created"))
             except KubeError as err:
                 if err.kind != kube.ALREADY_EXISTS:
                     return failed(cluster, err)  # type: ignore[return-value]
@@ -452,9 +459,6 @@ class LockEngine:
                 except KubeError as err2:
                     return failed(cluster, err2)  # type: ignore[return-value]
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "exists"), detail="lease exists")
-            return ClusterResult(
-                cluster, Outcome.OK, ClusterLease(LeaseView.parse(resp.body, resp.server_time), "created")
-            )
 
         results = await fan_out(self.members, one, timeout=self.timeout)
         stored = {k: self.stored_membership(r.value.view) for k, r in results.items() if r.value and r.value.view}
@@ -559,6 +563,8 @@ class LockEngine:
             )
         if lock_id is not None:
             ann[A_TOKEN] = str(token)
+        if view.exists and view.uid:
+            ann[A_UID] = view.uid  # this very object was written by coordinator
         ann.update(self._annotations_common())
         meta["annotations"] = ann
         labels = dict(meta.get("labels") or {})
@@ -803,7 +809,12 @@ class LockEngine:
                     if stored.get(c) is None and kept is not None:
                         stored[c] = kept
                 verdict = self.check_members(stored)
-                state_tokens = [t for t, _ in evidence.values()] if self.majorities.reached(evidence) else None
+                # The state only knows tokens that wrote it; a surviving lease that was
+                # not read may know a higher one. So every member's lease must be read.
+                everyone = len(reads) == self.n
+                state_tokens = (
+                    [t for t, _ in evidence.values()] if everyone and self.majorities.reached(evidence) else None
+                )
                 token = self._token(reads, state_tokens)
             chosen["token"] = token
             members_check.append(verdict)
@@ -859,7 +870,7 @@ class LockEngine:
                     Outcome.ERROR,
                     ClusterLease(view, "no safe token"),
                     detail="not attempted: leases were deleted, so no fencing token can be proven new "
-                    "without reading a majority of the state replicas, and too few of them answered",
+                    "without every member's lease and a majority of the state replicas, and some did not answer",
                 )
             outcome = await self._take_one(
                 cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over, mine, line.get("ahead")
@@ -992,6 +1003,14 @@ class LockEngine:
                     ClusterLease(view, "reserved"),
                     detail=_reserved_detail(first),
                     extra={"next": first},
+                )
+            if view.max_ttl_note is not None and ttl_s > view.max_ttl_note:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "ttl too long"),
+                    detail=f"--ttl {ttl_s:g}s is above the deployment's maximum TTL stored here "
+                    f"({view.max_ttl_note}s); contenders wait out that maximum for deleted leases",
                 )
             if view.token_malformed:
                 return ClusterResult(
@@ -1659,17 +1678,22 @@ async def keep_renewed(
     held: AcquireResult,
     *,
     on_lost: Callable[[str], None] | None = None,
+    lead_s: float = 0.0,
 ) -> AsyncIterator[anyio.Event]:
     """Renew ``held`` in the background while the block runs; yield an event set if lost.
 
     Renews every TTL/3. When a majority can no longer be renewed before the validity
     ends, the lock is lost: the event is set and ``on_lost`` is called with the reason.
+    ``lead_s`` declares the loss that long *before* the validity ends (capped at a third
+    of the TTL), so that a holder with work to stop can stop it while the lock is still
+    its own.
     """
     lost = anyio.Event()
     interval = max(0.5, held.ttl_s / 3)
+    lead = max(0.0, min(lead_s, held.ttl_s / 3))
 
     async def loop() -> None:
-        valid_until = held.valid_until()
+        valid_until = held.valid_until() - lead
         reason = f"the lock on {engine.dep.name!r} could not be renewed on a majority before its validity ended"
         while True:
             await anyio.sleep(min(interval, max(0.05, valid_until - boot_clock())))
@@ -1688,7 +1712,7 @@ async def keep_renewed(
                 break
             if renewed.acquired:
                 held.started = renewed.started
-                valid_until = renewed.valid_until()
+                valid_until = renewed.valid_until() - lead
                 log.info("lock renewed", deployment=engine.dep.name, valid_for=round(renewed.validity_s, 1))
             else:
                 log.warning("lock renewal reached no majority", clusters=_summarize(renewed.results))

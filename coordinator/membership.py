@@ -186,12 +186,19 @@ def check(
         chosen = set(names)
         return all(len(chosen.intersection(g)) >= len(g) // 2 + 1 for g in sets)
 
+    # A member whose lease was deleted stores nothing. It still counts, as long as some
+    # member stores exactly our set and none stores another: a machine whose record names
+    # members that were never in the set (whose leases do not exist) finds no member that
+    # agrees, and one that names the wrong set finds the right one stored where they meet.
+    counted = [*out.agreeing, *out.silent] if out.agreeing else []
     if out.conflicting:
         out.verdict = Verdict.CONFLICT
-    elif majority_of_each(out.agreeing):
+    elif majority_of_each(counted):
         out.verdict = Verdict.OK
-    elif majority_of_each([*out.agreeing, *out.unseen]):
+    elif out.agreeing and majority_of_each([*counted, *out.unseen]):
         out.verdict = Verdict.UNOBSERVABLE
+    elif not out.agreeing and not out.silent and not out.behind:
+        out.verdict = Verdict.UNOBSERVABLE  # nobody answered
     else:
         out.verdict = Verdict.UNCONFIRMED
     return out

@@ -12,6 +12,7 @@ from typing import Any
 from coordinator.lease import (
     A_LAST_BREAK,
     A_TOKEN,
+    A_UID,
     A_VANISHED,
     LINE_MANAGER,
     PROBE_MANAGER,
@@ -46,6 +47,9 @@ def lease(
     annotations: dict[str, str] | None = None,
     date: datetime | None = None,
     token: int = 3,
+    uid: str = "uid-1",
+    uid_note: str | None = "uid-1",
+    created: datetime = T0 - timedelta(days=3),
 ) -> LeaseView:
     fields: list[dict[str, Any]] = []
     if own_at is not None:
@@ -64,8 +68,13 @@ def lease(
         "metadata": {
             "name": "coordinator-lock-web",
             "resourceVersion": "10",
-            "creationTimestamp": _stamp(T0 - timedelta(days=3)),
-            "annotations": {A_TOKEN: str(token), **(annotations or {})},
+            "uid": uid,
+            "creationTimestamp": _stamp(created),
+            "annotations": {
+                A_TOKEN: str(token),
+                **({A_UID: uid_note} if uid_note is not None else {}),
+                **(annotations or {}),
+            },
             "managedFields": fields,
         },
         "spec": spec,
@@ -213,3 +222,24 @@ def test_a_renewal_renews_only_its_own_lease_and_a_break_or_another_id_is_loss()
 def test_probe_and_line_managers_are_not_our_writes() -> None:
     view = lease(others={PROBE_MANAGER: T0 + timedelta(seconds=50), LINE_MANAGER: T0 + timedelta(seconds=40)})
     assert view.own_write == T0
+
+
+# -- a lease recreated from a copy (a backup restored, a manifest re-applied)
+
+
+def test_a_recreated_copy_blocks_for_a_max_ttl_after_its_creation_and_has_no_history() -> None:
+    # the copy of a free lease, recreated on the server a few seconds ago
+    copy = lease(holder=None, uid="uid-2", uid_note="uid-1", created=T0, date=T0 + timedelta(seconds=3))
+    assert not copy.verified
+    assert stand(copy) is Standing.HELD  # young by the Date hint: wait
+    assert stand(copy, stamp=T0 + timedelta(seconds=30)) is Standing.HELD
+    late = T0 + timedelta(seconds=MAX_TTL + lapse_margin(MAX_TTL, 5.0) + 1)
+    assert stand(copy, stamp=late) is Standing.FREE
+    # its token is not history: with it, one intact lease is not a majority
+    assert next_token([copy, lease(token=2), LeaseView.parse(None)], 2, None) is None
+
+
+def test_an_old_unverified_lease_needs_a_probe_then_counts_as_free() -> None:
+    legacy = lease(holder=None, uid_note=None, date=T0)  # created three days ago, no uid note
+    assert stand(legacy) is Standing.PROBE  # the hint says old; only a stamp may prove it
+    assert stand(legacy, stamp=T0) is Standing.FREE

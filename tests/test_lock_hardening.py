@@ -121,8 +121,16 @@ def test_edits_by_another_client_do_not_keep_a_dead_holders_lock_alive(dep3: Env
     def labeler() -> None:
         while not stop.is_set():
             for i in (1, 2, 3):
-                kubectl(dep3, i, "annotate", "--overwrite", "--field-manager=labeler", "lease", LEASE,
-                        f"team.example.com/seen={edits[0]}")
+                kubectl(
+                    dep3,
+                    i,
+                    "annotate",
+                    "--overwrite",
+                    "--field-manager=labeler",
+                    "lease",
+                    LEASE,
+                    f"team.example.com/seen={edits[0]}",
+                )
             edits[0] += 1
             stop.wait(0.5)
 
@@ -359,3 +367,63 @@ def test_the_holders_validity_runs_on_the_boot_clock() -> None:
     now = boot_clock()
     after = _time.clock_gettime(_time.CLOCK_BOOTTIME)
     assert before <= now <= after
+
+
+# -- found by trying to break it: a lease restored from a copy, a token read too early
+
+
+def test_a_lease_restored_from_a_backup_is_not_free(dep3: Env, tmp_path: Path) -> None:
+    """A backup of the free lease, taken right after `deployment create`, is restored on
+    two members while alice holds the lock (delete + create, as a restore tool or a GitOps
+    re-apply does). The copies name another object's uid: they block, they are not free."""
+    backup = tmp_path / "lease.json"
+    doc_ = json.loads(kubectl(dep3, 1, "get", "lease", LEASE, "-o", "json"))
+    for key in ("resourceVersion", "uid", "creationTimestamp"):
+        doc_["metadata"].pop(key, None)
+    backup.write_text(json.dumps(doc_))
+    a = acquire(dep3, "alice", "--ttl", "30s")
+    assert a.returncode == 0, a.stderr
+    for i in (1, 2):
+        kubectl(dep3, i, "delete", "lease", LEASE)
+        kubectl(dep3, i, "create", "-f", str(backup))
+        assert holder_on(dep3, i) is None
+    b = acquire(dep3, "bob")
+    assert b.returncode == 3, b.stderr
+    assert holder_on(dep3, 3) == doc(a)["lock_id"]
+
+
+def test_tokens_never_go_back_when_a_surviving_lease_is_not_read(short: Env) -> None:
+    """Tokens 1..3 granted; the leases of c1 and c2 deleted. After the maximum TTL, an
+    attempt that cannot read c3 (the only lease that remembers token 3) takes nothing;
+    with c3 answering, the token is above 3."""
+    for who in ("a", "b", "c"):
+        got = acquire(short, who, "--ttl", "5s")
+        assert got.returncode == 0, got.stderr
+        assert short.cli("lock", "release", "web", "--holder", who).returncode == 0
+    assert doc(got)["fencing_token"] == 3
+    for i in (1, 2):
+        kubectl(short, i, "delete", "lease", LEASE)
+    first = acquire(short, "d", "--ttl", "5s")  # records the tombstones
+    assert first.returncode == 3, first.stderr
+    time.sleep(12)  # the maximum TTL (8 s) and its margin pass
+    short.sandbox.pause(3)
+    blind = short.cli(
+        "-o",
+        "json",
+        "--timeout",
+        "2s",
+        "lock",
+        "acquire",
+        "web",
+        "--holder",
+        "d",
+        "--ttl",
+        "5s",
+        "--max-server-skew",
+        "0s",
+    )
+    assert blind.returncode != 0, blind.stdout
+    short.sandbox.resume(3)
+    seen = acquire(short, "d", "--ttl", "5s", "--max-server-skew", "0s")
+    assert seen.returncode == 0, seen.stderr
+    assert doc(seen)["fencing_token"] > 3

@@ -74,7 +74,7 @@ def test_add_then_remove_a_member(dep5: Env, tmp_path: Path) -> None:
     assert refused.returncode == 5, refused.stderr
     assert "deployment import pay" in refused.stderr
     _ok(stale.cli("deployment", "delete", "pay"))
-    _ok(stale.cli("deployment", "import", "pay", "--cluster", "c2"))
+    _ok(stale.cli("deployment", "import", "pay", "--cluster", "c2", "-n", dep5.namespace))
     _ok(_acquire(stale))
     _ok(stale.cli("lock", "release", "pay", "--holder", "x"))
 

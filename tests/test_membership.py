@@ -96,7 +96,11 @@ def test_check_rules() -> None:
     assert check(local, {"A": local, "B": local}, members).verdict is Verdict.OK
     assert check(local, {"A": local, "B": LEGACY}, members).verdict is Verdict.OK
     assert check(local, {"A": local}, members).verdict is Verdict.UNOBSERVABLE
-    assert check(local, {"A": local, "B": None, "C": None}, members).verdict is Verdict.UNCONFIRMED
+    # deleted leases store nothing: they count while some member agrees and none differs
+    assert check(local, {"A": local, "B": None, "C": None}, members).verdict is Verdict.OK
+    assert check(local, {"A": None, "B": None}, members).verdict is Verdict.UNCONFIRMED
+    assert check(local, {"A": None, "B": None, "C": None}, members).verdict is Verdict.UNCONFIRMED
+    assert check(local, {}, members).verdict is Verdict.UNOBSERVABLE
     other = Membership.of(["a", "d", "e"])
     assert check(local, {"A": other, "B": local, "C": local}, members).verdict is Verdict.CONFLICT
     newer = Membership.of(["a", "b", "c", "d"], epoch=2)
