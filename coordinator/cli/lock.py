@@ -441,7 +441,10 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
 @_reason
 @_holder
 @click.option(
-    "--grace", default="10s", show_default=True, help="After SIGTERM on a lost lock, wait this long before SIGKILL."
+    "--grace",
+    default="10s",
+    show_default=True,
+    help="After SIGTERM to the child's group (lock lost, or processes left behind), wait this long before SIGKILL.",
 )
 @click.option(
     "--lock-id",
