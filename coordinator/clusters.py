@@ -22,6 +22,7 @@ IDENTITY_MISMATCH = "identity-mismatch"
 _KIND_TO_OUTCOME = {
     kube.UNREACHABLE: Outcome.UNREACHABLE,
     kube.FORBIDDEN: Outcome.FORBIDDEN,
+    kube.THROTTLED: Outcome.THROTTLED,
     kube.CONFLICT: Outcome.CONFLICT,
     kube.ALREADY_EXISTS: Outcome.CONFLICT,
     IDENTITY_MISMATCH: Outcome.IDENTITY_MISMATCH,

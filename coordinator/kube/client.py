@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import re
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,17 +39,29 @@ FORBIDDEN = "forbidden"
 NOT_FOUND = "not-found"
 CONFLICT = "conflict"
 ALREADY_EXISTS = "already-exists"
+# 429: API Priority and Fairness (or an admission webhook, or a proxy) refused the request
+# before doing anything; it may say when to come back (Retry-After).
+THROTTLED = "throttled"
 ERROR = "error"
+
+# A throttled request is sent again after the server's Retry-After only when the retry
+# would still have this long (or a quarter of the request timeout, if less) before the
+# deadline; and at most this many times.
+RETRY_MARGIN_S = 1.0
+MAX_THROTTLED_RETRIES = 5
 
 
 class KubeError(Exception):
-    """A request to one cluster failed; ``kind`` is one of the constants above."""
+    """A request to one cluster failed; ``kind`` is one of the constants above.
 
-    def __init__(self, kind: str, detail: str, *, status: int | None = None) -> None:
+    ``retry_after`` is the server's Retry-After, in seconds, on a throttled request."""
+
+    def __init__(self, kind: str, detail: str, *, status: int | None = None, retry_after: float | None = None) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
         self.status = status
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -412,19 +425,51 @@ def _load_yaml(text: str) -> Any:
     return yaml.safe_load(text)
 
 
+# Line breaks of every kind (a carriage return too: on a terminal it starts the line over).
+_LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
+
+
 def _status_message(raw: bytes) -> str:
+    """The server's message, on one line: it is quoted inside the tool's own one-line
+    details and paragraphs, where a line break would pass for a line of the tool's own
+    (other control characters are escaped where text is printed)."""
+    text = raw[:200].decode("utf-8", "replace").strip()
     try:
         doc = json.loads(raw)
         if isinstance(doc, dict) and doc.get("message"):
-            return str(doc["message"])
+            text = str(doc["message"])
     except ValueError:
         pass
-    return raw[:200].decode("utf-8", "replace").strip()
+    return _LINE_BREAKS.sub(" ", text).strip()
 
 
-def _classify_status(status: int, raw: bytes, body: dict[str, Any]) -> KubeError:
+def _retry_after(value: str | None, server_time: datetime | None) -> float | None:
+    """Seconds from a Retry-After header: a number of seconds, or an HTTP date (read
+    against the response's own Date, so that clocks need not agree)."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if server_time is None or when.tzinfo is None or server_time.tzinfo is None:
+            return None
+        seconds = (when - server_time).total_seconds()
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):  # NaN, negative, infinite
+        return None
+    return seconds
+
+
+def _classify_status(status: int, raw: bytes, body: dict[str, Any], *, retry_after: float | None = None) -> KubeError:
     message = _status_message(raw)
     reason = body.get("reason") if isinstance(body, dict) else None
+    if status == 429:
+        when = f"; retry after {retry_after:g}s" if retry_after is not None else ""
+        return KubeError(THROTTLED, f"throttled (HTTP 429: {message}{when})", status=status, retry_after=retry_after)
     if status in (401, 403):
         return KubeError(FORBIDDEN, f"HTTP {status}: {message}", status=status)
     if status == 404:
@@ -435,6 +480,12 @@ def _classify_status(status: int, raw: bytes, body: dict[str, Any]) -> KubeError
     if status in (502, 503, 504):
         return KubeError(UNREACHABLE, f"HTTP {status}: {message}", status=status)
     return KubeError(ERROR, f"HTTP {status}: {message}", status=status)
+
+
+def _log() -> Any:
+    from coordinator.logs import get_logger
+
+    return get_logger(__name__)
 
 
 class KubeClient:
@@ -477,11 +528,53 @@ class KubeClient:
         timeout: float | None = None,
         content_type: str = "application/json",
     ) -> ApiResponse:
-        """Send one request; return the decoded body, or raise a classified KubeError."""
+        """Send one request; return the decoded body, or raise a classified KubeError.
+
+        A throttled request (429) is sent again after the server's Retry-After, as long as
+        the retry still fits before the deadline: the enclosing cancel scope's (a command
+        gives each cluster one), or else this request's own timeout. The server did
+        nothing with a throttled request, so sending it again is safe; one that cannot
+        be retried in time is raised as ``throttled``."""
+        limit = self.timeout if timeout is None else timeout
+        started = anyio.current_time()
+        retries = 0
+        while True:
+            try:
+                return await self._send(method, path, query, body, limit, content_type)
+            except KubeError as err:
+                if err.kind != THROTTLED:
+                    raise
+                wait = self._throttled_wait(err, started, limit, retries)
+                if wait is None:
+                    raise
+            retries += 1
+            _log().info("throttled; retrying after the server's Retry-After", server=self.server, wait_s=wait)
+            await anyio.sleep(wait)
+
+    def _throttled_wait(self, err: KubeError, started: float, limit: float, retries: int) -> float | None:
+        """How long to wait before sending a throttled request again; None (with the
+        reason added to ``err.detail``) when it is not sent again."""
+        if err.retry_after is None:
+            return None
+        if retries >= MAX_THROTTLED_RETRIES:
+            err.detail += f"; still throttled after {retries} retries"
+            return None
+        wait = max(err.retry_after, 0.05)
+        deadline = anyio.current_effective_deadline()
+        if deadline == float("inf"):
+            deadline = started + limit
+        left = deadline - anyio.current_time()
+        if wait + min(RETRY_MARGIN_S, limit / 4) > left:
+            err.detail += f"; not retried: {max(left, 0):.1f}s were left before the deadline"
+            return None
+        return wait
+
+    async def _send(
+        self, method: str, path: str, query: dict[str, Any] | None, body: Any, limit: float, content_type: str
+    ) -> ApiResponse:
         import aiohttp
 
         api = await self._client()
-        limit = self.timeout if timeout is None else timeout
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
             # aiohttp's own timeout ends the request; fail_after is the backstop for a
@@ -501,6 +594,7 @@ class KubeClient:
                     raw = await resp.read()
                     status = resp.status
                     date = resp.headers.get("Date")
+                    retry_after = resp.headers.get("Retry-After")
                 finally:
                     resp.release()
         except TimeoutError as err:
@@ -523,14 +617,14 @@ class KubeClient:
             doc = {}
         if not isinstance(doc, dict):
             doc = {"items": doc}
-        if not 200 <= status <= 299:
-            raise _classify_status(status, raw, doc)
         server_time = None
         if date:
             try:
                 server_time = parsedate_to_datetime(date)
             except (TypeError, ValueError):
                 server_time = None
+        if not 200 <= status <= 299:
+            raise _classify_status(status, raw, doc, retry_after=_retry_after(retry_after, server_time))
         return ApiResponse(status=status, body=doc, server_time=server_time)
 
     async def watch(self, path: str, *, query: dict[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
@@ -555,7 +649,9 @@ class KubeClient:
         try:
             if resp.status != 200:
                 raw = await resp.read()
-                raise _classify_status(resp.status, raw, {})
+                raise _classify_status(
+                    resp.status, raw, {}, retry_after=_retry_after(resp.headers.get("Retry-After"), None)
+                )
             while True:
                 try:
                     line = await resp.content.readline()
