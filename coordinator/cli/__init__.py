@@ -6,10 +6,13 @@ Command groups are imported lazily (only the group a command needs is imported),
 
 from __future__ import annotations
 
+import errno
+import functools
 import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +42,35 @@ _SUMMARIES = {
 }
 
 
+class StdoutClosed(Exception):
+    """Whoever read our output stopped reading (e.g. ``| head -1``): a normal ending."""
+
+
+def _is_closed_stdout(err: BaseException) -> bool:
+    if isinstance(err, BaseExceptionGroup):
+        return any(_is_closed_stdout(e) for e in err.exceptions)
+    return isinstance(err, OSError) and err.errno == errno.EPIPE
+
+
 class LazyGroup(click.Group):
+    # A closed stdout is caught here, before click's own handler turns it into exit 1:
+    # in parsing (the root's --help) and in running the command.
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except OSError as err:
+            if _is_closed_stdout(err):
+                raise StdoutClosed() from None
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (OSError, BaseExceptionGroup) as err:
+            if _is_closed_stdout(err):
+                raise StdoutClosed() from None
+            raise
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)
 
@@ -49,6 +80,7 @@ class LazyGroup(click.Group):
             return None
         module = importlib.import_module(target[0])
         command: click.Command = getattr(module, target[1])
+        adopt_global_options(command)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -68,6 +100,155 @@ class App:
     verbosity: int = 0
     timeout: float = 5.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ global options
+#
+# kubectl users put `-o json` or `--timeout 10s` after the subcommand. The root options
+# are therefore also added to every command of the tree (when its group is loaded), and
+# what is given there is merged into the App the root built: a value given after the
+# subcommand wins over one given before it. A command that already has an option of
+# the same spelling keeps its own (e.g. `sandbox up --timeout`, the wait for the
+# clusters). A command that passes unknown options on to a child (`lock run ... -- CMD`)
+# takes the global options only before its name: after it, `-o` or `-v` belong to the
+# child's command line.
+
+
+@dataclass(frozen=True)
+class _Global:
+    flags: tuple[str, ...]
+    dest: str  # the keyword the leaf callback receives (removed before calling it)
+    kwargs: dict[str, Any]
+
+
+_GLOBALS: tuple[_Global, ...] = (
+    _Global(
+        ("-o", "--output"),
+        "global_output",
+        {"type": click.Choice(["table", "json", "yaml"]), "help": "Output format [default: table]."},
+    ),
+    _Global(
+        ("--timeout",),
+        "global_timeout",
+        {
+            "type": str,
+            "metavar": "DURATION",
+            "help": "Per-cluster request timeout, e.g. 5s [env COORDINATOR_TIMEOUT; default 5s].",
+        },
+    ),
+    _Global(
+        ("--config",),
+        "global_config",
+        {"type": click.Path(dir_okay=False), "help": "Local config file [env COORDINATOR_CONFIG]."},
+    ),
+    _Global(("-v", "--verbose"), "global_verbosity", {"count": True, "help": "More logging (-v, -vv)."}),
+    _Global(
+        ("--log-format",),
+        "global_log_format",
+        {"type": click.Choice(["console", "json"]), "help": "Format of log lines on stderr [default: console]."},
+    ),
+)
+_GLOBALS_HEADING = "Global options (before or after the command)"
+_ADOPTED = "_coordinator_globals"
+
+
+class GlobalOption(click.Option):
+    """A root option repeated on a subcommand; listed under its own heading in --help."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        return None  # not among the command's own options; see _GlobalsHelp
+
+    def global_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        return super().get_help_record(ctx)
+
+
+def _global_option(g: _Global) -> GlobalOption:
+    return GlobalOption([*g.flags, g.dest], **g.kwargs)
+
+
+class _GlobalsHelp:
+    """Mixed into a command's class: its --help ends with the global options."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_options(ctx, formatter)  # type: ignore[misc]
+        params = [p for p in getattr(self, "params", []) if isinstance(p, GlobalOption)]
+        before_only = not params
+        if before_only:
+            params = [_global_option(g) for g in _GLOBALS]
+        rows = [r for p in params if (r := p.global_help_record(ctx)) is not None]
+        heading = (
+            f"Global options (only before `{ctx.info_name}`: after it, options are the command's own)"
+            if before_only
+            else _GLOBALS_HEADING
+        )
+        with formatter.section(heading):
+            formatter.write_dl(rows)
+
+
+_HELP_CLASSES: dict[type, type] = {}
+
+
+def _with_globals_help(command: click.Command) -> None:
+    cls = type(command)
+    if cls not in _HELP_CLASSES:
+        _HELP_CLASSES[cls] = type(cls.__name__, (_GlobalsHelp, cls), {})
+    command.__class__ = _HELP_CLASSES[cls]
+
+
+def _merge_globals(values: dict[str, Any]) -> None:
+    """What was given after a subcommand, onto the App the root options built."""
+    ctx = click.get_current_context()
+    app = ctx.find_root().obj
+    if not isinstance(app, App):
+        return
+    if values.get("global_output") is not None:
+        app.output = values["global_output"]
+    if values.get("global_config") is not None:
+        app.config_path = values["global_config"]
+    if values.get("global_timeout") is not None:
+        from coordinator.durations import parse_duration
+
+        app.timeout = parse_duration(values["global_timeout"], what="--timeout")
+    logging_changed = False
+    if values.get("global_verbosity"):
+        app.verbosity += values["global_verbosity"]
+        logging_changed = True
+    if values.get("global_log_format") is not None:
+        app.log_format = values["global_log_format"]
+        logging_changed = True
+    if logging_changed:
+        from coordinator.logs import configure_logging
+
+        configure_logging(log_format=app.log_format, verbosity=app.verbosity)
+
+
+def _wrap_callback(callback: Callable[..., Any] | None, dests: list[str]) -> Callable[..., Any]:
+    @functools.wraps(callback or (lambda: None))
+    def merged(*args: Any, **kwargs: Any) -> Any:
+        _merge_globals({d: kwargs.pop(d, None) for d in dests})
+        return callback(*args, **kwargs) if callback is not None else None
+
+    return merged
+
+
+def adopt_global_options(command: click.Command) -> None:
+    """Give ``command`` and every command below it the global options (once)."""
+    if getattr(command, _ADOPTED, False):
+        return
+    setattr(command, _ADOPTED, True)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            adopt_global_options(sub)
+    _with_globals_help(command)
+    if command.context_settings.get("ignore_unknown_options"):
+        return  # its trailing words are a child's command line (see above)
+    taken = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    names = {p.name for p in command.params}
+    added = [_global_option(g) for g in _GLOBALS if not (set(g.flags) & taken) and g.dest not in names]
+    if not added:
+        return
+    command.params.extend(added)
+    command.callback = _wrap_callback(command.callback, [p.name for p in added if p.name])
 
 
 @click.group(
@@ -216,9 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
-    except BrokenPipeError:
-        # stdout closed early (e.g. piped into `head`): not an error of ours.
-        os._exit(0)
+    except (StdoutClosed, BrokenPipeError):
+        _end_quietly()
     except Exception as err:  # a bug: say so, keep the traceback behind -v
         if verbose:
             _print_traceback()
@@ -228,4 +408,21 @@ def main(argv: list[str] | None = None) -> None:
             err=True,
         )
         sys.exit(int(ExitCode.INTERNAL))
+    try:
+        sys.stdout.flush()
+    except OSError as err:
+        if not _is_closed_stdout(err):
+            raise
+        _end_quietly()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _end_quietly() -> None:
+    """stdout was closed by its reader: exit 0, without the interpreter's complaint
+    about flushing it at exit (stdout now leads to /dev/null)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        os._exit(0)
+    sys.exit(0)

@@ -1,0 +1,161 @@
+"""The command line as on-call and CI use it: flags where kubectl users put them, refusals
+a script can act on, a closed pipe as a normal ending, honest diagnoses in an outage, and
+JSON with the fields a script needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from coordinator.cli import cli
+
+pytestmark = pytest.mark.integration
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> Any:
+    assert proc.stdout.strip(), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _every_command_path(group: click.Group, ctx: click.Context, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = []
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None
+        paths.append((*prefix, name))
+        if isinstance(command, click.Group):
+            paths += _every_command_path(command, ctx, (*prefix, name))
+    return paths
+
+
+# ------------------------------------------------------------------ global options
+
+
+def test_every_command_lists_the_global_options_in_its_help() -> None:
+    runner = CliRunner()
+    paths = _every_command_path(cli, click.Context(cli))
+    assert ("lock", "status") in paths and ("rbac", "print") in paths and len(paths) > 30
+    for path in paths:
+        out = runner.invoke(cli, [*path, "--help"], prog_name="coordinator")
+        assert out.exit_code == 0, (path, out.output)
+        assert "Global options" in out.output, path
+        section = out.output.split("Global options", 1)[1]
+        for flag in ("-o, --output", "--config", "-v, --verbose", "--log-format"):
+            assert flag in section, (path, flag)
+        if path != ("sandbox", "up"):  # its own --timeout is the wait for the clusters
+            assert "--timeout" in section, path
+
+
+def test_a_command_keeps_its_own_option_of_the_same_spelling() -> None:
+    out = CliRunner().invoke(cli, ["sandbox", "up", "--help"], prog_name="coordinator")
+    own, global_ = out.output.split("Global options", 1)
+    assert "How long to wait for every cluster to be ready" in own
+    assert "--timeout" not in global_
+
+
+def test_lock_run_takes_global_options_only_before_its_name() -> None:
+    """After `lock run`, -o or -v belong to the child's command line (curl -o, tar -v)."""
+    out = CliRunner().invoke(cli, ["lock", "run", "--help"], prog_name="coordinator")
+    assert "Global options (only before `run`" in out.output
+
+
+def test_rbac_print_takes_n_for_the_namespace() -> None:
+    out = CliRunner().invoke(
+        cli, ["rbac", "print", "-n", "payments", "--deployment", "payments", "--user", "bob"], prog_name="coordinator"
+    )
+    assert out.exit_code == 0, out.output
+    assert "namespace: payments" in out.output
+
+
+def test_global_options_after_the_subcommand(dep3: Any) -> None:
+    # The tool's own example in `lock status --help`.
+    after = dep3.cli("lock", "status", "web", "-o", "json")
+    assert after.returncode == 0, after.stderr
+    assert _json(after)["deployment"] == "web"
+
+    # Given on both sides: the one after the subcommand wins.
+    both = dep3.cli("-o", "yaml", "lock", "status", "web", "-o", "json", "--timeout", "4s")
+    assert both.returncode == 0, both.stderr
+    assert _json(both)["quorum"] == 2
+
+    # --config after the subcommand replaces the one from the environment.
+    cfg = str(dep3.config)
+    moved = dep3.cli(
+        "deployment", "list", "-o", "json", "--config", cfg, env={"COORDINATOR_CONFIG": "/nonexistent/c.yaml"}
+    )
+    assert moved.returncode == 0, moved.stderr
+    assert "web" in moved.stdout
+
+    # -v and --log-format after the subcommand reach the logging.
+    loud = dep3.cli("lock", "status", "web", "-v", "--log-format", "json")
+    assert loud.returncode == 0, loud.stderr
+    lines = [json.loads(line) for line in loud.stderr.splitlines() if line.startswith("{")]
+    assert any(line.get("event") == "cluster outcome" for line in lines), loud.stderr
+
+    bad = dep3.cli("lock", "status", "web", "--timeout", "soon")
+    assert bad.returncode == 2 and "--timeout" in bad.stderr
+
+
+# ------------------------------------------------------------------ lock break off a terminal
+
+
+def test_lock_break_without_yes_off_a_terminal_refuses_with_exit_2(dep3: Any) -> None:
+    took = dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice")
+    assert took.returncode == 0, took.stderr
+    cmd = [sys.executable, "-m", "coordinator", "lock", "break", "web"]
+    proc = subprocess.run(cmd, env=dep3.environ(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "use --yes" in proc.stderr and "Aborted" not in proc.stderr
+    still = _json(dep3.cli("lock", "status", "web", "-o", "json"))
+    assert still["held_by_majority"] and still["holder"] == "alice"
+
+
+# ------------------------------------------------------------------ a closed stdout
+
+
+def _with_closed_stdout(env: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with a stdout whose reader is already gone (as after `| head -1`)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "coordinator", *args],
+            env=env.environ(),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_stdout_is_a_normal_ending(dep3: Any) -> None:
+    for args in (
+        ("lock", "status", "web"),
+        ("lock", "status", "web", "-o", "json"),
+        ("deployment", "list"),
+        ("lock", "status", "--help"),
+        ("--help",),
+    ):
+        proc = _with_closed_stdout(dep3, *args)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert proc.stderr == "", (args, proc.stderr)
+
+    # As people meet it: the first line, and the pipeline's status is the reader's and ours.
+    shell = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{sys.executable} -m coordinator lock status web | head -1"],
+        env=dep3.environ(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert "web is not held" in shell.stdout and shell.stderr == ""
