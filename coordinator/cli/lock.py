@@ -398,6 +398,14 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
 
     Example: coordinator lock break payments --yes --reason "holder's CI runner died"
     """
+    if not yes and not sys.stdin.isatty():
+        from coordinator.errors import UsageError
+
+        # Nobody can answer the question: a script (or CI job) must say it means it.
+        raise UsageError(
+            f"Breaking the lock of {deployment!r} needs confirmation, and standard input is not a "
+            "terminal to ask on; use --yes to break it without asking."
+        )
     c = _coordinator(ctx)
     if not yes:
 
