@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -159,3 +160,17 @@ def test_a_closed_stdout_is_a_normal_ending(dep3: Any) -> None:
     )
     assert shell.returncode == 0, shell.stderr
     assert "web is not held" in shell.stdout and shell.stderr == ""
+
+
+# ------------------------------------------------------------------ the CI example
+
+
+def test_the_ci_example_cleans_up_with_release_if_held() -> None:
+    import yaml
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "github-actions-matrix.yml"
+    workflow = yaml.safe_load(example.read_text())
+    steps = [s for job in workflow["jobs"].values() for s in job["steps"]]
+    cleanup = [s for s in steps if "lock release" in s.get("run", "")]
+    assert cleanup, "the example releases the lock in a cleanup step"
+    assert all(s.get("if") == "always()" and "--if-held" in s["run"] for s in cleanup)
