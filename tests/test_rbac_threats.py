@@ -1,0 +1,151 @@
+"""The threat model's limits, tried on real API servers (README, "Threat model").
+
+What a user with exactly the printed rights, someone with write access to the namespace
+and a cluster admin of one member can do beyond what the tool refuses. Each test states
+the behaviour the README describes; an open gap is a strict xfail that says what would
+close it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from coord_fixtures import put_lease
+from test_rbac_live import _as, _connect, _env, _grant, _json, _ok, _user
+
+from coordinator.kube.client import Endpoint, KubeClient, KubeError
+from coordinator.kube.resources import lease_path, secrets_path
+
+pytestmark = pytest.mark.integration
+
+HOLDER_ANNOTATIONS = ("holder", "host", "pid", "reason", "command")
+
+
+def test_a_lying_member_can_give_two_contenders_a_majority_until_the_first_renews(
+    sandbox3: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The majority argument needs members that answer honestly. Alice holds a bare
+    majority (c1, c2: she has no rights on c3); an admin of c1 makes c1's lease look free;
+    Bob then takes c1 and c3. Both were told they hold the lock; nothing in either
+    answer showed it. Alice's next renewal finds c1 held by another lock and gives up."""
+    bob, bob_kc = _user(sandbox3, tmp_path, "bob")
+    owner = _env(sandbox3, tmp_path, namespace, "bob")
+    _grant(sandbox3, owner, namespace, bob)
+    _connect(owner, bob_kc)
+    _ok(owner.cli("deployment", "create", "app", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
+                  "--cluster", "u3"))  # fmt: skip
+    alice_user, alice_kc = _user(sandbox3, tmp_path, "alice")
+    _grant(sandbox3, owner, namespace, alice_user, clusters=(1, 2))
+    alice = _as(owner, tmp_path, "alice", alice_kc)
+
+    taken = _json(alice.cli("-o", "json", "lock", "acquire", "app", "--ttl", "120s", "--holder", "alice"))
+    assert {c["name"]: c["outcome"] for c in taken["clusters"]} == {"u1": "ok", "u2": "ok", "u3": "forbidden"}
+
+    async def lie() -> None:  # as cluster admin of c1: the lease reads as released
+        lease = await owner.raw(1, "GET", lease_path(namespace, "coordinator-lock-app"))
+        lease["spec"] = {k: v for k, v in lease["spec"].items() if k not in ("holderIdentity", "renewTime")}
+        annotations = lease["metadata"]["annotations"]
+        for key in HOLDER_ANNOTATIONS:
+            annotations.pop(f"coordinator.io/{key}", None)
+        await put_lease(owner, 1, lease)
+
+    anyio.run(lie)
+    second = owner.cli("-o", "json", "lock", "acquire", "app", "--ttl", "120s", "--holder", "bob")
+    assert second.returncode == 0, second.stderr
+    assert {c["name"]: c["outcome"] for c in json.loads(second.stdout)["clusters"]}["u1"] == "ok"
+
+    renewed = alice.cli("lock", "renew", "app", "--holder", "alice")
+    assert renewed.returncode != 0, renewed.stdout
+    assert "lost" in (renewed.stdout + renewed.stderr).lower(), renewed.stdout + renewed.stderr
+
+
+def test_secret_storage_lets_a_granted_user_turn_the_state_secret_into_a_token_secret(
+    sandbox3: Any, namespace: str, tmp_path: Path
+) -> None:
+    """Kubernetes cannot limit create by name, and a Secret's type is the creator's choice.
+    With Secret storage, the printed rights let their holder delete the deployment's state
+    Secret and create one of the same name of type kubernetes.io/service-account-token;
+    in a cluster that runs kube-controller-manager, its token controller then fills in a
+    token of the named service account, which the user may read (the sandbox has no
+    controller-manager, so the token stays empty here). The tool does not take such a
+    Secret for a replica of the state."""
+    user, minted = _user(sandbox3, tmp_path, "secret")
+    env = _env(sandbox3, tmp_path, namespace, "secret")
+    _grant(sandbox3, env, namespace, user, storage="secret")
+    _connect(env, minted)
+    _ok(env.cli("deployment", "create", "app", "-n", namespace, "--storage", "secret", "--cluster", "u1",
+                "--cluster", "u2", "--cluster", "u3"))  # fmt: skip
+    _ok(env.cli("lock", "acquire", "app", "--ttl", "120s"))
+    _ok(env.cli("state", "set", "app", "owner=team"))
+    path = f"{secrets_path(namespace)}/coordinator-state-app"
+
+    async def swap() -> dict[str, Any]:
+        client = KubeClient(Endpoint("u1", minted.contexts[0], str(minted.path)), timeout=5)
+        try:
+            await client.request("DELETE", path)
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/service-account-token",
+                "metadata": {
+                    "name": "coordinator-state-app",
+                    "annotations": {"kubernetes.io/service-account.name": "default"},
+                },
+            }
+            await client.request("POST", secrets_path(namespace), body=body)
+            return (await client.request("GET", path)).body
+        finally:
+            await client.close()
+
+    swapped = anyio.run(swap)
+    assert swapped["type"] == "kubernetes.io/service-account-token"
+    diff = _json(env.cli("-o", "json", "state", "diff", "app"))
+    assert {r["name"]: r["status"] for r in diff}["u1"] != "current", diff
+    assert _json(env.cli("-o", "json", "state", "get", "app")) == {"owner": "team"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a state envelope does not name its deployment, so one copied from another deployment (which a "
+    "user granted that deployment may read, and may create under any name) passes for this one's",
+)
+def test_a_state_copied_from_another_deployment_is_not_taken_for_this_ones(
+    sandbox3: Any, namespace: str, tmp_path: Path
+) -> None:
+    mallory, mallory_kc = _user(sandbox3, tmp_path, "mallory")
+    env = _env(sandbox3, tmp_path, namespace, "mallory")
+    _grant(sandbox3, env, namespace, mallory, deployments=("mine",))
+    _connect(env, mallory_kc)
+    _ok(env.cli("deployment", "create", "mine", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
+                "--cluster", "u3"))  # fmt: skip
+    _ok(env.cli("lock", "acquire", "mine", "--ttl", "60s"))
+    _ok(env.cli("state", "set", "mine", "image=evil:latest"))
+
+    # Before the deployment 'theirs' writes its first state, Mallory plants hers there.
+    async def plant() -> None:
+        for i, context in enumerate(mallory_kc.contexts, start=1):
+            client = KubeClient(Endpoint(f"u{i}", context, str(mallory_kc.path)), timeout=5)
+            try:
+                path = f"/api/v1/namespaces/{namespace}/configmaps"
+                mine = (await client.request("GET", f"{path}/coordinator-state-mine")).body
+                meta = {"name": "coordinator-state-theirs", "labels": mine["metadata"]["labels"]}
+                copy = {"apiVersion": "v1", "kind": "ConfigMap", "data": mine["data"], "metadata": meta}
+                await client.request("POST", path, body=copy)
+            except KubeError as err:
+                raise AssertionError(err.detail) from err
+            finally:
+                await client.close()
+
+    anyio.run(plant)
+    owner, owner_kc = _user(sandbox3, tmp_path, "owner")
+    theirs = _env(sandbox3, tmp_path, namespace, "owner")
+    _grant(sandbox3, theirs, namespace, owner, deployments=("theirs",))
+    _connect(theirs, owner_kc)
+    _ok(theirs.cli("deployment", "create", "theirs", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
+                   "--cluster", "u3"))  # fmt: skip
+    read = theirs.cli("-o", "json", "state", "get", "theirs")
+    assert read.returncode != 0 or json.loads(read.stdout) != {"image": "evil:latest"}, read.stdout
