@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from coordinator.kube.client import request_events
 from coordinator.logs import get_logger
 from coordinator.outcome import Outcome
 
@@ -42,6 +43,52 @@ class ClusterResult(Generic[T]):
 
 Results = Mapping[str, ClusterResult[T]]
 
+# How a cluster absent from a decided fan-out's results is reported: it may well have
+# answered, later; nobody waited to see.
+NOT_WAITED_FOR = "not waited for: the attempt was already decided"
+# Set in ``ClusterResult.extra`` when a cluster answered but its operation did not finish:
+# not something to check for reachability.
+ANSWERED = "answered"
+
+
+@dataclass
+class _Traffic:
+    """The requests one cluster's operation sent and had answered, to tell at a deadline
+    a silent cluster from one that answered while the operation waited on others."""
+
+    started: float
+    sent: int = 0
+    answered: int = 0
+    first_answer_s: float | None = None
+
+    def tell(self, event: str) -> None:
+        if event == "sent":
+            self.sent += 1
+        elif event == "answered":
+            self.answered += 1
+            if self.first_answer_s is None:
+                self.first_answer_s = time.monotonic() - self.started
+
+    def timed_out(self, cluster: str, timeout: float) -> ClusterResult[Any]:
+        if self.answered == 0:
+            return ClusterResult(cluster, Outcome.UNREACHABLE, detail=f"no answer within {timeout:g}s")
+        first = f"answered in {self.first_answer_s or 0:.2f}s"
+        if self.sent > self.answered:
+            # It answered, then went silent on a later request: unreachable since then.
+            return ClusterResult(
+                cluster,
+                Outcome.UNREACHABLE,
+                detail=f"{first}, then gave no answer to a later request within the {timeout:g}s deadline",
+            )
+        # Every request was answered: the operation was waiting on the other clusters.
+        return ClusterResult(
+            cluster,
+            Outcome.ERROR,
+            detail=f"{first}, but not finished within the {timeout:g}s deadline: "
+            "it was waiting on the other clusters' answers",
+            extra={ANSWERED: True},
+        )
+
 
 async def fan_out(
     clusters: Iterable[str],
@@ -58,7 +105,10 @@ async def fan_out(
     Returns when every cluster has answered or timed out, or as soon as ``until`` says
     the question is decided, plus a short grace (``grace_factor`` times the time taken so
     far) so that healthy clusters answering together are all reported. Clusters that had
-    not answered by then are absent from the result. They are cancelled, unless
+    not answered by then are absent from the result (report them as :data:`NOT_WAITED_FOR`).
+    A cluster whose operation reaches ``timeout`` is reported unreachable only if it
+    left a request unanswered; one that answered everything it was asked while the
+    operation waited on the other clusters says so (outcome ``error``). They are cancelled, unless
     ``background`` is given and ``leave_running()`` (if given) says so: then they go on
     there (still bounded by ``timeout``), to clean up after themselves, and their
     results are dropped.
@@ -75,6 +125,8 @@ async def fan_out(
 
     async def run_one(name: str) -> None:
         started = time.monotonic()
+        traffic = _Traffic(started)
+        request_events.set(traffic.tell)  # this task's context (and its children's) only
         with anyio.CancelScope() as scope:
             scopes[name] = scope
             result: ClusterResult[T]
@@ -85,7 +137,7 @@ async def fan_out(
                     log.exception("cluster operation failed unexpectedly", cluster=name)
                     result = ClusterResult(name, Outcome.ERROR, detail=f"{type(err).__name__}: {err}")
             if limit.cancelled_caught:
-                result = ClusterResult(name, Outcome.UNREACHABLE, detail=f"no answer within {timeout:g}s")
+                result = traffic.timed_out(name, timeout)
             result.elapsed_s = time.monotonic() - started
             if closed:
                 return  # a straggler: the caller has moved on

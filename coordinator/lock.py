@@ -76,7 +76,7 @@ from coordinator.errors import (
     NoQuorumError,
     StateConflictError,
 )
-from coordinator.fanout import ClusterResult, fan_out
+from coordinator.fanout import ANSWERED, NOT_WAITED_FOR, ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import (
@@ -1606,8 +1606,7 @@ def acquire_report(result: AcquireResult) -> str:
     for name in result.members:
         r = result.results.get(name)
         if r is None:
-            lines.append(f"{name}: unreachable (no answer in time)")
-            unseen.append(name)
+            lines.append(f"{name}: {NOT_WAITED_FOR}")
             continue
         v = r.value.view if r.value else None
         if r.outcome is Outcome.HELD_BY_OTHER and r.value is not None and r.value.action == "reserved":
@@ -1633,7 +1632,7 @@ def acquire_report(result: AcquireResult) -> str:
             holders.setdefault(who, []).append(name)
         else:
             lines.append(f"{name}: {r.outcome} — {r.detail}")
-            if not r.outcome.observable:
+            if not r.outcome.observable and not r.extra.get(ANSWERED):
                 unseen.append(name)
     head = (
         f"Could not lock deployment {result.deployment!r}: a majority of {result.quorum} of "

@@ -174,3 +174,84 @@ def test_the_ci_example_cleans_up_with_release_if_held() -> None:
     cleanup = [s for s in steps if "lock release" in s.get("run", "")]
     assert cleanup, "the example releases the lock in a cleanup step"
     assert all(s.get("if") == "always()" and "--if-held" in s["run"] for s in cleanup)
+
+
+# ------------------------------------------------------------------ diagnoses in an outage
+
+
+def test_two_of_three_paused_the_healthy_member_is_not_called_unreachable(dep3: Any) -> None:
+    dep3.sandbox.pause(2)
+    dep3.sandbox.pause(3)
+    bad = dep3.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "web", "--holder", "dave")
+    assert bad.returncode == 4, bad.stderr
+    rows = {c["name"]: c for c in _json(bad)["clusters"]}
+    assert rows["c2"]["outcome"] == "unreachable" and rows["c3"]["outcome"] == "unreachable"
+    # c1 answered: whatever became of the attempt there, it is not "unreachable".
+    assert rows["c1"]["outcome"] != "unreachable", rows["c1"]
+    assert "answered" in rows["c1"]["detail"] or rows["c1"]["outcome"] == "not-waited-for", rows["c1"]
+    c1_line = next(line for line in bad.stderr.splitlines() if line.strip().startswith("c1:"))
+    assert "unreachable" not in c1_line and "no answer within" not in c1_line, bad.stderr
+    # The advice names only the silent clusters as unobservable.
+    assert "Could not observe c2, c3;" in bad.stderr, bad.stderr
+
+
+def test_a_deadline_tells_silence_from_waiting_on_others() -> None:
+    """fan_out at its deadline: a cluster that answered every request it was sent is
+    'answered ... waiting on the other clusters'; one that went silent on a request is
+    unreachable; one nobody waited for is absent (rendered as not waited for)."""
+    import anyio
+
+    from coordinator.fanout import ClusterResult, fan_out
+    from coordinator.kube.client import request_events
+    from coordinator.outcome import Outcome
+
+    async def operation(name: str) -> ClusterResult[None]:
+        tell = request_events.get()
+        assert tell is not None
+        if name == "fast":
+            return ClusterResult(name, Outcome.OK)
+        tell("sent")
+        if name in ("answered", "waiter"):
+            tell("answered")
+        if name == "then-silent":
+            tell("answered")
+            tell("sent")
+        await anyio.sleep(10)
+        return ClusterResult(name, Outcome.OK)
+
+    async def go() -> None:
+        out = await fan_out(["answered", "silent", "then-silent"], operation, timeout=0.3)
+        assert out["answered"].outcome is Outcome.ERROR
+        assert "answered in" in out["answered"].detail and "waiting on the other clusters" in out["answered"].detail
+        assert out["silent"].outcome is Outcome.UNREACHABLE and out["silent"].detail == "no answer within 0.3s"
+        assert out["then-silent"].outcome is Outcome.UNREACHABLE
+        assert "then gave no answer to a later request" in out["then-silent"].detail
+
+        decided = await fan_out(["fast", "waiter"], operation, timeout=5, until=lambda r: "fast" in r)
+        assert set(decided) == {"fast"}  # the caller renders "waiter" as not waited for
+
+    anyio.run(go)
+
+
+def test_not_waited_for_is_rendered_as_such() -> None:
+    from coordinator.cli.lock import acquire_document
+    from coordinator.fanout import NOT_WAITED_FOR, ClusterResult
+    from coordinator.lock import AcquireResult, acquire_report
+    from coordinator.outcome import Outcome
+
+    result = AcquireResult(
+        deployment="web",
+        namespace="ns",
+        lock_id="abc",
+        holder="dave",
+        fencing_token=None,
+        acquired=False,
+        quorum=2,
+        results={"c1": ClusterResult("c1", Outcome.UNREACHABLE, detail="no answer within 2s")},
+        members=["c1", "c2", "c3"],
+        ttl_s=60,
+    )
+    rows = {c["name"]: c for c in acquire_document(result)["clusters"]}
+    assert rows["c2"] == {"name": "c2", "outcome": "not-waited-for", "detail": NOT_WAITED_FOR}
+    report = acquire_report(result)
+    assert f"c2: {NOT_WAITED_FOR}" in report and "c2: unreachable" not in report

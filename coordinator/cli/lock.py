@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
+from coordinator.fanout import NOT_WAITED_FOR
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
@@ -42,7 +43,8 @@ def acquire_document(result: Any) -> dict[str, Any]:
             if r is not None
         ]
         + [
-            {"name": name, "outcome": "unreachable", "detail": "no answer yet when a majority had decided"}
+            # Nobody waited for its answer: it may have answered since. Never "unreachable".
+            {"name": name, "outcome": "not-waited-for", "detail": NOT_WAITED_FOR}
             for name in result.members
             if name not in result.results
         ],

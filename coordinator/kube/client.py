@@ -9,6 +9,7 @@ texts carry URLs and status messages only.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import functools
 import json
@@ -16,7 +17,7 @@ import logging
 import os
 import re
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -49,6 +50,19 @@ ERROR = "error"
 # deadline; and at most this many times.
 RETRY_MARGIN_S = 1.0
 MAX_THROTTLED_RETRIES = 5
+
+# Told "sent" when a request to the API server goes out and "answered" when the server's
+# answer (any status) is in: the fan-out sets it for the task of one cluster, so that a
+# deadline reached while waiting on something else is not reported as the cluster's silence.
+request_events: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "request_events", default=None
+)
+
+
+def _tell(event: str) -> None:
+    listener = request_events.get()
+    if listener is not None:
+        listener(event)
 
 
 class KubeError(Exception):
@@ -576,6 +590,7 @@ class KubeClient:
 
         api = await self._client()
         headers = {"Accept": "application/json", "Content-Type": content_type}
+        _tell("sent")
         try:
             # aiohttp's own timeout ends the request; fail_after is the backstop for a
             # server that accepted the connection and then stopped answering mid-stream.
@@ -590,6 +605,7 @@ class KubeClient:
                     _preload_content=False,
                     _request_timeout=limit,
                 )
+                _tell("answered")
                 try:
                     raw = await resp.read()
                     status = resp.status
