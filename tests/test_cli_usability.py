@@ -255,3 +255,49 @@ def test_not_waited_for_is_rendered_as_such() -> None:
     assert rows["c2"] == {"name": "c2", "outcome": "not-waited-for", "detail": NOT_WAITED_FOR}
     report = acquire_report(result)
     assert f"c2: {NOT_WAITED_FOR}" in report and "c2: unreachable" not in report
+
+
+# ------------------------------------------------------------------ JSON for scripts
+
+
+def test_refusal_and_status_json_name_the_holder_in_fields(dep3: Any) -> None:
+    import time
+
+    took = dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--reason", "release 1.2")
+    assert took.returncode == 0, took.stderr
+    alice_id = _json(took)["lock_id"]
+    waiter = dep3.popen(
+        "lock", "acquire", "web", "--holder", "carol", "--wait", "90s",
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            st = _json(dep3.cli("lock", "status", "web", "-o", "json"))
+            if st["next_in_line"] is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        # lock status: the documented keys, and the added ones
+        for key in ("deployment", "namespace", "quorum", "holder", "lock_id", "fencing_token",
+                    "held_by_majority", "expires_in_s", "clusters"):  # fmt: skip
+            assert key in st, key
+        assert st["holder"] == "alice" and st["reason"] == "release 1.2"
+        assert st["host"] and isinstance(st["pid"], int)
+        assert st["next_in_line"]["holder"] == "carol" and st["next_in_line"]["waiting_since"].endswith("Z")
+        row = st["clusters"][0]
+        assert row["reason"] == "release 1.2" and isinstance(row["pid"], int) and row["expires_in_s"] > 0
+
+        refused = dep3.cli("lock", "acquire", "web", "--holder", "bob", "-o", "json")
+        assert refused.returncode == 3, refused.stderr
+        doc = _json(refused)
+        assert doc["acquired"] is False and doc["holder"] == "bob"
+        for c in doc["clusters"]:
+            assert c["outcome"] == "held-by-other", c
+            assert c["holder"] == "alice" and c["lock_id"] == alice_id, c
+            assert c["reason"] == "release 1.2" and c["host"] == st["host"] and c["pid"] == st["pid"], c
+            assert c["expires_in_s"] is not None and c["expires_in_s"] > 0, c
+            assert c["next_in_line"] is not None and c["next_in_line"]["holder"] == "carol", c
+            assert "alice" in c["detail"]  # the prose stays
+    finally:
+        waiter.terminate()
+        waiter.wait(timeout=30)

@@ -25,6 +25,46 @@ def _duration(value: str, what: str) -> float:
     return parse_duration(value, what=what)
 
 
+def claim_document(claim: Any) -> dict[str, Any] | None:
+    """A waiter's claim on the next turn, for scripts."""
+    if claim is None:
+        return None
+    from datetime import UTC, datetime
+
+    return {
+        "holder": claim.holder or None,
+        "lock_id": claim.lock_id,
+        "waiting_since": datetime.fromtimestamp(claim.since, UTC),
+    }
+
+
+def _pid(info: dict[str, str]) -> int | None:
+    raw = info.get("pid") or ""
+    return int(raw) if raw.isdigit() else None
+
+
+def lease_fields(view: Any, next_claim: Any = None) -> dict[str, Any]:
+    """Who holds one cluster's lease, as fields (the prose ``detail`` says the same)."""
+    if view is None:
+        keys = ("holder", "lock_id", "reason", "host", "pid", "acquired_at", "renewed_at", "expires_in_s")
+        return {k: None for k in keys} | {"next_in_line": claim_document(next_claim)}
+    info = view.info if view.held else {}
+    rem = view.remaining_s()
+    if next_claim is None and view.live_claim is not None and view.claim_fresh():
+        next_claim = view.live_claim
+    return {
+        "holder": (info.get("holder") or None) if view.held else None,
+        "lock_id": view.lock_id,
+        "reason": info.get("reason") or None,
+        "host": info.get("host") or None,
+        "pid": _pid(info),
+        "acquired_at": view.acquired_at if view.held else None,
+        "renewed_at": view.renewed_at if view.held else None,
+        "expires_in_s": round(rem, 1) if rem is not None else None,
+        "next_in_line": claim_document(next_claim),
+    }
+
+
 def acquire_document(result: Any) -> dict[str, Any]:
     return {
         "deployment": result.deployment,
@@ -37,6 +77,8 @@ def acquire_document(result: Any) -> dict[str, Any]:
                 "name": name,
                 "outcome": str(r.outcome),
                 "detail": r.detail,
+                # the lease as this attempt found (or left) it: a refusal names its holder
+                **lease_fields(r.value.view if r.value else None, r.extra.get("next")),
             }
             for name in result.members
             for r in [result.results.get(name)]
@@ -252,6 +294,11 @@ def status_document(st: Any) -> dict[str, Any]:
         "fencing_token": st.fencing_token,
         "held_by_majority": st.held_by_majority,
         "expires_in_s": st.expires_in_s,
+        # added after the first release of this shape: who holds it, in fields
+        "reason": (st.info.get("reason") or None) if st.held_by_majority else None,
+        "host": (st.info.get("host") or None) if st.held_by_majority else None,
+        "pid": _pid(st.info) if st.held_by_majority else None,
+        "next_in_line": claim_document(st.next_in_line),
         "clusters": [
             {
                 "name": r.name,
@@ -263,6 +310,10 @@ def status_document(st: Any) -> dict[str, Any]:
                 "ttl_s": r.ttl_s,
                 "transitions": r.transitions,
                 "error": r.error,
+                "reason": (r.info.get("reason") or None) if r.lock_id else None,
+                "host": (r.info.get("host") or None) if r.lock_id else None,
+                "pid": _pid(r.info) if r.lock_id else None,
+                "expires_in_s": round(r.remaining_s, 1) if r.remaining_s is not None else None,
             }
             for r in st.clusters
         ],
@@ -346,7 +397,7 @@ def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> N
             doc = status_document(st)
             key = dump_document(
                 {k: v for k, v in doc.items() if k != "expires_in_s"}
-                | {"clusters": [{k: v for k, v in r.items()} for r in doc["clusters"]]},
+                | {"clusters": [{k: v for k, v in r.items() if k != "expires_in_s"} for r in doc["clusters"]]},
                 "json",
             )
             if key != last:
