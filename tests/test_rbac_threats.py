@@ -9,11 +9,13 @@ close it.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import yaml
 from coord_fixtures import put_lease
 from test_rbac_live import _as, _connect, _env, _grant, _json, _ok, _user
 
@@ -23,27 +25,23 @@ from coordinator.kube.resources import lease_path, secrets_path
 pytestmark = pytest.mark.integration
 
 HOLDER_ANNOTATIONS = ("holder", "host", "pid", "reason", "command")
+DEPLOY_POLICY = Path(__file__).resolve().parent.parent / "deploy" / "state-secrets-opaque.yaml"
 
 
 def test_a_lying_member_can_give_two_contenders_a_majority_until_the_first_renews(
     sandbox3: Any, namespace: str, tmp_path: Path
 ) -> None:
-    """The majority argument needs members that answer honestly. Alice holds a bare
-    majority (c1, c2: she has no rights on c3); an admin of c1 makes c1's lease look free;
-    Bob then takes c1 and c3. Both were told they hold the lock; nothing in either
-    answer showed it. Alice's next renewal finds c1 held by another lock and gives up."""
+    """The majority argument needs members that answer honestly. Against a holder of all
+    three members one lying member gains nothing. But Alice holds a bare majority (c1, c2:
+    she has no rights on c3); an admin of c1 makes c1's lease look free; Bob then takes c1
+    and c3. Both were told they hold the lock; nothing in either answer showed it. Alice's
+    next renewal finds c1 held by another lock and gives up."""
     bob, bob_kc = _user(sandbox3, tmp_path, "bob")
     owner = _env(sandbox3, tmp_path, namespace, "bob")
     _grant(sandbox3, owner, namespace, bob)
     _connect(owner, bob_kc)
     _ok(owner.cli("deployment", "create", "app", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
                   "--cluster", "u3"))  # fmt: skip
-    alice_user, alice_kc = _user(sandbox3, tmp_path, "alice")
-    _grant(sandbox3, owner, namespace, alice_user, clusters=(1, 2))
-    alice = _as(owner, tmp_path, "alice", alice_kc)
-
-    taken = _json(alice.cli("-o", "json", "lock", "acquire", "app", "--ttl", "120s", "--holder", "alice"))
-    assert {c["name"]: c["outcome"] for c in taken["clusters"]} == {"u1": "ok", "u2": "ok", "u3": "forbidden"}
 
     async def lie() -> None:  # as cluster admin of c1: the lease reads as released
         lease = await owner.raw(1, "GET", lease_path(namespace, "coordinator-lock-app"))
@@ -52,6 +50,20 @@ def test_a_lying_member_can_give_two_contenders_a_majority_until_the_first_renew
         for key in HOLDER_ANNOTATIONS:
             annotations.pop(f"coordinator.io/{key}", None)
         await put_lease(owner, 1, lease)
+
+    # Held on all three: one liar leaves the other contender one member short.
+    _ok(owner.cli("lock", "acquire", "app", "--ttl", "120s", "--holder", "carol"))
+    anyio.run(lie)
+    refused = owner.cli("lock", "acquire", "app", "--holder", "bob")
+    assert refused.returncode == 3, refused.stderr
+    _ok(owner.cli("lock", "break", "app", "--yes"))
+
+    alice_user, alice_kc = _user(sandbox3, tmp_path, "alice")
+    _grant(sandbox3, owner, namespace, alice_user, clusters=(1, 2))
+    alice = _as(owner, tmp_path, "alice", alice_kc)
+
+    taken = _json(alice.cli("-o", "json", "lock", "acquire", "app", "--ttl", "120s", "--holder", "alice"))
+    assert {c["name"]: c["outcome"] for c in taken["clusters"]} == {"u1": "ok", "u2": "ok", "u3": "forbidden"}
 
     anyio.run(lie)
     second = owner.cli("-o", "json", "lock", "acquire", "app", "--ttl", "120s", "--holder", "bob")
@@ -101,11 +113,64 @@ def test_secret_storage_lets_a_granted_user_turn_the_state_secret_into_a_token_s
         finally:
             await client.close()
 
+    # The state is on every member: any member's admin reads it, Secret storage or not.
+    held = sandbox3.admin(2).get(path)
+    assert held is not None and "envelope.json" in held["data"]
     swapped = anyio.run(swap)
     assert swapped["type"] == "kubernetes.io/service-account-token"
     diff = _json(env.cli("-o", "json", "state", "diff", "app"))
     assert {r["name"]: r["status"] for r in diff}["u1"] != "current", diff
     assert _json(env.cli("-o", "json", "state", "get", "app")) == {"owner": "team"}
+
+    # deploy/state-secrets-opaque.yaml closes it: the same swap on c2 is refused, while the
+    # tool's own (Opaque) state Secret is written as before.
+    policy = [doc for doc in yaml.safe_load_all(DEPLOY_POLICY.read_text()) if doc]
+    admin = sandbox3.admin(2)
+    plurals = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+               "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}  # fmt: skip
+    try:
+        for doc in policy:
+            admin.create(f"/apis/admissionregistration.k8s.io/v1/{plurals[doc['kind']]}", doc, exist_ok=False)
+        deadline = time.monotonic() + 30
+        while True:  # a new policy takes effect asynchronously
+            refused = anyio.run(swap_on, minted, 2, namespace)
+            if refused is not None or time.monotonic() > deadline:
+                break
+            sandbox3.admin(2).delete(path)  # accepted before the policy was in force: undo
+            time.sleep(0.5)
+        assert refused is not None and "must be of type Opaque" in refused, refused
+        # The deleted replica is written again, Opaque, by the next write.
+        _ok(env.cli("state", "set", "app", "owner=ops"))
+        rewritten = sandbox3.admin(2).get(path)
+        assert rewritten is not None and rewritten["type"] == "Opaque", rewritten
+    finally:
+        for doc in policy:
+            admin.delete(f"/apis/admissionregistration.k8s.io/v1/{plurals[doc['kind']]}/{doc['metadata']['name']}")
+
+
+async def swap_on(minted: Any, cluster: int, namespace: str) -> str | None:
+    """As the user, delete the state Secret on ``cluster`` and create a token Secret under
+    its name: the API server's refusal of the create, or None if it was accepted."""
+    path = f"{secrets_path(namespace)}/coordinator-state-app"
+    client = KubeClient(Endpoint(f"u{cluster}", minted.contexts[cluster - 1], str(minted.path)), timeout=5)
+    token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/service-account-token",
+        "metadata": {"name": "coordinator-state-app", "annotations": {"kubernetes.io/service-account.name": "x"}},
+    }
+    try:
+        try:
+            await client.request("DELETE", path)
+        except KubeError as err:
+            if err.kind != "not-found":
+                raise
+        await client.request("POST", secrets_path(namespace), body=token)
+    except KubeError as err:
+        return err.detail
+    finally:
+        await client.close()
+    return None
 
 
 @pytest.mark.xfail(
