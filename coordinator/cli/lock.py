@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from typing import Any
@@ -352,21 +353,155 @@ def _status_text(st: Any) -> None:
     )
 
 
+def _fleet_text(fleet: Any) -> None:
+    from coordinator.durations import format_duration
+
+    held = sum(1 for e in fleet.deployments if e.status == "held")
+    say(f"{len(fleet.deployments)} deployment(s), {held} locked.")
+    table(
+        ["deployment", "namespace", "status", "holder", "reason", "since", "expires", "next in line", "unseen"],
+        [
+            [
+                e.deployment + ("" if e.imported else " *"),
+                e.namespace,
+                e.status,
+                e.holder or ("-" if e.status != "held" else "?"),
+                e.reason or "-",
+                when(e.since) if e.since else "-",
+                f"in {format_duration(e.expires_in_s)}" if e.expires_in_s is not None else "-",
+                (e.next_in_line.holder or e.next_in_line.lock_id) if e.next_in_line else "-",
+                ", ".join(e.unseen) or "-",
+            ]
+            for e in fleet.deployments
+        ],
+    )
+    for e in fleet.deployments:
+        if not e.imported:
+            say(f"* {e.deployment} ({e.namespace}): not imported: `{e.import_hint}`")
+    if fleet.unseen_clusters:
+        say(
+            "Could not list: "
+            + "; ".join(f"{c} ({fleet.clusters[c]})" for c in fleet.unseen_clusters)
+            + ". Their deployments may be missing above; nothing there is assumed free."
+        )
+
+
+def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
+    from coordinator.fleet import fleet_document, survey
+
+    c = _coordinator(ctx)
+    fmt = app_of(ctx).output
+
+    def doc_of(fleet: Any) -> dict[str, Any]:
+        return fleet_document(fleet, claim_document)
+
+    if not watch:
+
+        async def once() -> Any:
+            async with c:
+                return await survey(c.config, c.clusters)
+
+        fleet = run(once)
+        emit(ctx, doc_of(fleet), lambda: _fleet_text(fleet))
+        return
+
+    async def follow() -> None:
+        import anyio
+
+        last: str | None = None
+        while True:
+            fleet = await survey(c.config, c.clusters)
+            doc = doc_of(fleet)
+            stable = {
+                **doc,
+                "deployments": [{k: v for k, v in d.items() if k != "expires_in_s"} for d in doc["deployments"]],
+            }
+            key = dump_document(stable, "json")
+            if key != last:
+                last = key
+                _print_watch_round(fmt, doc, functools.partial(_fleet_text, fleet))
+            await anyio.sleep(every)
+
+    _run_watch(c, follow)
+
+
+def _print_watch_round(fmt: str, doc: Any, text: Any) -> None:
+    if fmt == "json":
+        import json
+
+        from coordinator.cli.output import to_jsonable
+
+        click.echo(json.dumps(to_jsonable(doc)))
+    elif fmt == "yaml":
+        click.echo("---\n" + dump_document(doc, "yaml"))
+    else:
+        from datetime import UTC, datetime
+
+        say(f"--- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}")
+        text()
+
+
+def _run_watch(c: Any, follow: Any) -> None:
+    async def loop() -> None:
+        import signal
+
+        import anyio
+
+        # The watch ends normally on SIGINT, SIGTERM or SIGHUP: output flushed, clients
+        # closed (outside the cancelled scope), exit 0. A signal ignored at start stays
+        # ignored: a background job of a script starts with SIGINT ignored, and is
+        # stopped with SIGTERM.
+        stops = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+        async with c:
+            with anyio.open_signal_receiver(*stops) as signals:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(follow)
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        break
+
+    try:
+        run(loop)
+    except KeyboardInterrupt:
+        pass
+
+
 @lock.command("status")
-@click.argument("deployment")
+@click.argument("deployment", required=False)
+@click.option(
+    "--all",
+    "all_",
+    is_flag=True,
+    help="Every deployment: known here or found on the connected clusters (the default without DEPLOYMENT).",
+)
 @click.option("--watch", "-w", is_flag=True, help="Keep printing changes until interrupted.")
 @click.option("--interval", default="1s", show_default=True, help="With --watch: how often to look.")
 @click.pass_context
-def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> None:
+def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, interval: str) -> None:
     """Who holds the lock, where, since when, until when.
+
+    Without DEPLOYMENT (or with --all): every deployment this machine knows and every
+    one found on the connected clusters, with one LIST of leases per cluster. Those
+    found on the clusters but not known here are marked, with the command that imports
+    them.
 
     Exits 4 (after printing) when fewer than a majority of clusters could be observed.
 
-    Example: coordinator lock status payments -o json
+    \b
+    Examples:
+      coordinator lock status payments -o json
+      coordinator lock status            # the fleet: what is locked, anywhere?
     """
+    every = _duration(interval, "--interval")
+    if deployment is None or all_:
+        if deployment is not None:
+            from coordinator.errors import UsageError
+
+            raise UsageError("--all shows every deployment: give either DEPLOYMENT or --all, not both.")
+        _fleet(ctx, watch, every)
+        return
     c = _coordinator(ctx)
     fmt = app_of(ctx).output
-    every = _duration(interval, "--interval")
 
     if not watch:
 
@@ -402,43 +537,10 @@ def status(ctx: click.Context, deployment: str, watch: bool, interval: str) -> N
             )
             if key != last:
                 last = key
-                if fmt == "json":
-                    import json
-
-                    from coordinator.cli.output import to_jsonable
-
-                    click.echo(json.dumps(to_jsonable(doc)))
-                elif fmt == "yaml":
-                    click.echo("---\n" + dump_document(doc, "yaml"))
-                else:
-                    from datetime import UTC, datetime
-
-                    say(f"--- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}")
-                    _status_text(st)
+                _print_watch_round(fmt, doc, functools.partial(_status_text, st))
             await anyio.sleep(every)
 
-    async def loop() -> None:
-        import signal
-
-        import anyio
-
-        # The watch ends normally on SIGINT, SIGTERM or SIGHUP: output flushed, clients
-        # closed (outside the cancelled scope), exit 0. A signal ignored at start stays
-        # ignored: a background job of a script starts with SIGINT ignored, and is
-        # stopped with SIGTERM.
-        stops = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
-        async with c:
-            with anyio.open_signal_receiver(*stops) as signals:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(follow)
-                    async for _ in signals:
-                        tg.cancel_scope.cancel()
-                        break
-
-    try:
-        run(loop)
-    except KeyboardInterrupt:
-        pass
+    _run_watch(c, follow)
 
 
 @lock.command("break")

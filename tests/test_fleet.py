@@ -1,0 +1,157 @@
+"""The fleet view (`lock status` without a deployment): every deployment's lock over the
+connected clusters, from one LIST of leases per cluster, whatever the number of deployments."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from coordinator.admin import connect_cluster, create_deployment
+from coordinator.clusters import ClusterSet
+from coordinator.config import ConfigStore
+from coordinator.fleet import ALL_LEASES, survey
+from coordinator.kube.client import KubeClient
+
+pytestmark = pytest.mark.integration
+
+
+def _create(config: Path, deployments: list[tuple[str, str, list[str]]], *, connect: int | None = None) -> None:
+    store = ConfigStore(config)
+
+    async def go() -> None:
+        if connect is not None:
+            for i in range(1, connect + 1):
+                await connect_cluster(store, f"c{i}", f"sandbox-{i}", _kubeconfig[0])
+        cs = ClusterSet(store.load(), timeout=5)
+        try:
+            for name, namespace, members in deployments:
+                await create_deployment(store, cs, name, namespace, members, "configmap", None)
+        finally:
+            await cs.aclose()
+
+    anyio.run(go)
+
+
+_kubeconfig: list[str] = [""]
+
+
+@pytest.fixture
+def fleet20(dep5: Any, tmp_path: Path) -> Any:
+    """20 deployments known here over the 5 clusters (in 3 namespaces, some on 3 members),
+    3 of them locked, and one deployment made by another machine (not imported here)."""
+    _kubeconfig[0] = dep5.kubeconfig
+    spaces = [dep5.namespace, "t-" + secrets.token_hex(4), "t-" + secrets.token_hex(4)]
+    every = dep5.clusters
+    more = [
+        (f"app{i:02d}", spaces[i % 3], every if i % 2 else ["c1", "c2", "c3"] if i % 4 else ["c3", "c4", "c5"])
+        for i in range(1, 20)
+    ]
+    _create(dep5.config, more)
+    dep5.spaces = spaces
+
+    async def lock_some() -> None:
+        async with dep5.api() as c:
+            await c.acquire("web", ttl=120, holder="alice", reason="release 1.2")
+            await c.acquire("app01", ttl=120, holder="bob", reason="hotfix")
+            await c.acquire("app02", ttl=120, holder="carol", reason="")
+
+    anyio.run(lock_some)
+    # Another machine's deployment: on the clusters, not in this machine's config.
+    _create(tmp_path / "other" / "config.yaml", [("stranger", spaces[1], ["c2", "c3", "c4"])], connect=5)
+    return dep5
+
+
+def _ours(doc: dict[str, Any], env: Any) -> dict[str, dict[str, Any]]:
+    # The sandbox is shared by the session: other tests' deployments are there too.
+    return {d["deployment"]: d for d in doc["deployments"] if d["namespace"] in env.spaces}
+
+
+def test_fleet_of_20_deployments_is_one_list_per_cluster(fleet20: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = fleet20
+    sent: Counter[tuple[str, str, str]] = Counter()
+    original = KubeClient.request
+
+    async def counting(self: KubeClient, method: str, path: str, **kw: Any) -> Any:
+        sent[(self.endpoint.name, method, path)] += 1
+        return await original(self, method, path, **kw)
+
+    monkeypatch.setattr(KubeClient, "request", counting)
+
+    async def go() -> Any:
+        async with env.api() as c:
+            return await survey(c.config, c.clusters)
+
+    fleet = anyio.run(go)
+    lists = {k: n for k, n in sent.items() if k[1] == "GET" and k[2] == ALL_LEASES}
+    assert lists == {(c, "GET", ALL_LEASES): 1 for c in env.clusters}, sent
+    # Nothing per deployment: besides the LIST, only the identity check (one per cluster).
+    assert sum(sent.values()) <= 2 * len(env.clusters), sent
+    assert not [k for k in sent if "/leases/" in k[2] or ("/configmaps/" in k[2] and "identity" not in k[2])], sent
+
+    names = {e.deployment for e in fleet.deployments if e.namespace in env.spaces}
+    assert len(names - {"stranger"}) == 20 and "stranger" in names
+    web = next(e for e in fleet.deployments if e.deployment == "web")
+    assert web.status == "held" and web.holder == "alice" and web.reason == "release 1.2"
+    assert web.unseen == [] and web.expires_in_s is not None and web.expires_in_s > 0
+
+
+def test_fleet_cli_json_and_text(fleet20: Any) -> None:
+    env = fleet20
+    proc = env.cli("lock", "status", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    ours = _ours(doc, env)
+    assert len(ours) == 21
+    web, bob, carol = ours["web"], ours["app01"], ours["app02"]
+    assert (web["status"], web["holder"], web["reason"]) == ("held", "alice", "release 1.2")
+    assert isinstance(web["pid"], int) and web["host"] and web["since"].endswith("Z") and web["lock_id"]
+    assert (bob["status"], bob["holder"]) == ("held", "bob") and carol["holder"] == "carol"
+    assert carol["members"] == ["c1", "c2", "c3"] and carol["quorum"] == 2
+    assert all(ours[f"app{i:02d}"]["status"] == "free" for i in range(3, 20))
+    assert all(d["imported"] and d["import_command"] is None for n, d in ours.items() if n != "stranger")
+    stranger = ours["stranger"]
+    assert stranger["imported"] is False and stranger["status"] == "free"
+    # Its members come from the member set stored on its leases, by identity.
+    assert stranger["members"] == ["c2", "c3", "c4"]
+    assert stranger["import_command"] == f"coordinator deployment import stranger --cluster c2 -n {env.spaces[1]}"
+    assert doc["unseen_clusters"] == []
+
+    same = env.cli("lock", "status", "--all", "-o", "json")
+    assert same.returncode == 0 and len(_ours(json.loads(same.stdout), env)) == 21
+
+    text = env.cli("lock", "status")
+    assert text.returncode == 0, text.stderr
+    line = next(x for x in text.stdout.splitlines() if x.startswith("web "))
+    assert "held" in line and "alice" in line and "release 1.2" in line
+    assert "stranger *" in text.stdout
+    assert f"not imported: `coordinator deployment import stranger --cluster c2 -n {env.spaces[1]}`" in text.stdout
+
+    both = env.cli("lock", "status", "web", "--all")
+    assert both.returncode == 2
+
+
+def test_fleet_names_the_clusters_it_could_not_see(fleet20: Any) -> None:
+    env = fleet20
+    env.sandbox.pause(4)
+    env.sandbox.pause(5)
+    proc = env.cli("--timeout", "2s", "lock", "status", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["unseen_clusters"] == ["c4", "c5"]
+    ours = _ours(doc, env)
+    # web: 3 of 5 still seen, and alice holds all three: held.
+    assert ours["web"]["status"] == "held" and ours["web"]["unseen"] == ["c4", "c5"]
+    # on c3, c4, c5: only one member seen, so nobody is said to hold it or not.
+    app04 = ours["app04"]
+    assert app04["members"] == ["c3", "c4", "c5"] and app04["status"] == "unknown"
+    rows = {r["name"]: r for r in app04["clusters"]}
+    assert rows["c4"]["status"] == "unseen" and "unreachable" in rows["c4"]["detail"]
+
+    text = env.cli("--timeout", "2s", "lock", "status")
+    assert "Could not list: c4 (unreachable" in text.stdout
