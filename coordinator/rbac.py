@@ -19,7 +19,9 @@ What the tool touches, and so what is granted, by name wherever Kubernetes allow
   namespaces, ``kube-system`` (whose UID is the cluster identity) and the deployment's
   own, and ``create`` on SelfSubjectAccessReviews (``cluster info`` asks what it may do);
 - optionally, ``create`` on namespaces, for ``deployment create`` to make the namespace.
-  Kubernetes cannot narrow ``create`` by name, so this is a separate, opt-in pair.
+  Kubernetes cannot narrow ``create`` by name, so this is a separate, opt-in pair;
+- optionally (``--fleet``), ``list`` on Leases in every namespace, for ``lock status``
+  without a deployment. A list cannot be narrowed by name either: opt-in too.
 
 Object names are stable for a given input, so applying the output twice changes nothing,
 and distinct subjects and deployments get distinct objects: granting a second user, or
@@ -66,6 +68,7 @@ NAMED_NOTE = (
 )
 IDENTITY_NOTE = "The fallback cluster identity (used only where kube-system cannot be read): read by name."
 NAMESPACE_CREATOR_ROLE = "coordinator:create-namespaces"
+LEASE_LISTER_ROLE = "coordinator:list-leases"
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9.-]+")
@@ -268,6 +271,30 @@ def namespace_creator_binding(subject: Subject) -> Manifest:
     }
 
 
+def lease_lister_cluster_role() -> Manifest:
+    """Optional ``ClusterRole`` letting ``lock status`` without a deployment (the fleet
+    view) list Leases in every namespace: one LIST per cluster, by label. A list cannot be
+    limited by name, so the subject sees every Lease of the cluster (holders of other
+    applications' leader elections too), though it may change none."""
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "ClusterRole",
+        "metadata": _metadata(LEASE_LISTER_ROLE),
+        "rules": [_rule("coordination.k8s.io", "leases", ("list",))],
+    }
+
+
+def lease_lister_binding(subject: Subject) -> Manifest:
+    """Binds :func:`lease_lister_cluster_role` to ``subject``."""
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "ClusterRoleBinding",
+        "metadata": _metadata(f"{LEASE_LISTER_ROLE}:{_subject_part(subject)}"),
+        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "ClusterRole", "name": LEASE_LISTER_ROLE},
+        "subjects": [subject.to_manifest()],
+    }
+
+
 def manifests(
     namespace: str,
     subject: Subject,
@@ -275,6 +302,7 @@ def manifests(
     *,
     storage: Storage = "configmap",
     create_namespace: bool = False,
+    fleet: bool = False,
 ) -> list[Manifest]:
     """Every object ``subject`` needs to use ``deployments`` in ``namespace``, in apply order.
 
@@ -287,6 +315,8 @@ def manifests(
     objects += [cluster_role(namespace), cluster_role_binding(namespace, subject)]
     if create_namespace:
         objects += [namespace_creator_cluster_role(), namespace_creator_binding(subject)]
+    if fleet:
+        objects += [lease_lister_cluster_role(), lease_lister_binding(subject)]
     return objects
 
 

@@ -216,6 +216,17 @@ def test_namespace_creation_is_opt_in_and_separate(capsys: pytest.CaptureFixture
     assert binding["roleRef"]["name"] == creator["metadata"]["name"]
 
 
+def test_listing_leases_for_the_fleet_view_is_opt_in_and_separate(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = _print(capsys, "--namespace", "payments", "--group", "release")
+    objects = _print(capsys, "--namespace", "payments", "--group", "release", "--fleet")
+    assert objects[:4] == plain, "the opt-in only adds objects"
+    lister = _by_kind(objects, "ClusterRole")[1]
+    assert _grants(lister) == [("coordination.k8s.io", "leases", "list", None)]
+    binding = _by_kind(objects, "ClusterRoleBinding")[1]
+    assert binding["roleRef"]["name"] == lister["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "Group", "apiGroup": RBAC, "name": "release"}]
+
+
 def test_everything_carries_the_tool_label(capsys: pytest.CaptureFixture[str]) -> None:
     objects = _print(
         capsys,
@@ -226,6 +237,7 @@ def test_everything_carries_the_tool_label(capsys: pytest.CaptureFixture[str]) -
         "--storage",
         "secret",
         "--create-namespace",
+        "--fleet",
     )
     for obj in objects:
         assert obj["metadata"]["labels"] == dict([LABEL]), obj["kind"]

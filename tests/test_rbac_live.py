@@ -69,10 +69,14 @@ def _grant(
     storage: str = "configmap",
     clusters: tuple[int, ...] = (1, 2, 3),
     deployments: tuple[str, ...] = ("app",),
+    flags: tuple[str, ...] = (),
+    again: bool = False,
 ) -> list[dict[str, Any]]:
     """Apply, as cluster admin, exactly what `coordinator rbac print` prints for ``user``."""
     named = [arg for d in deployments for arg in ("--deployment", d)]
-    printed = _ok(env.cli("rbac", "print", "--namespace", namespace, *named, "--user", user, "--storage", storage))
+    printed = _ok(
+        env.cli("rbac", "print", "--namespace", namespace, *named, "--user", user, "--storage", storage, *flags)
+    )
     objects = [o for o in yaml.safe_load_all(printed) if o]
     assert {o["kind"] for o in objects} == set(PLURALS), objects
     for i in clusters:
@@ -80,7 +84,7 @@ def _grant(
         for obj in objects:
             # Like `kubectl apply`: the Role and ClusterRole are shared by every subject
             # granted in the namespace; each subject's bindings are its own.
-            admin.create(_collection(obj), obj, exist_ok=not obj["kind"].endswith("Binding"))
+            admin.create(_collection(obj), obj, exist_ok=again or not obj["kind"].endswith("Binding"))
     return objects
 
 
@@ -221,6 +225,14 @@ def test_every_command_works_with_exactly_the_printed_rights(
     assert sorted(imported["clusters"]) == ["u1", "u2", "u3"], imported
     assert _json(fresh.cli("-o", "json", "deployment", "show", "app"))["storage"] == storage
     assert _json(fresh.cli("-o", "json", "state", "get", "app")) == {"replicas": 5, "version": "1.3.0"}
+
+    # The fleet view lists leases across namespaces: not with the printed Role, which
+    # grants nothing without a name; with --fleet's opt-in ClusterRole it does.
+    fleet = json.loads(env.cli("-o", "json", "lock", "status").stdout)
+    assert fleet["unseen_clusters"] == ["u1", "u2", "u3"], fleet
+    _grant(sandbox3, env, namespace, user, storage=storage, flags=("--fleet",), again=True)
+    fleet = json.loads(env.cli("-o", "json", "lock", "status").stdout)
+    assert fleet["unseen_clusters"] == [] and [d["deployment"] for d in fleet["deployments"]] == ["app"], fleet
 
     # Purge deletes the deployment's objects on every member (delete by name).
     _ok(env.cli("deployment", "delete", "app", "--purge", "--yes"))

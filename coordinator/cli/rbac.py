@@ -62,6 +62,12 @@ def rbac() -> None:
     help="Also allow creating namespaces (for `deployment create`); cluster-wide, since "
     "Kubernetes cannot limit creation to one name.",
 )
+@click.option(
+    "--fleet",
+    is_flag=True,
+    help="Also allow listing Leases in every namespace (for `lock status` without a deployment); "
+    "cluster-wide and read-only, since Kubernetes cannot limit a list by name.",
+)
 @click.pass_context
 def print_rbac(
     ctx: click.Context,
@@ -72,6 +78,7 @@ def print_rbac(
     service_account: str | None,
     storage: rbac_api.Storage,
     create_namespace: bool,
+    fleet: bool,
 ) -> None:
     """Print a Role per deployment, the ClusterRole, and their bindings for one subject.
 
@@ -86,13 +93,15 @@ def print_rbac(
     rbac_api.validate_namespace(namespace)
     names = rbac_api.deployments_of(deployments)
     subject = _subject(user=user, group=group, service_account=service_account)
-    objects = rbac_api.manifests(namespace, subject, names, storage=storage, create_namespace=create_namespace)
+    objects = rbac_api.manifests(
+        namespace, subject, names, storage=storage, create_namespace=create_namespace, fleet=fleet
+    )
     output = getattr(ctx.find_root().obj, "output", "table")
     if output == "json":
         document = {"apiVersion": "v1", "kind": "List", "items": objects}
         click.echo(json.dumps(document, indent=2))
         return
-    command = _command_line(namespace, names, user, group, service_account, storage, create_namespace)
+    command = _command_line(namespace, names, user, group, service_account, storage, create_namespace, fleet)
     click.echo(render_yaml(objects, command=command, subject=subject, namespace=namespace, deployments=names), nl=False)
 
 
@@ -166,6 +175,7 @@ def _command_line(
     service_account: str | None,
     storage: str,
     create_namespace: bool,
+    fleet: bool,
 ) -> str:
     """The canonical command that produces this output, to regenerate it later."""
     words = ["coordinator", "rbac", "print", "--namespace", namespace]
@@ -178,4 +188,6 @@ def _command_line(
         words += ["--storage", storage]
     if create_namespace:
         words.append("--create-namespace")
+    if fleet:
+        words.append("--fleet")
     return shlex.join(words)
