@@ -141,7 +141,9 @@ def _map_identities(cfg: Any, identities: tuple[str, ...]) -> list[str]:
             f"{', '.join(missing)}). Connect them with `coordinator cluster connect NAME --context CTX`, "
             "then import again."
         )
-    return [by_identity[i] for i in identities]
+    # in the order the clusters were connected here, which is how people list them
+    order = {name: i for i, name in enumerate(cfg.clusters)}
+    return sorted((by_identity[i] for i in identities), key=lambda n: order.get(n, len(order)))
 
 
 def _map_members(cfg: Any, names: list[str], ids: dict[str, str]) -> list[str]:

@@ -109,6 +109,22 @@ def lapse_margin(ttl_s: float, max_server_skew_s: float) -> float:
 # ------------------------------------------------------------------ parsing
 
 
+def holder_identity(holder: str, lock_id: str) -> str:
+    """What ``spec.holderIdentity`` says: who holds it and the lock id, e.g.
+    ``alice@laptop/3f2a9c0d1e4b5a69`` (readable in `kubectl get lease`). The lock id is
+    what follows the last slash, so a holder name may contain slashes."""
+    who = " ".join("".join(ch if ch.isprintable() else " " for ch in holder).split())[:120]
+    return f"{who}/{lock_id}" if who else lock_id
+
+
+def lock_id_of(identity: Any) -> str | None:
+    """The lock id in a ``holderIdentity`` (the whole value for leases written before
+    holder names were added, or by other tools)."""
+    if not isinstance(identity, str) or not identity:
+        return None
+    return identity.rsplit("/", 1)[-1] or None
+
+
 @dataclass(frozen=True, order=True)
 class TurnClaim:
     """A waiting contender's claim on the next turn of one cluster's lease.
@@ -215,7 +231,7 @@ class LeaseView:
         return cls(
             exists=True,
             obj=obj,
-            lock_id=spec.get("holderIdentity") or None,
+            lock_id=lock_id_of(spec.get("holderIdentity")),
             ttl_s=int(ttl) if isinstance(ttl, int) and ttl > 0 else None,
             ttl_owned=_owns_ttl(obj),
             acquired_at=parse_time(spec.get("acquireTime")),

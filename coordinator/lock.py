@@ -120,7 +120,9 @@ from coordinator.lease import (
     TurnClaim,
     boot_clock,
     history_known,
+    holder_identity,
     lapsed_by_observation,
+    lock_id_of,
     manager_time,
     next_token,
     observe,
@@ -544,7 +546,7 @@ class LockEngine:
             if view.lock_id != lock_id:
                 spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if view.exists else 0)
                 spec["acquireTime"] = now
-            spec["holderIdentity"] = lock_id
+            spec["holderIdentity"] = holder_identity(holder or "", lock_id)
             spec["leaseDurationSeconds"] = math.ceil(ttl_s)
             spec["renewTime"] = now
             ann.pop(A_VANISHED, None)  # a tombstone taken: its history starts at our token
@@ -755,7 +757,7 @@ class LockEngine:
                 async for event in client.watch(leases_path(self.dep.namespace), query=query, timeout=55):
                     obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    holder_id = (obj.get("spec") or {}).get("holderIdentity")
+                    holder_id = lock_id_of((obj.get("spec") or {}).get("holderIdentity"))
                     tombstone = A_VANISHED in ((obj.get("metadata") or {}).get("annotations") or {})
                     freed = not holder_id and not tombstone and rv != seen.get(cluster)
                     if event.get("type") == "DELETED" or freed:

@@ -50,6 +50,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from coordinator.errors import CoordinatorError, ExitCode, LockHeldError, StateConflictError, UsageError
+from coordinator.lease import boot_clock
 from coordinator.logs import get_logger
 
 if TYPE_CHECKING:
@@ -69,15 +70,6 @@ WATCHDOG_SLACK_S = 1.0
 WATCHDOG_ACTED = 3
 TICK_S = 0.25
 POLL_S = 0.05
-
-
-def boot_clock() -> float:
-    """CLOCK_BOOTTIME: shared by every process of the machine, and it keeps counting
-    while the machine sleeps (the monotonic clock elsewhere)."""
-    try:
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-    except (AttributeError, OSError):
-        return time.monotonic()
 
 
 def _say(text: str) -> None:
@@ -518,7 +510,11 @@ class _Run:
         self.tell_watchdog(boot_clock() + self.opts.grace_s + 5)
         group.signal(signal.SIGTERM)
         group.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
-        with anyio.move_on_after(self.opts.grace_s):
+        # Never past the lock's validity: after it, a contender may hold the lock.
+        window = self.opts.grace_s
+        if self.held is not None:
+            window = max(0.0, min(window, self.held.expires_in()))
+        with anyio.move_on_after(window):
             await group.wait_empty()
         if group.members():
             self.killed = True
@@ -625,7 +621,9 @@ class _Run:
         start_error: OSError | None = None
         # Released only after the renewals have stopped: a renewal racing a release
         # could take a freed lease again.
-        async with keep_renewed(engine, held, on_lost=reasons.append) as lost:
+        # The loss is declared --grace ahead of the validity's end (at most a third of the
+        # TTL), so that the group is stopped while the lock is still its own.
+        async with keep_renewed(engine, held, on_lost=reasons.append, lead_s=opts.grace_s) as lost:
             async with anyio.create_task_group() as tg:
                 self.tg = tg
                 self.watchdog = Watchdog.start(opts.grace_s)

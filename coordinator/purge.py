@@ -19,22 +19,28 @@ async def purge_deployment(store: ConfigStore, name: str, *, timeout: float = 5.
         state = c.state(name)
         async with c.lock(name, ttl=60, reason="deployment delete --purge"):
 
-            async def wipe(cluster: str) -> ClusterResult[str]:
-                client = c.clusters.client(cluster)
-                try:
-                    await c.clusters.check_identity(cluster)
-                    for path in (state.path, engine.path):
+            def deleter(path: str, what: str):  # type: ignore[no-untyped-def]
+                async def delete(cluster: str) -> ClusterResult[str]:
+                    client = c.clusters.client(cluster)
+                    try:
+                        await c.clusters.check_identity(cluster)
                         try:
                             await client.request("DELETE", path)
                         except KubeError as err:
                             if err.kind != kube.NOT_FOUND:
                                 raise
-                except KubeError as err:
-                    return failed(cluster, err)  # type: ignore[return-value]
-                return ClusterResult(cluster, Outcome.OK, "deleted", detail="deleted")
+                    except KubeError as err:
+                        return failed(cluster, err)  # type: ignore[return-value]
+                    return ClusterResult(cluster, Outcome.OK, "deleted", detail=f"{what} deleted")
 
-            # The lease goes last on each cluster; releasing it afterwards finds nothing.
-            results = await fan_out(engine.members, wipe, timeout=timeout)
+                return delete
+
+            # The state first, everywhere; the leases only once no member keeps a state
+            # object. A purge cut short keeps every lease, so that running it again can
+            # take the lock (a lease found missing would block it for a maximum TTL).
+            results = await fan_out(engine.members, deleter(state.path, "state"), timeout=timeout)
+            if all(m in results and results[m].ok for m in engine.members):
+                results = await fan_out(engine.members, deleter(engine.path, "state and lease"), timeout=timeout)
     left = {m: results.get(m) for m in engine.members if m not in results or not results[m].ok}
     if left:
         done = [m for m in engine.members if m not in left]

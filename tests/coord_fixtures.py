@@ -95,7 +95,14 @@ async def put_lease(env: Env, index: int, body: dict[str, Any]) -> dict[str, Any
         if err.kind != "not-found":
             raise
         return await env.raw(index, "POST", leases_path(env.namespace), body)
-    meta = {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+    # Another client editing our lease: what it does not set stays (the annotations that
+    # name this very object among them).
+    annotations = {**(current["metadata"].get("annotations") or {}), **(body["metadata"].get("annotations") or {})}
+    meta = {
+        **body["metadata"],
+        "annotations": annotations,
+        "resourceVersion": current["metadata"]["resourceVersion"],
+    }
     return await env.raw(index, "PUT", lease_path(env.namespace, name), {**body, "metadata": meta})
 
 

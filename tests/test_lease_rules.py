@@ -243,3 +243,16 @@ def test_an_old_unverified_lease_needs_a_probe_then_counts_as_free() -> None:
     legacy = lease(holder=None, uid_note=None, date=T0)  # created three days ago, no uid note
     assert stand(legacy) is Standing.PROBE  # the hint says old; only a stamp may prove it
     assert stand(legacy, stamp=T0) is Standing.FREE
+
+
+def test_holder_identity_names_the_holder_and_keeps_the_lock_id_unambiguous() -> None:
+    from coordinator.lease import holder_identity, lock_id_of
+
+    assert holder_identity("alice@laptop", "3f2a") == "alice@laptop/3f2a"
+    assert lock_id_of(holder_identity("org/repo#12 job", "3f2a")) == "3f2a"
+    assert lock_id_of(holder_identity("evil\x1b]0;x\x07\nname", "3f2a")) == "3f2a"
+    assert "\x1b" not in holder_identity("evil\x1b]0;x\x07\nname", "3f2a")
+    assert lock_id_of("3f2a") == "3f2a"  # written before holder names, or by other tools
+    assert lock_id_of("") is None and lock_id_of(None) is None
+    view = lease(holder="bob@ci/77aa")
+    assert view.lock_id == "77aa"

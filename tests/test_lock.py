@@ -20,6 +20,7 @@ from coord_fixtures import put_lease
 from coordinator.errors import LockHeldError, NoQuorumError
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import lease_path, micro_time
+from coordinator.lease import lock_id_of
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,7 @@ def _lease(env: Any, index: int) -> dict[str, Any]:
 def _holder_on(env: Any, index: int) -> str | None:
     """The lease's holderIdentity on cluster ``index``; None if free or absent."""
     try:
-        return _lease(env, index)["spec"].get("holderIdentity")
+        return lock_id_of(_lease(env, index)["spec"].get("holderIdentity"))
     except KubeError as err:
         assert err.kind == "not-found"
         return None

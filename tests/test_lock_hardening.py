@@ -23,6 +23,7 @@ from coord_fixtures import Env, make_env
 from coordinator.errors import LockHeldError
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import lease_path
+from coordinator.lease import lock_id_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,12 +59,12 @@ async def holder_now(env: Env, index: int) -> str | None:
     except KubeError as err:
         assert err.kind == "not-found"
         return None
-    return obj["spec"].get("holderIdentity")
+    return lock_id_of(obj["spec"].get("holderIdentity"))
 
 
 def holder_on(env: Env, index: int) -> str | None:
     obj = lease(env, index)
-    return None if obj is None else obj["spec"].get("holderIdentity")
+    return None if obj is None else lock_id_of(obj["spec"].get("holderIdentity"))
 
 
 def token_on(env: Env, index: int) -> int:
@@ -175,23 +176,23 @@ def test_a_deleted_lease_is_held_by_an_unknown_holder_not_free(dep3: Env) -> Non
 
 
 def test_all_leases_deleted_recover_within_a_max_ttl_with_a_higher_token(short: Env) -> None:
-    a = acquire(short, "alice", "--ttl", "5s")
+    a = acquire(short, "alice", "--ttl", "8s")
     assert a.returncode == 0, a.stderr
     first = doc(a)
     wrote = short.cli("state", "set", "web", "replicas=3", "--lock-id", first["lock_id"])
     assert wrote.returncode == 0, wrote.stderr
     assert short.cli("lock", "release", "web", "--holder", "alice").returncode == 0
     # a second holder, so that the state holds a token above 1
-    b = acquire(short, "bob", "--ttl", "5s")
+    b = acquire(short, "bob", "--ttl", "8s")
     assert b.returncode == 0, b.stderr
     assert short.cli("state", "set", "web", "replicas=4", "--lock-id", doc(b)["lock_id"]).returncode == 0
     state_token = doc(b)["fencing_token"]
     for i in (1, 2, 3):
         kubectl(short, i, "delete", "lease", LEASE)
-    at_once = acquire(short, "carol", "--ttl", "5s")
+    at_once = acquire(short, "carol", "--ttl", "8s")
     assert at_once.returncode == 3, at_once.stderr  # deleted leases are not free
     started = time.monotonic()
-    c = acquire(short, "carol", "--ttl", "5s", "--wait", "60s", "--max-server-skew", "0s")
+    c = acquire(short, "carol", "--ttl", "8s", "--wait", "60s", "--max-server-skew", "0s")
     assert c.returncode == 0, c.stderr
     assert time.monotonic() - started < 30
     assert doc(c)["fencing_token"] > state_token

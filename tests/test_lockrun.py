@@ -433,3 +433,78 @@ def test_wait_reports_progress(dep3: Any) -> None:
     assert code == 0, err
     assert "waiting for web: held by alice" in err, err
     assert "released lock" in err, err
+
+
+# ------------------------------------------------------------------ the grace never outlives the lock
+
+_VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+_VAPB = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+def _refuse_renewals_of(env: Any, index: int, holder: str) -> None:
+    """A ValidatingAdmissionPolicy on cluster ``index`` that rejects every update of a
+    lease still held by ``holder`` (its renewals), while others may take it over."""
+    admin = env.sandbox.admin(index)
+    name = f"no-renewal-{holder}"
+    admin.create(
+        _VAP,
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["coordination.k8s.io"],
+                            "apiVersions": ["v1"],
+                            "operations": ["UPDATE"],
+                            "resources": ["leases"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": f"!(has(object.spec.holderIdentity) && "
+                        f"object.spec.holderIdentity.startsWith('{holder}/'))",
+                        "message": "renewals refused for this test",
+                    }
+                ],
+            },
+        },
+    )
+    admin.create(
+        _VAPB,
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        },
+    )
+
+
+def _allow_renewals_of(env: Any, index: int, holder: str) -> None:
+    admin = env.sandbox.admin(index)
+    admin.delete(f"{_VAPB}/no-renewal-{holder}")
+    admin.delete(f"{_VAP}/no-renewal-{holder}")
+
+
+def test_a_slow_cleanup_is_cut_short_before_the_lock_can_pass_on(dep3: Any, tree: Tree) -> None:
+    """The child ignores SIGTERM (a long cleanup) and --grace is longer than the margin a
+    contender waits after the lock's validity. The loss is declared ahead of the validity's
+    end and SIGKILL comes no later than that end, so the waiting contender never takes the
+    lock while the tree runs."""
+    proc = _start(dep3, tree, "--ttl", "9s", "--grace", "20s", ignore_term=True)
+    tree.follow()
+    try:
+        for i in (1, 2):
+            _refuse_renewals_of(dep3, i, "runner")
+        contender = _contender(dep3)
+        code, err = _finish(proc)
+        assert code == 7, err
+        _took_after_tree(dep3, tree, contender)
+    finally:
+        for i in (1, 2):
+            _allow_renewals_of(dep3, i, "runner")
