@@ -122,9 +122,13 @@ class Coordinator:
         return LockEngine(self.clusters, dep, background=self._tg, max_server_skew_s=self.max_server_skew_s)
 
     def state(self, deployment: str) -> StateClient:
+        # state.py never imports this module: it gets what it needs as arguments.
         from coordinator.state import StateClient
 
-        return StateClient(self, self.deployment(deployment))
+        dep = self.deployment(deployment)
+        for c in dep.clusters:
+            self.clusters.record(c)
+        return StateClient(self.clusters, dep, recorded_lock=self.recorded_lock)
 
     # ------------------------------------------------------------------ lock
 

@@ -118,7 +118,10 @@ class LockBook(_Model):
 
 # ---------------------------------------------------------------- state envelope
 
-STATE_SCHEMA = 1
+# 2: every envelope names the write attempt that built it (``write_id``); replicas carry
+# promises. A coordinator that knows only schema 1 would reuse versions, so it must
+# refuse to write over schema 2 (it does: a newer schema is never overwritten).
+STATE_SCHEMA = 2
 HISTORY_LIMIT = 50
 
 
@@ -133,6 +136,7 @@ class AuditEntry(BaseModel):
     command: str
     version: int
     token: int
+    write_id: str | None = None  # absent in entries written before schema 2
     keys: list[str] = Field(default_factory=list)
     note: str | None = None
 
@@ -143,8 +147,12 @@ class StateEnvelope(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     schema_: int = Field(STATE_SCHEMA, alias="schema")
-    version: int
-    token: int
+    version: int = Field(ge=0)
+    # The fencing token of the write that produced this envelope.
+    token: int = Field(ge=0)
+    # With token and version, the stamp of the write attempt that built this envelope
+    # (coordinator.register.Stamp): one stamp never names two different documents.
+    write_id: str = Field(pattern=r"^[0-9a-z][0-9a-z-]{0,63}$")
     checksum: str
     written_by: str
     written_at: datetime
@@ -157,5 +165,5 @@ class StateEnvelope(BaseModel):
     storage: str | None = None
 
     def order(self) -> tuple[int, int]:
-        """Replicas are ordered by (fencing token, version); the highest wins."""
+        """(fencing token, version); the full order adds the write id (register.Stamp)."""
         return (self.token, self.version)

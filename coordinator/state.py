@@ -1,172 +1,121 @@
-"""The replicated state register of a deployment.
+"""The replicated state register of a deployment: reading and writing the objects.
 
 One object per member cluster (ConfigMap, or Secret on request) named
 ``coordinator-state-<deployment>`` holds an envelope ``{schema, version, token,
-checksum, written_by, written_at, members, data, history}``. Replicas are ordered by
-(fencing token, version).
+write_id, checksum, written_by, written_at, members, data, history}`` and the newest
+stamp it has promised. The rules — stamps and their order, what a replica takes, which
+value a read returns, which replicas are suspect — are pure functions in
+:mod:`coordinator.register`; this module does the I/O around them:
 
 * **Write** (needs the lock): read the lease and the replica on every member at once;
-  the lock must be held on a majority; version = highest seen + 1; compare-and-swap on
-  every member; succeed when q replicas confirm. A replica never takes a write whose
-  token is lower than its own (fencing), nor an older version. A write that reached
-  some replicas but not q is reported as "outcome unknown", never as "not written".
-* **Read**: a majority answers; the highest (token, version) wins; replicas behind it
-  are repaired (written back) before the value is returned, so the value returned is on
-  a majority and no later read can return an older one.
-* **Corrupt replicas** (not JSON, wrong checksum, missing fields) never win; ``diff``
-  names them and ``sync`` overwrites them only after saving their content to a file.
+  the lock must be held on a majority; draw a stamp above every version held or
+  promised; promise it to a majority (compare-and-swap); only then send the data
+  (compare-and-swap) and succeed when q replicas confirm. A write that reached some
+  replicas but not q is reported as "outcome unknown"; one that cannot have reached any
+  as "nothing was written".
+* **Read**: a majority answers; the newest trusted stamp wins; replicas behind it are
+  repaired (written back) before the value is returned, so the value returned is on a
+  majority and no later read can return an older one.
+* **Corrupt replicas** (not JSON, wrong checksum, missing fields) and **suspect** ones
+  (a token no lease of a majority has seen) never win; ``diff`` names them, ``sync``
+  overwrites corrupt ones after saving them to a file, ``sync --from`` adopts or
+  overwrites suspect ones under the lock.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
-import hashlib
 import json
+import math
 import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
-from pydantic import ValidationError
 
 from coordinator import quorum
-from coordinator.clusters import failed
-from coordinator.errors import NoQuorumError, StateConflictError, UsageError
+from coordinator.clusters import ClusterSet, failed
+from coordinator.errors import IdentityMismatchError, NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import (
     FIELD_MANAGER,
     configmaps_path,
-    owned_metadata,
+    lease_name,
+    lease_path,
     secrets_path,
     state_name,
 )
 from coordinator.lock import LeaseView, default_holder, first_kube_error
 from coordinator.logs import get_logger
-from coordinator.models import (
-    HISTORY_LIMIT,
-    STATE_SCHEMA,
-    AuditEntry,
-    DeploymentRecord,
-    StateEnvelope,
-)
+from coordinator.models import STATE_SCHEMA, AuditEntry, DeploymentRecord, LockRecord, StateEnvelope
 from coordinator.outcome import Outcome
+from coordinator.register import (
+    DATA_KEY,
+    ENVELOPE_LIMIT,
+    OBJECT_LIMIT,
+    Choice,
+    Delivery,
+    Kind,
+    Replica,
+    Stamp,
+    build_envelope,
+    build_object,
+    check_size,
+    checksum,
+    choose,
+    decode_replica,
+    encode_envelope,
+    judge,
+    lease_evidence,
+    migrate,
+    new_write_id,
+    newer_token,
+    next_stamp,
+    promise_after,
+    stamp_of,
+    write_outcome,
+)
 
-if TYPE_CHECKING:
-    from coordinator.api import Coordinator, HeldLock
+__all__ = [
+    "DATA_KEY",
+    "ENVELOPE_LIMIT",
+    "OBJECT_LIMIT",
+    "LockHandle",
+    "ReadReport",
+    "Replica",
+    "StateClient",
+    "WriteReport",
+    "changed_keys",
+    "check_size",
+    "checksum",
+    "decode_replica",
+    "encode_envelope",
+    "get_path",
+    "load_backup",
+    "migrate",
+    "set_path",
+]
 
 log = get_logger(__name__)
 
-DATA_KEY = "envelope.json"
-# A ConfigMap or Secret may hold 1 MiB; keep room for metadata and the history.
-OBJECT_LIMIT = 1024 * 1024
-ENVELOPE_LIMIT = OBJECT_LIMIT - 16 * 1024
 
-
-def checksum(data: dict[str, Any]) -> str:
-    canon = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
-
-
-def migrate(raw: dict[str, Any]) -> dict[str, Any]:
-    """Bring an older envelope up to the current schema (schema 0: no ``schema`` field,
-    history entries without ``keys``)."""
-    doc = dict(raw)
-    schema = doc.get("schema", 0)
-    if schema == 0:
-        doc["schema"] = 1
-        doc.setdefault("members", [])
-        doc["history"] = [dict(h, keys=h.get("keys", [])) for h in doc.get("history") or []]
-    return doc
-
-
-# ------------------------------------------------------------------ one replica
-
-
-@dataclass
-class Replica:
-    """One cluster's copy, as read."""
-
-    cluster: str
-    exists: bool
-    envelope: StateEnvelope | None = None
-    corrupt: str | None = None  # why it cannot be trusted
-    newer_schema: int | None = None
-    raw: str | None = None
-    obj: dict[str, Any] = field(default_factory=dict)
-    lease: LeaseView | None = None
+class LockHandle(Protocol):
+    """What a write needs of a lock held in this process (``api.HeldLock`` is one)."""
 
     @property
-    def order(self) -> tuple[int, int]:
-        if self.envelope is None:
-            return (0, 0)
-        return self.envelope.order()
+    def lock_id(self) -> str: ...
 
     @property
-    def resource_version(self) -> str | None:
-        return (self.obj.get("metadata") or {}).get("resourceVersion")
+    def valid(self) -> bool: ...
 
 
-def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str) -> Replica:
-    if not obj:
-        return Replica(cluster, exists=False)
-    rep = Replica(cluster, exists=True, obj=obj)
-    raw = (obj.get("data") or {}).get(DATA_KEY)
-    if raw is None:
-        rep.corrupt = f"the object has no {DATA_KEY} key"
-        return rep
-    if storage == "secret":
-        try:
-            raw = base64.b64decode(raw).decode("utf-8")
-        except (ValueError, UnicodeDecodeError):
-            rep.corrupt = "the Secret's value is not base64 UTF-8"
-            rep.raw = str(raw)
-            return rep
-    rep.raw = str(raw)
-    try:
-        doc = json.loads(rep.raw)
-    except ValueError as err:
-        rep.corrupt = f"not JSON ({err})"
-        return rep
-    if not isinstance(doc, dict):
-        rep.corrupt = "not a JSON object"
-        return rep
-    schema = doc.get("schema", 0)
-    if isinstance(schema, int) and schema > STATE_SCHEMA:
-        rep.newer_schema = schema
-        return rep
-    try:
-        env = StateEnvelope.model_validate(migrate(doc))
-    except ValidationError as err:
-        first = err.errors()[0]
-        rep.corrupt = f"invalid envelope: {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        return rep
-    if checksum(env.data) != env.checksum:
-        rep.corrupt = "checksum mismatch (data edited by hand?)"
-        return rep
-    rep.envelope = env
-    return rep
-
-
-def encode_envelope(env: StateEnvelope) -> str:
-    return json.dumps(env.model_dump(mode="json", by_alias=True), sort_keys=False, separators=(",", ":"))
-
-
-def check_size(text: str, storage: str) -> None:
-    size = len(text.encode())
-    stored = size * 4 // 3 + 4 if storage == "secret" else size
-    if stored > ENVELOPE_LIMIT:
-        raise UsageError(
-            f"The state document would take {stored:,} bytes in the {storage}, over the limit of "
-            f"{ENVELOPE_LIMIT:,} bytes (a Kubernetes object holds at most 1 MiB, envelope and "
-            "history included). Nothing was written. Keep large artifacts elsewhere and store "
-            "a reference to them."
-        )
+LockArg = LockHandle | str | None
 
 
 # ------------------------------------------------------------------ dotted keys
@@ -214,7 +163,36 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 _MISSING = object()
 
 
+def plain_data_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be stored as JSON exactly as given, or None."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        cur, where = stack.pop()
+        at = f" at {where}" if where else ""
+        if isinstance(cur, dict):
+            for k, v in cur.items():
+                if not isinstance(k, str):
+                    return f"the key {k!r}{at} is a {type(k).__name__}, not a string"
+                stack.append((v, f"{where}.{k}" if where else k))
+        elif isinstance(cur, list):
+            stack.extend((v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(cur))
+        elif isinstance(cur, float):
+            if not math.isfinite(cur):
+                return f"{cur!r}{at} is not a finite number"
+        elif not (cur is None or isinstance(cur, str | int | bool)):
+            return f"{cur!r}{at} is a {type(cur).__name__}"
+    return None
+
+
 # ------------------------------------------------------------------ results
+
+
+@dataclass
+class Observed:
+    """One cluster's replica and, when asked for, its lease, read together."""
+
+    replica: Replica
+    lease: LeaseView | None = None
 
 
 @dataclass
@@ -223,8 +201,16 @@ class WriteReport:
     version: int
     token: int
     quorum: int
-    results: dict[str, ClusterResult[Replica]]
+    results: dict[str, ClusterResult[Any]]
     confirmed: list[str]
+    write_id: str = ""
+    outcome: str = "ok"  # ok | unknown | nothing | refused
+    promised: list[str] = field(default_factory=list)
+    saved: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stamp(self) -> Stamp:
+        return Stamp(self.token, self.version, self.write_id)
 
     @property
     def lagging(self) -> list[str]:
@@ -236,9 +222,33 @@ class ReadReport:
     deployment: str
     envelope: StateEnvelope | None
     winner: str | None
-    replicas: dict[str, ClusterResult[Replica]]
+    replicas: dict[str, ClusterResult[Observed]]
     repaired: list[str] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
+    suspect: dict[str, str] = field(default_factory=dict)
+
+
+def _definite(err: KubeError) -> bool:
+    """The server said no: the request was not applied (a timeout or a 5xx says nothing)."""
+    return err.status is not None and 400 <= err.status < 500 and err.status != 408
+
+
+def _delivery(result: ClusterResult[Any]) -> Delivery:
+    if result.ok:
+        return Delivery.CONFIRMED
+    if result.outcome is Outcome.CONFLICT or result.extra.get("definite"):
+        return Delivery.REFUSED
+    return Delivery.UNANSWERED
+
+
+def _failed(cluster: str, err: KubeError, *, definite: bool | None = None) -> ClusterResult[Any]:
+    result: ClusterResult[Any] = failed(cluster, err)
+    result.extra["definite"] = _definite(err) if definite is None else definite
+    return result
+
+
+def _per_cluster(results: Mapping[str, ClusterResult[Any]]) -> str:
+    return "; ".join(f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(results.items()))
 
 
 # ------------------------------------------------------------------ the client
@@ -247,9 +257,16 @@ class ReadReport:
 class StateClient:
     """The state of one deployment (``Coordinator.state(name)``)."""
 
-    def __init__(self, coordinator: Coordinator, deployment: DeploymentRecord) -> None:
-        self.c = coordinator
+    def __init__(
+        self,
+        clusters: ClusterSet,
+        deployment: DeploymentRecord,
+        *,
+        recorded_lock: Callable[[str], LockRecord | None] | None = None,
+    ) -> None:
+        self.clusters = clusters
         self.dep = deployment
+        self.recorded_lock = recorded_lock
         self.members = list(deployment.clusters)
         self.n = len(self.members)
         self.q = quorum.quorum_size(self.n)
@@ -259,14 +276,11 @@ class StateClient:
         self.collection = base(deployment.namespace)
         self.path = f"{self.collection}/{self.name}"
 
-    @property
-    def clusters(self):  # type: ignore[no-untyped-def]
-        return self.c.clusters
-
     # -- raw replica I/O
 
-    async def _read_replica(self, cluster: str, *, with_lease: bool = False) -> Replica:
-        """Identity check, replica read (and the lease, for writers) in one round trip."""
+    async def _read_one(self, cluster: str, *, with_lease: bool = True, lease_required: bool = True) -> Observed:
+        """Identity check, replica read and lease read in one round trip. A reader that may
+        not read the lease (``lease_required`` False) goes without its evidence."""
         client = self.clusters.client(cluster)
         out: dict[str, Any] = {}
 
@@ -280,12 +294,12 @@ class StateClient:
                 out["obj"] = None
 
         async def read_lease() -> None:
-            from coordinator.kube.resources import lease_name, lease_path
-
             try:
                 resp = await client.request("GET", lease_path(self.dep.namespace, lease_name(self.dep.name)))
                 out["lease"] = LeaseView.parse(resp.body, resp.server_time)
             except KubeError as err:
+                if err.kind == kube.FORBIDDEN and not lease_required:
+                    return
                 if err.kind != kube.NOT_FOUND:
                     raise
                 out["lease"] = LeaseView(exists=False)
@@ -298,33 +312,10 @@ class StateClient:
                 await self.clusters.check_identity(cluster)
         except BaseExceptionGroup as group:
             raise first_kube_error(group) from None
-        rep = decode_replica(cluster, out.get("obj"), self.storage)
-        rep.lease = out.get("lease")
-        return rep
+        return Observed(decode_replica(cluster, out.get("obj"), self.storage), out.get("lease"))
 
-    def _object(self, rep: Replica, env: StateEnvelope) -> dict[str, Any]:
-        text = encode_envelope(env)
-        value = base64.b64encode(text.encode()).decode() if self.storage == "secret" else text
-        if rep.exists:
-            obj = copy.deepcopy(rep.obj)
-            meta = obj.setdefault("metadata", {})
-            labels = dict(meta.get("labels") or {})
-            labels.update(owned_metadata(self.name, self.dep.name)["labels"])
-            meta["labels"] = labels
-        else:
-            obj = {
-                "apiVersion": "v1",
-                "kind": "Secret" if self.storage == "secret" else "ConfigMap",
-                "metadata": owned_metadata(self.name, self.dep.name),
-            }
-        obj["data"] = {DATA_KEY: value}
-        if self.storage == "secret":
-            obj["type"] = "Opaque"
-        return obj
-
-    async def _put(self, rep: Replica, env: StateEnvelope) -> Replica:
+    async def _put(self, rep: Replica, body: dict[str, Any]) -> Replica:
         client = self.clusters.client(rep.cluster)
-        body = self._object(rep, env)
         query = {"fieldManager": FIELD_MANAGER}
         if rep.exists:
             resp = await client.request("PUT", self.path, body=body, query=query)
@@ -332,60 +323,50 @@ class StateClient:
             resp = await client.request("POST", self.collection, body=body, query=query)
         return decode_replica(rep.cluster, resp.body, self.storage)
 
-    async def _cas_write(self, rep: Replica, env: StateEnvelope, *, repair: bool = False) -> ClusterResult[Replica]:
-        """Write ``env`` unless the replica already holds a higher token or version."""
+    async def _cas(self, rep: Replica, stamp: Stamp, kind: Kind, text: str | None) -> ClusterResult[Replica]:
+        """Give ``rep`` the promise (``text`` None) or the envelope ``text`` of ``stamp``,
+        if the replica's rule lets it take it; compare-and-swap, re-judged on each retry."""
         cluster = rep.cluster
         for _ in range(4):
-            if rep.newer_schema:
-                return ClusterResult(
-                    cluster,
-                    Outcome.CONFLICT,
-                    rep,
-                    detail=f"replica has schema {rep.newer_schema}, newer than {STATE_SCHEMA}",
-                )
-            if rep.envelope is not None:
-                if rep.envelope.token > env.token:
-                    return ClusterResult(
-                        cluster,
-                        Outcome.CONFLICT,
-                        rep,
-                        detail=f"refused: replica has fencing token {rep.envelope.token} > {env.token}",
-                    )
-                if rep.envelope.order() >= env.order():
-                    if repair:
-                        return ClusterResult(cluster, Outcome.OK, rep, detail="already current")
-                    return ClusterResult(
-                        cluster,
-                        Outcome.CONFLICT,
-                        rep,
-                        detail=f"refused: replica has version {rep.envelope.version} >= {env.version}",
-                    )
-            elif rep.corrupt and repair:
-                return ClusterResult(cluster, Outcome.ERROR, rep, detail=f"corrupt ({rep.corrupt}); run `state sync`")
+            verdict = judge(rep, stamp, kind)
+            if not verdict.accept:
+                return ClusterResult(cluster, Outcome.CONFLICT, rep, detail=verdict.reason)
+            if verdict.done:
+                return ClusterResult(cluster, Outcome.OK, rep, detail=f"already holds {stamp.short()}")
+            body = build_object(
+                rep,
+                name=self.name,
+                deployment=self.dep.name,
+                storage=self.storage,
+                promise=promise_after(rep, stamp, kind),
+                envelope_text=text,
+            )
             try:
-                new = await self._put(rep, env)
-                return ClusterResult(cluster, Outcome.OK, new, detail=f"wrote version {env.version}")
+                new = await self._put(rep, body)
+                verb = "promised" if text is None else "wrote"
+                return ClusterResult(cluster, Outcome.OK, new, detail=f"{verb} version {stamp.version}")
             except KubeError as err:
                 if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
-                    return failed(cluster, err)  # type: ignore[return-value]
+                    return _failed(cluster, err)
             try:
-                rep = await self._read_replica(cluster)
+                rep = (await self._read_one(cluster, with_lease=False)).replica
             except KubeError as err:
-                return failed(cluster, err)  # type: ignore[return-value]
+                return _failed(cluster, err, definite=True)  # the last write was refused (409)
         return ClusterResult(cluster, Outcome.CONFLICT, rep, detail="lost the compare-and-swap race repeatedly")
 
     async def _read_all(
-        self, *, with_lease: bool = False, early: bool = False, newer_ok: bool = False
-    ) -> dict[str, ClusterResult[Replica]]:
-        """Read every member (``early``: stop at a majority). A replica written with a newer
-        envelope schema stops the command, unless ``newer_ok`` (reports that only look)."""
+        self, *, early: bool = False, newer_ok: bool = False, writing: bool = False
+    ) -> dict[str, ClusterResult[Observed]]:
+        """Read every member with its lease (``early``: stop at a majority; ``writing``:
+        the lease is needed, to check the lock). A replica written with a newer envelope
+        schema stops the command, unless ``newer_ok``."""
 
-        async def one(cluster: str) -> ClusterResult[Replica]:
+        async def one(cluster: str) -> ClusterResult[Observed]:
             try:
-                rep = await self._read_replica(cluster, with_lease=with_lease)
+                seen = await self._read_one(cluster, lease_required=writing)
             except KubeError as err:
-                return failed(cluster, err)  # type: ignore[return-value]
-            return ClusterResult(cluster, Outcome.OK, rep)
+                return _failed(cluster, err)
+            return ClusterResult(cluster, Outcome.OK, seen)
 
         def enough(rs: Any) -> bool:
             return sum(1 for r in rs.values() if r.ok) >= self.q
@@ -393,14 +374,12 @@ class StateClient:
         results = await fan_out(self.members, one, timeout=self.clusters.timeout, until=enough if early else None)
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
         if bad:
-            from coordinator.errors import IdentityMismatchError
-
             raise IdentityMismatchError(
                 "Cluster identity mismatch — no state was read or written: "
                 + "; ".join(f"cluster {k!r}: {r.detail}" for k, r in sorted(bad.items()))
                 + ". Fix the kubeconfig context, or reconnect the cluster if it was really rebuilt."
             )
-        newer = [r.value for r in results.values() if r.ok and r.value and r.value.newer_schema]
+        newer = [rep for rep in _replicas(results).values() if rep.newer_schema]
         if newer and not newer_ok:
             raise StateConflictError(
                 f"The state of {self.dep.name!r} on {', '.join(r.cluster for r in newer)} was written "
@@ -409,7 +388,13 @@ class StateClient:
             )
         return results
 
-    def _need_quorum(self, results: dict[str, ClusterResult[Replica]], what: str) -> None:
+    def _judge(self, results: Mapping[str, ClusterResult[Observed]]) -> tuple[Choice, int | None]:
+        evidence = lease_evidence(
+            (r.value.lease.token for r in results.values() if r.ok and r.value and r.value.lease), self.q
+        )
+        return choose(_replicas(results), evidence), evidence
+
+    def _need_quorum(self, results: Mapping[str, ClusterResult[Any]], what: str) -> None:
         seen = [k for k, r in results.items() if r.ok]
         if len(seen) < self.q:
             unseen = [f"{k} ({r.outcome}: {r.detail})" for k, r in sorted(results.items()) if not r.ok]
@@ -420,69 +405,81 @@ class StateClient:
                 "cluster is never taken as empty; retry when they are reachable."
             )
 
-    def _refuse_unreadable(self, results: dict[str, ClusterResult[Replica]], what: str) -> None:
-        """With no valid replica, the state is empty only if a majority holds none at all:
-        corrupt replicas are never taken as empty, any more than unobservable ones are."""
-        answered = {k: r.value for k, r in results.items() if r.ok and r.value}
-        corrupt = {k: rep.corrupt for k, rep in answered.items() if rep.corrupt}
-        absent = [k for k, rep in answered.items() if not rep.exists]
-        if not corrupt or len(absent) >= self.q:
+    def _refuse_unreadable(self, results: Mapping[str, ClusterResult[Observed]], choice: Choice, what: str) -> None:
+        """With no trusted replica, the state is empty only if a majority holds none at
+        all: corrupt and suspect replicas are never taken as empty, any more than
+        unobservable ones are."""
+        answered = _replicas(results)
+        absent = [k for k, rep in answered.items() if rep.envelope is None and not rep.corrupt]
+        absent = [k for k in absent if k not in choice.suspect]
+        if not (choice.corrupt or choice.suspect) or len(absent) >= self.q:
+            return
+        name = self.dep.name
+        why = [f"{k}: corrupt ({r})" for k, r in sorted(choice.corrupt.items())]
+        why += [f"{k}: suspect ({r})" for k, r in sorted(choice.suspect.items())]
+        raise StateConflictError(
+            f"Cannot {what} the state of {name!r}: no trusted replica was found and the ones on "
+            f"{', '.join(sorted([*choice.corrupt, *choice.suspect]))} are corrupt or suspect ("
+            + "; ".join(why)
+            + f"), so it is not known to be empty. Nothing was changed. `coordinator state diff {name}` "
+            f"shows every replica; `coordinator state sync {name} --from CLUSTER`, `coordinator state "
+            f"restore {name} -f BACKUP` or `coordinator state apply {name} -f FILE` (under the lock) "
+            "writes a whole valid state over them, saving the replicas it replaces to files first."
+        )
+
+    def _refuse_conflict(self, choice: Choice, what: str) -> None:
+        if not choice.conflict:
             return
         name = self.dep.name
         raise StateConflictError(
-            f"Cannot {what} the state of {name!r}: no valid replica was found and the ones on "
-            f"{', '.join(sorted(corrupt))} are corrupt ("
-            + "; ".join(f"{k}: {why}" for k, why in sorted(corrupt.items()))
-            + f"), so it is not known to be empty. Nothing was changed. `coordinator state diff {name}` "
-            f"shows every replica; `coordinator state restore {name} -f BACKUP` or `coordinator state "
-            f"apply {name} -f FILE` (under the lock) writes a whole valid state over them, saving the "
-            "corrupt replicas to files first."
+            f"Cannot {what} the state of {name!r}: {', '.join(choice.conflict)} hold different data under "
+            "the same stamp, which no write of coordinator produces (edited by hand?). Nothing was "
+            f"changed. `coordinator state diff {name}` shows them; `coordinator state sync {name} --from "
+            "CLUSTER` (under the lock) adopts one of them deliberately, as a new version."
         )
 
     # -- read
 
-    @staticmethod
-    def _winner(results: dict[str, ClusterResult[Replica]]) -> Replica | None:
-        valid = {k: r.value for k, r in results.items() if r.ok and r.value and r.value.envelope}
-        if not valid:
-            return None
-        best = quorum.newest({k: v.order for k, v in valid.items()})
-        return valid[best] if best else None
-
     async def read(self, *, repair: bool = True) -> ReadReport:
-        """Read a majority; the newest replica wins; stale ones are repaired first."""
+        """Read a majority; the newest trusted replica wins; stale ones are repaired first."""
         results = await self._read_all(early=True)
-        if len(results) < self.n and any(r.ok and r.value and r.value.corrupt for r in results.values()):
-            # A corrupt replica counts for nothing: hear every member before deciding.
+        choice, evidence = self._judge(results)
+        odd = choice.corrupt or choice.suspect or choice.conflict or evidence is None
+        if len(results) < self.n and (odd or len(choice.current) + len(choice.stale) < self.q):
+            # Something is off: hear every member (with fresh leases) before deciding.
             results = await self._read_all()
+            choice, evidence = self._judge(results)
         self._need_quorum(results, "read")
-        winner = self._winner(results)
+        self._refuse_conflict(choice, "read")
+        winner = choice.winner
         report = ReadReport(
-            self.dep.name, winner.envelope if winner else None, winner.cluster if winner else None, results
+            self.dep.name,
+            winner.envelope if winner else None,
+            winner.cluster if winner else None,
+            results,
+            corrupt=sorted(choice.corrupt),
+            suspect=dict(choice.suspect),
         )
-        report.corrupt = sorted(k for k, r in results.items() if r.ok and r.value and r.value.corrupt)
         if winner is None or winner.envelope is None:
-            self._refuse_unreadable(results, "read")
+            self._refuse_unreadable(results, choice, "read")
             return report
         if not repair:
             return report
         env = winner.envelope
-        stale = [
-            r.value
-            for r in results.values()
-            if r.ok and r.value and not r.value.corrupt and r.value.order < env.order()
-        ]
-        current = sum(1 for r in results.values() if r.ok and r.value and r.value.order == env.order())
-        if stale:
+        stamp = stamp_of(env)
+        current = len(choice.current)
+        if choice.stale:
+            reps = _replicas(results)
+            text = encode_envelope(env)
             repaired = await fan_out(
-                [s.cluster for s in stale],
-                lambda c: self._cas_write(next(s for s in stale if s.cluster == c), env, repair=True),
+                choice.stale,
+                lambda c: self._cas(reps[c], stamp, Kind.REPAIR, text),
                 timeout=self.clusters.timeout,
             )
             report.repaired = sorted(k for k, r in repaired.items() if r.ok)
             current += len(report.repaired)
             if report.repaired:
-                log.info("repaired stale replicas", clusters=report.repaired, version=env.version)
+                log.info("repaired stale replicas", clusters=report.repaired, stamp=str(stamp))
         if current < self.q:
             # The value is not yet on a majority; returning it could let a later read see
             # an older one. Say so instead of guessing.
@@ -500,21 +497,19 @@ class StateClient:
 
     # -- write
 
-    def _resolve_lock(self, lock: HeldLock | str | None) -> str:
-        from coordinator.api import HeldLock
-
-        if isinstance(lock, HeldLock):
+    def _resolve_lock(self, lock: LockArg) -> str:
+        if isinstance(lock, str) and lock:
+            return lock
+        if lock is not None and not isinstance(lock, str):
             if not lock.valid:
                 raise StateConflictError(
                     f"The lock on {self.dep.name!r} is no longer valid (lost or expired); nothing was written."
                 )
             return lock.lock_id
-        if lock:
-            return lock
         env = os.environ.get("COORDINATOR_LOCK_ID")
         if env:
             return env
-        rec = self.c.recorded_lock(self.dep.name)
+        rec = self.recorded_lock(self.dep.name) if self.recorded_lock else None
         if rec is None:
             raise StateConflictError(
                 f"Writing the state of {self.dep.name!r} needs its lock, and no lock is held: take it "
@@ -523,136 +518,205 @@ class StateClient:
             )
         return rec.lock_id
 
+    def _holder_token(self, seen: Mapping[str, Observed], lock_id: str) -> int:
+        held_on = [
+            k
+            for k, o in seen.items()
+            if o.lease is not None and o.lease.lock_id == lock_id and o.lease.expired() is not True
+        ]
+        if len(held_on) < self.q:
+            raise StateConflictError(
+                f"Lock id {lock_id} does not hold deployment {self.dep.name!r} on a majority "
+                f"(it holds {len(held_on)} of {self.n}: {', '.join(held_on) or 'none'}); it expired, "
+                "was released or was taken over. Nothing was written. Take the lock again."
+            )
+        return max(seen[k].lease.token for k in held_on)  # type: ignore[union-attr]
+
     async def write(
         self,
-        change: Any,
+        change: Callable[[dict[str, Any]], Any],
         *,
-        lock: HeldLock | str | None = None,
+        lock: LockArg = None,
         command: str = "api",
         note: str | None = None,
         replaces: bool = False,
+        adopt_from: str | None = None,
+        backup_dir: Path | None = None,
         _token: int | None = None,
     ) -> WriteReport:
         """Apply ``change(data) -> new data`` as a new version on every member.
 
-        ``replaces``: the change ignores the old data (apply, restore), so it may be
-        written over replicas that are all corrupt; a change that builds on the old data
-        may not. Corrupt replicas are saved to files before they are overwritten.
+        ``change`` runs only once the lock is known to be held, so that it may do the
+        expensive part (parse a file). ``replaces``: the change ignores the old data
+        (apply, restore), so it may be written over replicas that are all corrupt or
+        suspect; a change that builds on the old data may not. ``adopt_from``: the new
+        data is that cluster's replica, suspect or not, and suspect replicas are
+        overwritten (``state sync --from``). Replicas that are overwritten although
+        corrupt or suspect are saved to files first.
 
         ``_token`` is for tests of fencing only: it skips the lease check and writes with
         the given token, as a holder whose lease was taken over in the meantime would.
         """
         lock_id = self._resolve_lock(lock)
-        results = await self._read_all(with_lease=_token is None)
+        results = await self._read_all(writing=True)
         self._need_quorum(results, "write")
-        reps = {k: r.value for k, r in results.items() if r.ok and r.value}
-        if _token is None:
-            held_on = [
-                k
-                for k, rep in reps.items()
-                if rep.lease and rep.lease.lock_id == lock_id and rep.lease.expired() is not True
-            ]
-            if len(held_on) < self.q:
-                raise StateConflictError(
-                    f"Lock id {lock_id} does not hold deployment {self.dep.name!r} on a majority "
-                    f"(it holds {len(held_on)} of {self.n}: {', '.join(held_on) or 'none'}); it expired, "
-                    "was released or was taken over. Nothing was written. Take the lock again."
+        seen = {k: r.value for k, r in results.items() if r.ok and r.value}
+        reps = {k: o.replica for k, o in seen.items()}
+        token = self._holder_token(seen, lock_id) if _token is None else _token
+        choice, evidence = self._judge(results)
+        overwrite: set[str] = set()
+        current = choice.winner.envelope if choice.winner else None
+        base: StateEnvelope | None
+        if adopt_from is not None:
+            source = reps.get(adopt_from)
+            if source is None or source.envelope is None:
+                why = "it did not answer" if source is None else (source.corrupt or "it holds no state")
+                raise UsageError(
+                    f"Cannot adopt the state of {self.dep.name!r} from {adopt_from}: {why}. Nothing was written."
                 )
-            token = max(reps[k].lease.token for k in held_on)  # type: ignore[union-attr]
-        else:
-            token = _token
-        winner = self._winner(results)
-        base = winner.envelope if winner else None
-        if base is None and not replaces:
-            self._refuse_unreadable(results, "change")
-        top = max((rep.envelope.token for rep in reps.values() if rep.envelope), default=0)
-        if top > token:
-            raise StateConflictError(
-                f"Refused: the state of {self.dep.name!r} was already written with fencing token {top}, "
-                f"higher than this lock's token {token}; a newer holder has taken over. Nothing was written."
+            overwrite = set(choice.suspect) | set(choice.conflict)
+            was = choice.suspect.get(adopt_from)
+            note = (
+                f"adopted the data of {adopt_from} (stamp {source.stamp.short()}"
+                + (f"; it was suspect: {was}" if was else "")
+                + ")"
+                + (f"; overwrote {', '.join(sorted(overwrite))}" if overwrite else "")
             )
-        old = copy.deepcopy(base.data) if base else {}
+            source_data = source.envelope.data
+            base = current or source.envelope
+
+            def change(_old: dict[str, Any]) -> Any:
+                return copy.deepcopy(source_data)
+
+        else:
+            if not replaces:
+                self._refuse_conflict(choice, "change")
+            base = current
+            if base is None and not replaces:
+                self._refuse_unreadable(results, choice, "change")
+        newer = newer_token(reps.values(), token, evidence)
+        if newer is not None:
+            raise StateConflictError(
+                f"Refused: the state of {self.dep.name!r} was already written or promised with fencing token "
+                f"{newer}, higher than this lock's token {token}; a newer holder has taken over. Nothing was written."
+            )
+        old = copy.deepcopy(current.data) if current else {}
         new = change(copy.deepcopy(old))
         if not isinstance(new, dict):
-            raise UsageError("The state document must be a mapping at the top level.")
-        try:
-            # NaN and infinities would be stored as null, and the checksum would not match.
-            json.dumps(new, allow_nan=False)
-        except (TypeError, ValueError) as err:
+            raise UsageError("The state document must be a mapping at the top level. Nothing was written.")
+        problem = plain_data_problem(new)
+        if problem:
             raise UsageError(
-                f"The new state of {self.dep.name!r} holds a value that cannot be stored as JSON ({err}): "
-                "use strings, finite numbers, booleans, lists and maps. Nothing was written."
-            ) from err
-        version = max((rep.envelope.version for rep in reps.values() if rep.envelope), default=0) + 1
-        history = list(base.history) if base else []
-        history.append(
-            AuditEntry(
-                at=datetime.now(UTC),
-                who=default_holder(),
-                host=socket.gethostname(),
-                command=command,
-                version=version,
-                token=token,
-                keys=changed_keys(old, new),
-                note=note,
+                f"The new state of {self.dep.name!r} holds a value that cannot be stored as JSON ({problem}): "
+                "use string keys, and strings, finite numbers, booleans, null, lists and maps as values. "
+                "Nothing was written."
             )
-        )
-        env = StateEnvelope(
-            schema=STATE_SCHEMA,
-            version=version,
-            token=token,
-            checksum=checksum(new),
-            written_by=default_holder(),
-            written_at=datetime.now(UTC),
+        stamp = next_stamp(reps.values(), token, evidence, new_write_id())
+        _env, text = build_envelope(
+            base,
+            new,
+            stamp,
+            who=default_holder(),
+            host=socket.gethostname(),
+            command=command,
+            now=datetime.now(UTC),
             members=self.members,
             member_ids={m: self.clusters.record(m).identity for m in self.members},
             namespace=self.dep.namespace,
             storage=self.storage,
-            data=new,
-            history=history[-HISTORY_LIMIT:],
+            keys=changed_keys(old, new),
+            note=note,
         )
-        text = encode_envelope(env)
-        while len(text.encode()) > ENVELOPE_LIMIT and len(env.history) > 1:
-            env.history = env.history[len(env.history) // 2 :]
-            text = encode_envelope(env)
         check_size(text, self.storage)
-        for rep in reps.values():
-            if rep.corrupt:
-                self._save_corrupt(rep, None)
-        writes = await fan_out(list(reps), lambda c: self._cas_write(reps[c], env), timeout=self.clusters.timeout)
-        merged: dict[str, ClusterResult[Replica]] = {}
+        saved = {
+            k: str(self._save_replica(rep, backup_dir, choice.suspect.get(k) or rep.corrupt or "replaced"))
+            for k, rep in reps.items()
+            if rep.corrupt or k in overwrite
+        }
+        kinds = {k: Kind.OVERWRITE if k in overwrite else Kind.WRITE for k in reps}
+
+        # Promise the stamp to a majority before any data leaves: a later writer then
+        # reads it on any majority and draws a higher version.
+        promises = await fan_out(
+            list(reps),
+            lambda c: self._cas(reps[c], stamp, Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE, None),
+            timeout=self.clusters.timeout,
+        )
+        promised = sorted(k for k, r in promises.items() if r.ok)
+        if len(promised) < self.q:
+            self._fail_promise(stamp, results, promises, promised, saved)
+        latest = dict(reps)
+        for k, r in promises.items():
+            if r.ok and r.value is not None:
+                latest[k] = r.value
+        writes = await fan_out(
+            list(reps),
+            lambda c: self._cas(latest[c], stamp, kinds[c], text),
+            timeout=self.clusters.timeout,
+        )
+        merged: dict[str, ClusterResult[Any]] = {}
         for k in self.members:
             merged[k] = writes.get(k) or results.get(k) or ClusterResult(k, Outcome.UNREACHABLE, detail="no answer")
             if k not in writes and k in results and results[k].ok:
                 merged[k] = ClusterResult(k, Outcome.UNREACHABLE, detail="write got no answer")
         confirmed = sorted(k for k, r in writes.items() if r.ok)
-        report = WriteReport(self.dep.name, version, token, self.q, merged, confirmed)
-        if len(confirmed) >= self.q:
+        outcome = write_outcome({k: _delivery(writes.get(k) or merged[k]) for k in reps}, self.q)
+        report = WriteReport(
+            self.dep.name, stamp.version, token, self.q, merged, confirmed, stamp.write_id, outcome, promised, saved
+        )
+        if outcome == "ok":
             return report
-        refused = [k for k, r in writes.items() if r.outcome is Outcome.CONFLICT]
-        # A write sent without an answer (timeout, lost connection, server error) may have
-        # been applied all the same: "nothing was written" only when every one said no.
-        unanswered = [
-            k for k, r in writes.items() if not r.ok and r.outcome not in (Outcome.CONFLICT, Outcome.FORBIDDEN)
-        ]
-        per = "; ".join(f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(merged.items()))
-        if not confirmed and refused and not unanswered:
+        per = _per_cluster(merged)
+        if outcome == "nothing":
+            report.outcome = "refused"
             raise StateConflictError(
-                f"The write to {self.dep.name!r} was refused ({per}). Another writer with a newer "
-                "fencing token or version got there first. Nothing was written.",
+                f"The write to {self.dep.name!r} was refused by every cluster ({per}). Nothing was written.",
                 payload=report,
             )
         raise NoQuorumError(
-            f"Outcome unknown: version {version} reached {len(confirmed)} of {self.n} clusters "
+            f"Outcome unknown: version {stamp.version} reached {len(confirmed)} of {self.n} clusters "
             f"({', '.join(confirmed) or 'none'}), fewer than the {self.q} needed ({per}). It may "
-            f"still become visible: a later read repairs the newest replica onto the others. Run "
-            f"`coordinator state diff {self.dep.name}` to see where it landed.",
+            f"still become visible: a later read repairs the newest replica onto the others; any later "
+            f"write is ordered after it. Run `coordinator state diff {self.dep.name}` to see where it landed.",
             payload=report,
         )
 
-    async def set(
-        self, values: dict[str, Any], *, lock: HeldLock | str | None = None, command: str = "state set"
-    ) -> WriteReport:
+    def _fail_promise(
+        self,
+        stamp: Stamp,
+        results: Mapping[str, ClusterResult[Any]],
+        promises: Mapping[str, ClusterResult[Any]],
+        promised: list[str],
+        saved: dict[str, str],
+    ) -> None:
+        merged = {k: promises.get(k) or results.get(k) or ClusterResult(k, Outcome.UNREACHABLE) for k in self.members}
+        refused = [k for k, r in promises.items() if r.outcome is Outcome.CONFLICT]
+        report = WriteReport(
+            self.dep.name,
+            stamp.version,
+            stamp.token,
+            self.q,
+            dict(merged),
+            [],
+            stamp.write_id,
+            "refused",
+            promised,
+            saved,
+        )
+        per = _per_cluster(merged)
+        head = (
+            f"Nothing was written to {self.dep.name!r}: version {stamp.version} could be reserved on only "
+            f"{len(promised)} of {self.n} clusters ({', '.join(promised) or 'none'}), fewer than the {self.q} "
+            f"needed, so no data was sent ({per})."
+        )
+        if refused:
+            raise StateConflictError(
+                head + " A newer write or holder got there first; read the state and try again.", payload=report
+            )
+        report.outcome = "nothing"
+        raise NoQuorumError(head + " Retry when the clusters accept writes again.", payload=report)
+
+    async def set(self, values: dict[str, Any], *, lock: LockArg = None, command: str = "state set") -> WriteReport:
         def change(data: dict[str, Any]) -> dict[str, Any]:
             for key, value in values.items():
                 set_path(data, key, value)
@@ -661,18 +725,32 @@ class StateClient:
         return await self.write(change, lock=lock, command=command)
 
     async def apply(
-        self, document: dict[str, Any], *, lock: HeldLock | str | None = None, command: str = "state apply"
+        self,
+        document: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        *,
+        lock: LockArg = None,
+        command: str = "state apply",
     ) -> WriteReport:
-        if not isinstance(document, dict):
-            raise UsageError("The state document must be a mapping at the top level.")
-        return await self.write(lambda _old: document, lock=lock, command=command, replaces=True)
+        """Replace the data with ``document``; a callable is called (to parse a file, say)
+        only once the lock is known to be held."""
+
+        def change(_old: dict[str, Any]) -> dict[str, Any]:
+            doc = document() if callable(document) else document
+            if not isinstance(doc, Mapping):
+                raise UsageError("The state document must be a mapping at the top level. Nothing was written.")
+            return copy.deepcopy(dict(doc))
+
+        return await self.write(change, lock=lock, command=command, replaces=True)
 
     # -- diff / sync / history / backup / restore
 
     async def diff(self) -> list[dict[str, Any]]:
+        """Every member's stamp, checksum and standing against the value a read returns."""
         results = await self._read_all(newer_ok=True)
-        winner = self._winner(results)
-        top = winner.order if winner else (0, 0)
+        choice, _ = self._judge(results)
+        top = choice.top
+        conflict = set(choice.conflict)
+        top_checksum = choice.winner.checksum if choice.winner else None
         rows = []
         for k in self.members:
             r = results.get(k)
@@ -681,7 +759,9 @@ class StateClient:
                 "status": None,
                 "version": None,
                 "token": None,
+                "write_id": None,
                 "checksum": None,
+                "promised": None,
                 "written_by": None,
                 "written_at": None,
                 "detail": None,
@@ -689,72 +769,108 @@ class StateClient:
             if r is None or not r.ok or r.value is None:
                 row["status"] = str(r.outcome) if r else "unreachable"
                 row["detail"] = r.detail if r else "no answer"
+                rows.append(row)
+                continue
+            rep = r.value.replica
+            if rep.promise is not None and rep.promise > rep.stamp:
+                row["promised"] = str(rep.promise)
+            if rep.envelope is not None:
+                env = rep.envelope
+                row.update(
+                    version=env.version,
+                    token=env.token,
+                    write_id=env.write_id,
+                    checksum=env.checksum,
+                    written_by=env.written_by,
+                    written_at=env.written_at,
+                )
+            if k in choice.suspect:
+                row["status"], row["detail"] = "suspect", choice.suspect[k]
+            elif rep.corrupt:
+                row["status"], row["detail"] = "corrupt", rep.corrupt
+            elif rep.newer_schema:
+                row["status"] = "newer-schema"
+                row["detail"] = (
+                    f"written with envelope schema {rep.newer_schema}, newer than this coordinator "
+                    f"understands ({STATE_SCHEMA}); upgrade coordinator to read or write it"
+                )
+            elif k in conflict:
+                row["status"] = "conflict"
+                row["detail"] = f"the same stamp as {', '.join(sorted(conflict - {k}))} with other data"
+            elif rep.envelope is None:
+                row["status"] = "absent" if (choice.winner or conflict) else "empty"
+            elif rep.stamp == top:
+                row["status"] = "current"
             else:
-                rep = r.value
-                if rep.corrupt:
-                    row["status"], row["detail"] = "corrupt", rep.corrupt
-                elif rep.newer_schema:
-                    row["status"] = "newer-schema"
-                    row["detail"] = (
-                        f"written with envelope schema {rep.newer_schema}, newer than this coordinator "
-                        f"understands ({STATE_SCHEMA}); upgrade coordinator to read or write it"
-                    )
-                elif not rep.exists:
-                    row["status"] = "absent" if winner else "empty"
-                elif rep.envelope is not None:
-                    env = rep.envelope
-                    row.update(
-                        version=env.version,
-                        token=env.token,
-                        checksum=env.checksum,
-                        written_by=env.written_by,
-                        written_at=env.written_at,
-                    )
-                    row["status"] = "current" if rep.order == top else "behind"
+                row["status"] = "behind"
+                same = rep.checksum == top_checksum
+                row["detail"] = (
+                    f"stamp {rep.stamp.short()} is older than {top.short()}; "
+                    + ("same data" if same else "different data")
+                    + "; a read or `state sync` repairs it"
+                )
             rows.append(row)
         return rows
 
     async def sync(self, backup_dir: Path | None = None) -> dict[str, Any]:
-        """Bring every reachable replica to the winning version; save corrupt ones first."""
+        """Bring every reachable replica to the value a read returns (saving corrupt ones
+        first). Suspect replicas are left alone and listed: `state sync --from` decides."""
         results = await self._read_all()
         self._need_quorum(results, "sync")
-        winner = self._winner(results)
+        choice, _ = self._judge(results)
+        self._refuse_conflict(choice, "sync")
+        winner = choice.winner
         if winner is None or winner.envelope is None:
-            raise UsageError(f"No valid replica of the state of {self.dep.name!r} exists; nothing to sync.")
+            more = (
+                f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
+                f"`coordinator state sync {self.dep.name} --from CLUSTER` under the lock."
+                if choice.suspect
+                else ""
+            )
+            raise UsageError(f"No valid replica of the state of {self.dep.name!r} exists; nothing to sync.{more}")
         env = winner.envelope
-        saved: dict[str, str] = {}
-        for k, r in results.items():
-            if r.ok and r.value and r.value.corrupt:
-                saved[k] = str(self._save_corrupt(r.value, backup_dir))
-        targets = {k: r.value for k, r in results.items() if r.ok and r.value and r.value.order < env.order()}
-
-        async def fix(c: str) -> ClusterResult[Replica]:
-            rep = targets[c]
-            assert rep is not None
-            if rep.corrupt:
-                rep = Replica(c, exists=True, obj=rep.obj)  # saved above; overwrite
-            return await self._cas_write(rep, env, repair=True)
-
-        fixed = await fan_out(list(targets), fix, timeout=self.clusters.timeout)
+        stamp = stamp_of(env)
+        text = encode_envelope(env)
+        reps = _replicas(results)
+        saved = {k: str(self._save_replica(reps[k], backup_dir, why)) for k, why in choice.corrupt.items()}
+        targets = {k: Kind.REPAIR for k in choice.stale} | {k: Kind.OVERWRITE for k in choice.corrupt}
+        fixed = await fan_out(
+            list(targets),
+            lambda c: self._cas(reps[c], stamp, targets[c], text),
+            timeout=self.clusters.timeout,
+        )
         return {
             "version": env.version,
             "token": env.token,
+            "write_id": env.write_id,
             "winner": winner.cluster,
             "repaired": sorted(k for k, r in fixed.items() if r.ok),
             "failed": {k: f"{r.outcome}: {r.detail}" for k, r in fixed.items() if not r.ok},
             "unreachable": sorted(k for k in self.members if k not in results or not results[k].ok),
             "saved_corrupt": saved,
+            "suspect": dict(choice.suspect),
         }
 
-    def _save_corrupt(self, rep: Replica, backup_dir: Path | None) -> Path:
+    async def adopt(self, source: str, *, lock: LockArg = None, backup_dir: Path | None = None) -> WriteReport:
+        """`state sync --from SOURCE`: write SOURCE's data as a new version everywhere,
+        overwriting suspect replicas (saved to files first), under the lock."""
+        if source not in self.members:
+            raise UsageError(
+                f"{source!r} is not a member of deployment {self.dep.name!r} (members: {', '.join(self.members)})."
+            )
+        return await self.write(
+            lambda old: old, lock=lock, command=f"state sync --from {source}", adopt_from=source, backup_dir=backup_dir
+        )
+
+    def _save_replica(self, rep: Replica, backup_dir: Path | None, reason: str) -> Path:
         import platformdirs
 
         folder = backup_dir or Path(platformdirs.user_state_dir("coordinator")) / "corrupt-replicas"
         folder.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         path = folder / f"{self.dep.name}-{rep.cluster}-{stamp}.json"
-        path.write_text(json.dumps({"cluster": rep.cluster, "reason": rep.corrupt, "object": rep.obj}, indent=2))
-        log.warning("saved corrupt replica before overwriting it", cluster=rep.cluster, path=str(path))
+        path.write_text(json.dumps({"cluster": rep.cluster, "reason": reason, "object": rep.obj}, indent=2))
+        log.warning("saved a replica before overwriting it", cluster=rep.cluster, path=str(path))
         return path
 
     async def history(self) -> list[AuditEntry]:
@@ -773,7 +889,7 @@ class StateClient:
             raise UsageError(f"Cannot write the backup file {path}: {err.strerror or err}.") from err
         return report.envelope
 
-    async def restore(self, path: Path, *, lock: HeldLock | str | None = None) -> WriteReport:
+    async def restore(self, path: Path, *, lock: LockArg = None) -> WriteReport:
         env = load_backup(path)
         return await self.write(
             lambda _old: copy.deepcopy(env.data),
@@ -785,8 +901,14 @@ class StateClient:
         )
 
 
+def _replicas(results: Mapping[str, ClusterResult[Observed]]) -> dict[str, Replica]:
+    return {k: r.value.replica for k, r in results.items() if r.ok and r.value}
+
+
 def load_backup(path: Path) -> StateEnvelope:
     try:
+        if path.stat().st_size > 4 * OBJECT_LIMIT:
+            raise UsageError(f"The backup file {path} is larger than any state could be; it is not a backup.")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"Cannot read the backup file {path}: {err}.") from err

@@ -105,16 +105,16 @@ def test_partial_write_is_reported_honestly(dep3: Any) -> None:
             async with c.lock("web", ttl=60) as held:
                 state = c.state("web")
                 await state.set({"v": 1}, lock=held)
-                # Make c2 and c3 refuse the write: give them a replica with a higher
-                # version written under our own token, as a concurrent writer would.
-                original = state._cas_write
+                # c2 and c3 stop answering once the version is promised, as the data
+                # is sent: the data reaches c1 only.
+                original = state._cas
 
-                async def flaky(rep: Any, env: Any, *, repair: bool = False) -> Any:
-                    if rep.cluster != "c1" and not repair:
+                async def flaky(rep: Any, stamp: Any, kind: Any, text: Any) -> Any:
+                    if rep.cluster != "c1" and kind == "write":
                         dep3.sandbox.pause(int(rep.cluster[1:]))
-                    return await original(rep, env, repair=repair)
+                    return await original(rep, stamp, kind, text)
 
-                state._cas_write = flaky  # type: ignore[method-assign]
+                state._cas = flaky  # type: ignore[method-assign]
                 from coordinator.errors import NoQuorumError
 
                 with pytest.raises(NoQuorumError) as err:

@@ -158,7 +158,7 @@ def test_old_schema_is_migrated() -> None:
     )
     rep = decode_replica("a", {"data": {"envelope.json": text}}, "configmap")
     assert isinstance(rep.envelope, StateEnvelope)
-    assert rep.envelope.schema_ == 1 and rep.envelope.history[0].keys == []
+    assert rep.envelope.schema_ == 2 and rep.envelope.history[0].keys == []
 
 
 def test_size_limit() -> None:

@@ -65,33 +65,52 @@ def _write_text(report: Any) -> None:
     table(["cluster", "outcome", "detail"], [[k, str(r.outcome), r.detail] for k, r in sorted(report.results.items())])
     if report.lagging:
         say(f"Lagging: {', '.join(report.lagging)}; the next read or `state sync` repairs them.")
+    for k, path in sorted(report.saved.items()):
+        say(f"The replica on {k} was saved to {path} before it was overwritten.")
 
 
 def _write_doc(report: Any) -> dict[str, Any]:
-    return {
+    doc = {
         "deployment": report.deployment,
+        "outcome": report.outcome,
         "version": report.version,
         "token": report.token,
+        "write_id": report.write_id,
         "quorum": report.quorum,
         "confirmed": report.confirmed,
+        "promised": report.promised,
         "clusters": [
             {"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(report.results.items())
         ],
     }
+    if report.saved:
+        doc["saved"] = report.saved
+    return doc
 
 
-def _emit_write(ctx: click.Context, fn: Any, deployment: str) -> None:
+def _emit_write(
+    ctx: click.Context,
+    fn: Any,
+    deployment: str,
+    *,
+    notes: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
     from coordinator.errors import CoordinatorError
 
     try:
         report = _with_state(ctx, deployment, fn)
     except CoordinatorError as err:
         if err.payload is not None and hasattr(err.payload, "confirmed"):
-            emit(
-                ctx, _write_doc(err.payload) | {"outcome": "unknown" if err.exit_code == 4 else "refused"}, lambda: None
-            )
+            emit(ctx, _write_doc(err.payload) | (extra or {}), lambda: None)
         raise
-    emit(ctx, _write_doc(report), lambda: _write_text(report))
+
+    def text() -> None:
+        _write_text(report)
+        for line in notes or []:
+            say(line)
+
+    emit(ctx, _write_doc(report) | (extra or {}), text)
 
 
 @click.group()
@@ -182,7 +201,11 @@ def apply(ctx: click.Context, deployment: str, path: str, lock_id: str | None) -
 @click.argument("deployment")
 @click.pass_context
 def diff(ctx: click.Context, deployment: str) -> None:
-    """Per-cluster version, token and checksum; which replicas are behind or corrupt.
+    """Per-cluster stamp (token/version/write id) and checksum, against the value a read returns.
+
+    current: holds it; behind: an older stamp (a read or `state sync` repairs it);
+    suspect: a token no lease of a majority has seen (`state sync --from` decides);
+    conflict: other data under the same stamp (edited by hand); corrupt; absent.
 
     Example: coordinator state diff payments
     """
@@ -190,16 +213,67 @@ def diff(ctx: click.Context, deployment: str) -> None:
 
     def text() -> None:
         table(
-            ["cluster", "status", "version", "token", "checksum", "detail"],
+            ["cluster", "status", "version", "token", "write id", "checksum", "detail"],
             [
-                [r["name"], r["status"], r["version"], r["token"], (r["checksum"] or "")[:19], r["detail"] or ""]
+                [
+                    r["name"],
+                    r["status"],
+                    r["version"],
+                    r["token"],
+                    (r["write_id"] or "")[:8],
+                    (r["checksum"] or "")[:19],
+                    (r["detail"] or "") + (f" (promised {r['promised']})" if r["promised"] else ""),
+                ]
                 for r in rows
             ],
         )
-        if all(r["status"] == "current" for r in rows):
-            say("All replicas are equal.")
+        for line in diff_summary(rows, deployment):
+            say(line)
 
     emit(ctx, rows, text)
+
+
+def diff_summary(rows: list[dict[str, Any]], deployment: str) -> list[str]:
+    """What `state diff` concludes: "equal" only when every replica holds the same stamp
+    and the same checksum."""
+    stamps = {(r["token"], r["version"], r["write_id"]) for r in rows}
+    sums = {r["checksum"] for r in rows}
+    if all(r["status"] == "current" for r in rows) and len(stamps) == 1 and len(sums) == 1:
+        return ["All replicas are equal."]
+    if all(r["status"] == "empty" for r in rows):
+        return ["No replica holds any state yet."]
+    lines = []
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(r["status"], []).append(r["name"])
+    if by.get("behind") or by.get("absent"):
+        data = {r["checksum"] for r in rows if r["status"] in ("current", "behind")}
+        what = "different data" if len(data) > 1 else "the same data under older stamps"
+        lines.append(
+            f"Replicas differ: {', '.join(by.get('behind', []) + by.get('absent', []))} "
+            f"{'is' if len(by.get('behind', []) + by.get('absent', [])) == 1 else 'are'} behind ({what}); "
+            f"the next read or `coordinator state sync {deployment}` repairs them."
+        )
+    for status, advice in (
+        (
+            "suspect",
+            f"never read or repaired; `coordinator state sync {deployment} --from CLUSTER` adopts or "
+            "overwrites them deliberately, under the lock",
+        ),
+        ("conflict", f"`coordinator state sync {deployment} --from CLUSTER` adopts one deliberately"),
+        ("corrupt", f"`coordinator state sync {deployment}` saves and overwrites them"),
+        ("newer-schema", "upgrade coordinator"),
+    ):
+        if by.get(status):
+            lines.append(f"{status.capitalize()}: {', '.join(by[status])}; {advice}.")
+    unseen = [
+        r["name"]
+        for r in rows
+        if r["status"] not in ("current", "behind", "absent", "empty", "suspect", "conflict", "corrupt", "newer-schema")
+    ]
+    if unseen:
+        lines.append(f"Not read: {', '.join(unseen)}; they are not known to be equal.")
+    return lines or ["Replicas differ."]
 
 
 @state.command("sync")
@@ -208,15 +282,32 @@ def diff(ctx: click.Context, deployment: str) -> None:
     "--backup-dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Where to save corrupt replicas before overwriting them.",
+    help="Where to save replicas before overwriting them (corrupt ones; suspect ones with --from).",
 )
+@click.option(
+    "--from",
+    "source",
+    default=None,
+    metavar="CLUSTER",
+    help="Adopt CLUSTER's replica (suspect or not) as a new version on every member, overwriting "
+    "suspect replicas; under the lock, with an audit entry.",
+)
+@_lock_id
 @click.pass_context
-def sync(ctx: click.Context, deployment: str, backup_dir: str | None) -> None:
-    """Bring every reachable replica to the winning version (saving corrupt ones first).
+def sync(ctx: click.Context, deployment: str, backup_dir: str | None, source: str | None, lock_id: str | None) -> None:
+    """Bring every reachable replica to the value a read returns (saving corrupt ones first).
+
+    Suspect replicas are left alone; --from CLUSTER adopts one cluster's data deliberately.
 
     Example: coordinator state sync payments
     """
-    out = _with_state(ctx, deployment, lambda s: s.sync(Path(backup_dir) if backup_dir else None))
+    folder = Path(backup_dir) if backup_dir else None
+    if source is not None:
+        _emit_write(
+            ctx, lambda s: s.adopt(source, lock=lock_id, backup_dir=folder), deployment, extra={"adopted_from": source}
+        )
+        return
+    out = _with_state(ctx, deployment, lambda s: s.sync(folder))
 
     def text() -> None:
         say(
@@ -227,6 +318,11 @@ def sync(ctx: click.Context, deployment: str, backup_dir: str | None) -> None:
             say(f"Corrupt replica on {k} saved to {p} before it was overwritten.")
         for k, why in out["failed"].items():
             say(f"Could not repair {k}: {why}")
+        for k, why in out["suspect"].items():
+            say(
+                f"Suspect replica on {k} left alone: {why}. `coordinator state sync {deployment} --from CLUSTER` "
+                "adopts or overwrites it."
+            )
         if out["unreachable"]:
             say(f"Not reached: {', '.join(out['unreachable'])}.")
 

@@ -1,0 +1,399 @@
+"""The pure rules of the state register (coordinator.register), case by case."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from coordinator import register as reg
+from coordinator.errors import UsageError
+from coordinator.models import STATE_SCHEMA, StateEnvelope
+from coordinator.register import NO_STAMP, Delivery, Kind, Replica, Stamp
+
+NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+
+
+def envelope(data: dict[str, Any], stamp: Stamp, *, base: StateEnvelope | None = None) -> tuple[StateEnvelope, str]:
+    return reg.build_envelope(
+        base,
+        data,
+        stamp,
+        who="me",
+        host="h",
+        command="test",
+        now=NOW,
+        members=["c1", "c2", "c3"],
+        member_ids={},
+        namespace="ns",
+        storage="configmap",
+        keys=sorted(data),
+    )
+
+
+def replica(
+    cluster: str,
+    data: dict[str, Any] | None = None,
+    stamp: Stamp | None = None,
+    *,
+    promise: Stamp | None = None,
+    storage: str = "configmap",
+) -> Replica:
+    """A replica as it would be read back after the writes that made it."""
+    rep = Replica(cluster, exists=False)
+    obj = None
+    if promise is not None or data is not None:
+        obj = reg.build_object(rep, name="s", deployment="d", storage=storage, promise=promise or stamp or NO_STAMP)
+        if promise is None:
+            obj["metadata"]["annotations"].pop(reg.PROMISE_ANNOTATION)
+    if data is not None:
+        assert stamp is not None
+        _env, text = envelope(data, stamp)
+        obj = reg.build_object(
+            reg.decode_replica(cluster, obj, storage),
+            name="s",
+            deployment="d",
+            storage=storage,
+            promise=max(promise or NO_STAMP, stamp),
+            envelope_text=text,
+        )
+        if promise is None:
+            obj["metadata"]["annotations"].pop(reg.PROMISE_ANNOTATION)
+    if obj is not None:
+        obj["metadata"]["resourceVersion"] = "1"
+    return reg.decode_replica(cluster, obj, storage)
+
+
+# ------------------------------------------------------------------ stamps
+
+
+def test_stamps_are_ordered_by_token_then_version_then_write_id() -> None:
+    ordered = [
+        NO_STAMP,
+        Stamp(1, 1, "ff"),
+        Stamp(1, 2, "0a"),
+        Stamp(1, 2, "0b"),
+        Stamp(1, 10, "00"),
+        Stamp(2, 1, "00"),
+    ]
+    assert sorted(reversed(ordered)) == ordered
+    assert Stamp(1, 2, "0a") != Stamp(1, 2, "0b")  # equal (token, version) are different stamps
+
+
+def test_stamp_text_round_trip_and_garbage() -> None:
+    s = Stamp(3, 17, reg.new_write_id())
+    assert Stamp.parse(str(s)) == s
+    assert s.short() == f"3/17/{s.write_id[:8]}"
+    for bad in ("", "1/2", "1/2/3/4", "a/2/x", "-1/2/x", "1/2/UPPER", "1/2/", "1/2/" + "a" * 65):
+        with pytest.raises(ValueError):
+            Stamp.parse(bad)
+
+
+def test_write_ids_do_not_repeat_and_fit_the_envelope() -> None:
+    ids = {reg.new_write_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    _env, text = envelope({"a": 1}, Stamp(1, 1, ids.pop()))
+    assert json.loads(text)["write_id"]
+
+
+# ------------------------------------------------------------------ envelope
+
+
+def test_encode_decode_round_trip_for_both_storages() -> None:
+    stamp = Stamp(2, 5, reg.new_write_id())
+    for storage in ("configmap", "secret"):
+        rep = replica("c1", {"app": {"version": "1.10"}, "n": 3}, stamp, storage=storage)
+        assert rep.envelope is not None and rep.corrupt is None, rep.corrupt
+        assert rep.stamp == stamp and rep.reserved == stamp
+        assert rep.envelope.data == {"app": {"version": "1.10"}, "n": 3}
+        assert rep.envelope.schema_ == STATE_SCHEMA
+        assert rep.envelope.history[-1].write_id == stamp.write_id
+    raw = replica("c1", {"x": 1}, stamp, storage="secret").obj["data"][reg.DATA_KEY]
+    assert json.loads(base64.b64decode(raw))["token"] == 2  # the token stays a top-level integer
+
+
+def _legacy(data: dict[str, Any], *, token: int = 1, version: int = 2, schema: int | None = 1) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "version": version,
+        "token": token,
+        "checksum": reg.checksum(data),
+        "written_by": "x",
+        "written_at": "2026-01-01T00:00:00Z",
+        "members": ["c1"],
+        "data": data,
+        "history": [{"at": "2026-01-01T00:00:00Z", "who": "x", "host": "h", "command": "c", "version": 1, "token": 1}],
+    }
+    if schema is not None:
+        doc["schema"] = schema
+    return doc
+
+
+def _decode_doc(doc: dict[str, Any], cluster: str = "c1") -> Replica:
+    return reg.decode_replica(cluster, {"metadata": {}, "data": {reg.DATA_KEY: json.dumps(doc)}}, "configmap")
+
+
+def test_schema_0_and_1_envelopes_are_migrated_with_a_write_id_from_their_checksum() -> None:
+    for schema in (None, 1):
+        four = _decode_doc(_legacy({"replicas": 4}, schema=schema))
+        five = _decode_doc(_legacy({"replicas": 5}, schema=schema))
+        assert four.envelope is not None and five.envelope is not None
+        assert four.envelope.schema_ == STATE_SCHEMA
+        assert four.envelope.history[0].keys == []
+        # The old bug: one (token, version) for two documents. Migrated, they are two stamps.
+        assert four.order == five.order == (1, 2)
+        assert four.stamp != five.stamp
+        assert four.stamp == _decode_doc(_legacy({"replicas": 4}, schema=schema)).stamp  # same on every reader
+        assert four.stamp.write_id.startswith("legacy-")
+
+
+def test_decode_classifies_what_cannot_be_trusted() -> None:
+    good = replica("c1", {"x": 1}, Stamp(1, 1, "ab"))
+    assert good.envelope is not None
+    assert not reg.decode_replica("c1", None, "configmap").exists
+    cases = {
+        "no-key": ({"metadata": {}, "data": {}}, reg.DATA_KEY),
+        "not-json": ({"data": {reg.DATA_KEY: "{nope"}}, "not JSON"),
+        "list": ({"data": {reg.DATA_KEY: "[1]"}}, "not a JSON object"),
+        "fields": ({"data": {reg.DATA_KEY: '{"version": 1}'}}, "invalid envelope"),
+        "bad-write-id": ({"data": {reg.DATA_KEY: json.dumps(_legacy({}, schema=2) | {"write_id": "NO!"})}}, "write_id"),
+        "negative-token": ({"data": {reg.DATA_KEY: json.dumps(_legacy({}, token=-1))}}, "token"),
+        "edited": ({"data": {reg.DATA_KEY: json.dumps(_legacy({"a": 1}) | {"data": {"a": 2}})}}, "checksum mismatch"),
+        "promise": (
+            {"metadata": {"annotations": {reg.PROMISE_ANNOTATION: "soon"}}, "data": good.obj["data"]},
+            "not a stamp",
+        ),
+        "secret": ({"data": {reg.DATA_KEY: "%%%"}}, "base64"),
+    }
+    for name, (obj, words) in cases.items():
+        rep = reg.decode_replica("c1", obj, "secret" if name == "secret" else "configmap")
+        assert rep.corrupt and words in rep.corrupt, (name, rep.corrupt)
+        assert rep.envelope is None
+    newer = _decode_doc(_legacy({}, schema=STATE_SCHEMA + 1))
+    assert newer.newer_schema == STATE_SCHEMA + 1 and newer.envelope is None and newer.corrupt is None
+
+
+def test_a_promise_without_data_is_neither_corrupt_nor_a_value() -> None:
+    rep = replica("c1", promise=Stamp(1, 2, "ab"))
+    assert rep.exists and rep.corrupt is None and rep.envelope is None
+    assert rep.stamp == NO_STAMP and rep.reserved == Stamp(1, 2, "ab")
+    # The object a promise creates still has an envelope with an integer token (0), for
+    # whoever reads state objects for tokens; it stands for the empty state.
+    for storage in ("configmap", "secret"):
+        obj = reg.build_object(Replica("c1", exists=False), name="s", deployment="d", storage=storage, promise=S1)
+        raw = obj["data"][reg.DATA_KEY]
+        doc = json.loads(base64.b64decode(raw) if storage == "secret" else raw)
+        assert doc["token"] == 0 and doc["version"] == 0 and doc["data"] == {}
+        rep = reg.decode_replica("c1", obj, storage)
+        assert rep.exists and rep.envelope is None and rep.corrupt is None and rep.promise == S1
+    # so an object without an envelope was edited by hand, promise or not: it is corrupt
+    bare = {"metadata": {"annotations": {reg.PROMISE_ANNOTATION: str(S1)}}, "data": {"other": "x"}}
+    assert reg.DATA_KEY in (reg.decode_replica("c1", bare, "configmap").corrupt or "")
+
+
+def test_build_object_keeps_foreign_metadata_and_touches_data_only_when_writing() -> None:
+    rep = replica("c1", {"x": 1}, Stamp(1, 1, "ab"))
+    rep.obj["metadata"]["labels"]["team"] = "a"
+    rep.obj["metadata"]["annotations"] = {"note": "keep me"}
+    promised = reg.build_object(rep, name="s", deployment="d", storage="configmap", promise=Stamp(1, 2, "cd"))
+    assert promised["data"] == rep.obj["data"]
+    assert promised["metadata"]["labels"]["team"] == "a"
+    assert promised["metadata"]["annotations"] == {"note": "keep me", reg.PROMISE_ANNOTATION: "1/2/cd"}
+    assert promised["metadata"]["resourceVersion"] == "1"  # the compare-and-swap precondition
+    assert rep.obj["metadata"]["annotations"] == {"note": "keep me"}  # the replica read is not changed
+
+
+def test_size_limit_and_history_trimming() -> None:
+    reg.check_size("x" * 1000, "configmap")
+    with pytest.raises(UsageError) as err:
+        reg.check_size("x" * (reg.ENVELOPE_LIMIT + 1), "configmap")
+    assert f"{reg.ENVELOPE_LIMIT:,}" in err.value.message
+    with pytest.raises(UsageError):
+        reg.check_size("x" * (reg.ENVELOPE_LIMIT - 10), "secret")  # base64 grows it by a third
+    env, _ = envelope({"n": 0}, Stamp(1, 1, "aa"))
+    for i in range(2, 80):
+        env, text = envelope({"n": i}, Stamp(1, i, "aa"), base=env)
+    assert len(env.history) == 50 and env.history[-1].version == 79
+    big, text = envelope({"blob": "x" * 900_000}, Stamp(1, 80, "aa"), base=env)
+    assert len(text.encode()) <= reg.ENVELOPE_LIMIT and big.history[-1].version == 80
+
+
+# ------------------------------------------------------------------ what a replica takes
+
+
+S1, S2, S3 = Stamp(1, 1, "aa"), Stamp(1, 2, "aa"), Stamp(1, 3, "aa")
+
+
+@pytest.mark.parametrize(
+    ("held", "promised", "kind", "stamp", "accept", "done"),
+    [
+        # promises: only newer than anything held or promised
+        (None, None, Kind.PROMISE, S1, True, False),
+        (S1, None, Kind.PROMISE, S2, True, False),
+        (S2, None, Kind.PROMISE, S2, False, False),
+        (S2, None, Kind.PROMISE, S1, False, False),
+        (S1, S3, Kind.PROMISE, S2, False, False),
+        (S1, S2, Kind.PROMISE, S2, True, True),  # our own promise, seen again on a retry
+        (S1, S2, Kind.PROMISE, Stamp(1, 2, "ab"), True, False),  # equal (token, version), newer id
+        (S1, S2, Kind.PROMISE, Stamp(1, 2, "a0"), False, False),
+        # writes: newer than held, not older than promised
+        (S1, S2, Kind.WRITE, S2, True, False),
+        (S1, S3, Kind.WRITE, S2, False, False),
+        (S2, S2, Kind.WRITE, S2, True, True),
+        (S3, S3, Kind.WRITE, S2, False, False),
+        (None, None, Kind.WRITE, S1, True, False),
+        (S1, None, Kind.WRITE, Stamp(1, 1, "ab"), True, False),
+        (S1, None, Kind.WRITE, Stamp(1, 1, "a0"), False, False),
+        # repairs: newer than held; promises do not hold them up
+        (S1, S3, Kind.REPAIR, S2, True, False),
+        (S2, None, Kind.REPAIR, S2, True, True),
+        (S3, None, Kind.REPAIR, S2, False, False),
+        # deliberate overwrites take anything
+        (S3, Stamp(9, 9, "ff"), Kind.OVERWRITE, S2, True, False),
+    ],
+)
+def test_judge(held: Stamp | None, promised: Stamp | None, kind: Kind, stamp: Stamp, accept: bool, done: bool) -> None:
+    rep = replica("c1", {"v": str(held)} if held else None, held, promise=promised)
+    verdict = reg.judge(rep, stamp, kind)
+    assert (verdict.accept, verdict.done) == (accept, done), verdict
+    if not accept:
+        assert verdict.reason.startswith("refused")
+
+
+def test_judge_corrupt_and_newer_schema() -> None:
+    corrupt = reg.decode_replica("c1", {"data": {reg.DATA_KEY: "{nope"}}, "configmap")
+    assert reg.judge(corrupt, S1, Kind.WRITE).accept  # a writer saved it to a file first
+    assert reg.judge(corrupt, S1, Kind.PROMISE).accept
+    refused = reg.judge(corrupt, S1, Kind.REPAIR)
+    assert not refused.accept and "state sync" in refused.reason
+    newer = _decode_doc(_legacy({}, schema=STATE_SCHEMA + 1))
+    for kind in Kind:
+        assert not reg.judge(newer, S1, kind).accept
+
+
+def test_fencing_refusal_names_the_token() -> None:
+    rep = replica("c1", {"v": 1}, Stamp(5, 1, "aa"))
+    assert "fencing token 5 > 3" in reg.judge(rep, Stamp(3, 9, "aa"), Kind.WRITE).reason
+
+
+def test_promises_only_rise_except_on_a_deliberate_overwrite() -> None:
+    rep = replica("c1", {"v": 1}, S1, promise=S3)
+    assert reg.promise_after(rep, S2, Kind.REPAIR) == S3
+    assert reg.promise_after(rep, Stamp(2, 1, "aa"), Kind.WRITE) == Stamp(2, 1, "aa")
+    assert reg.promise_after(rep, S2, Kind.OVERWRITE) == S2
+
+
+# ------------------------------------------------------------------ evidence
+
+
+def test_lease_evidence_needs_a_majority_of_leases_with_a_token() -> None:
+    assert reg.lease_evidence([3, 3, 0], 2) == 3
+    assert reg.lease_evidence([3, 4, 2], 2) == 4
+    assert reg.lease_evidence([3, 0, 0], 2) is None  # leases deleted: no evidence, no suspects
+    assert reg.lease_evidence([], 1) is None
+
+
+def test_a_token_above_the_leases_is_suspect() -> None:
+    forged = replica("c1", {"v": "forged"}, Stamp(1000, 2, "aa"))
+    assert "1000" in (reg.suspicion(forged, 3) or "") and "3" in (reg.suspicion(forged, 3) or "")
+    assert reg.suspicion(forged, None) is None
+    assert reg.suspicion(replica("c1", {"v": 1}, Stamp(3, 9, "aa")), 3) is None
+    promised = replica("c1", {"v": 1}, S1, promise=Stamp(1000, 1, "aa"))
+    assert "promised fencing token 1000" in (reg.suspicion(promised, 3) or "")
+
+
+# ------------------------------------------------------------------ reads
+
+
+def test_choose_the_newest_trusted_and_repair_the_rest() -> None:
+    reps = {
+        "c1": replica("c1", {"v": 4}, Stamp(1, 2, "ff")),
+        "c2": replica("c2", {"v": 5}, Stamp(1, 3, "00")),
+        "c3": replica("c3", {"v": 3}, Stamp(1, 1, "aa"), promise=Stamp(1, 4, "bb")),
+        "c4": replica("c4"),
+        "c5": replica("c5", promise=Stamp(1, 2, "ff")),
+    }
+    choice = reg.choose(reps, 1)
+    assert choice.winner is reps["c2"] and choice.top == Stamp(1, 3, "00")
+    assert choice.current == ["c2"] and choice.stale == ["c1", "c3", "c4", "c5"]
+    assert not (choice.suspect or choice.corrupt or choice.conflict)
+
+
+def test_choose_never_returns_or_repairs_a_suspect() -> None:
+    reps = {
+        "c1": replica("c1", {"v": "forged"}, Stamp(1000, 9, "aa")),
+        "c2": replica("c2", {"v": 3}, Stamp(3, 4, "aa")),
+        "c3": replica("c3", {"v": 2}, Stamp(3, 3, "aa")),
+    }
+    choice = reg.choose(reps, 3)
+    assert choice.winner is reps["c2"]
+    assert list(choice.suspect) == ["c1"] and choice.stale == ["c3"]
+    # with no lease evidence (leases deleted), nothing is suspect
+    assert reg.choose(reps, None).winner is reps["c1"]
+
+
+def test_choose_refuses_different_data_under_one_stamp() -> None:
+    same = Stamp(1, 2, "aa")
+    reps = {
+        "c1": replica("c1", {"v": 4}, same),
+        "c2": replica("c2", {"v": 5}, same),
+        "c3": replica("c3", {"v": 3}, S1),
+    }
+    choice = reg.choose(reps, 1)
+    assert choice.winner is None and choice.conflict == ["c1", "c2"]
+    # the same data under two stamps is no conflict: the newer stamp wins
+    twice = {"c1": replica("c1", {"v": 4}, Stamp(1, 2, "aa")), "c2": replica("c2", {"v": 4}, Stamp(1, 3, "aa"))}
+    assert reg.choose(twice, 1).winner is twice["c2"]
+
+
+def test_choose_leaves_corrupt_ones_out() -> None:
+    reps = {
+        "c1": reg.decode_replica("c1", {"data": {reg.DATA_KEY: "{nope"}}, "configmap"),
+        "c2": replica("c2", {"v": 1}, S1),
+    }
+    choice = reg.choose(reps, 1)
+    assert choice.winner is reps["c2"] and list(choice.corrupt) == ["c1"] and choice.stale == []
+
+
+# ------------------------------------------------------------------ writes
+
+
+def test_a_new_version_is_above_every_version_promised() -> None:
+    """The issue's step 3: the write of 4 landed on c1 only, which is now out of sight;
+    c2 and c3 hold version 1 and the promise of version 2. The write of 5 takes 3."""
+    seen = [
+        replica("c2", {"replicas": 3}, S1, promise=Stamp(1, 2, "ff")),
+        replica("c3", {"replicas": 3}, S1, promise=Stamp(1, 2, "ff")),
+    ]
+    stamp = reg.next_stamp(seen, 1, 1, "00")
+    assert stamp == Stamp(1, 3, "00") and stamp > Stamp(1, 2, "ff")
+    # Without promises the version would be 2 again, and the order left to the ids.
+    assert max(r.stamp.version for r in seen) + 1 == 2
+
+
+def test_next_stamp_and_fencing_ignore_suspects() -> None:
+    reps = [replica("c1", {"v": 1}, Stamp(1000, 50, "aa")), replica("c2", {"v": 1}, Stamp(3, 4, "aa"))]
+    assert reg.next_stamp(reps, 3, 3, "bb") == Stamp(3, 5, "bb")
+    assert reg.newer_token(reps, 3, 3) is None
+    assert reg.newer_token(reps, 3, None) == 1000
+    assert reg.newer_token([replica("c1", promise=Stamp(4, 1, "aa"))], 3, 4) == 4  # a newer holder promised
+
+
+@pytest.mark.parametrize(
+    ("deliveries", "outcome"),
+    [
+        ("CCC", "ok"),
+        ("CCR", "ok"),
+        ("CRR", "unknown"),  # landed on one: it may surface
+        ("RRR", "nothing"),
+        ("RRU", "unknown"),  # no answer: it may have landed
+        ("UUU", "unknown"),
+        ("CC", "ok"),
+    ],
+)
+def test_write_outcome(deliveries: str, outcome: str) -> None:
+    kinds = {"C": Delivery.CONFIRMED, "R": Delivery.REFUSED, "U": Delivery.UNANSWERED}
+    q = 2
+    assert reg.write_outcome({f"c{i}": kinds[d] for i, d in enumerate(deliveries)}, q) == outcome
