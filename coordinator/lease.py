@@ -276,12 +276,13 @@ class LeaseView:
         ann = (self.obj.get("metadata") or {}).get("annotations") or {}
         return (
             self.exists,
+            self.uid,  # a lease deleted and recreated (a new tombstone) is a new sighting
             self.lock_id,
             spec.get("renewTime"),
             spec.get("acquireTime"),
             spec.get("leaseDurationSeconds"),
             ann.get(A_TOKEN),
-            self.vanished,
+            ann.get(A_VANISHED),
         )
 
     def broken_for(self, lock_id: str) -> bool:
@@ -495,6 +496,13 @@ def renew_verdict(view: LeaseView, lock_id: str) -> RenewVerdict:
     if view.held:
         return RenewVerdict.TAKEN
     return RenewVerdict.GONE
+
+
+def token_taken(view: LeaseView, lock_id: str, token: int) -> bool:
+    """Has ``token`` (or a later one) already been used on this lease by another lock
+    id? Then an attempt with ``token`` must not take it: two attempts that read the same
+    leases choose the same token, and a lease freed by the first keeps its token."""
+    return view.lock_id != lock_id and view.token >= token
 
 
 def history_known(view: LeaseView) -> bool:

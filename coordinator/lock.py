@@ -129,6 +129,7 @@ from coordinator.lease import (
     remaining_validity,
     renew_verdict,
     standing,
+    token_taken,
 )
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, LEGACY, Check, Membership, Stored, Verdict
@@ -1022,7 +1023,7 @@ class LockEngine:
                     detail=f"the lease's {A_TOKEN} annotation is not a whole number; "
                     "`coordinator lock break` rewrites it",
                 )
-            if view.token > token:
+            if token_taken(view, lock_id, token):
                 return ClusterResult(
                     cluster,
                     Outcome.CONFLICT,

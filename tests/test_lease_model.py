@@ -1196,10 +1196,10 @@ def test_simulated_server_keeps_managed_fields_as_described() -> None:
     assert copied.lock_id == "p0-L1" and copied.own_write is not None and not copied.verified
 
 
-# lock.py's `_take_one` today refuses a lease whose token is *higher* than the attempt's
-# (`view.token > token`); an equal token under another lock id is taken. Mirrored here;
-# when lock.py refuses that too, set this to "strict" and drop the xfail below.
-ENGINE_TOKEN_CHECK = "engine"
+# lock.py's `_take_one` refuses a lease whose token is the attempt's own or higher under
+# another lock id (lease.token_taken). It used to refuse only a higher one ("engine",
+# kept in the model to show the race below); "strict" mirrors the engine today.
+ENGINE_TOKEN_CHECK = "strict"
 
 
 @pytest.mark.parametrize("n", [3, 5])
@@ -1224,15 +1224,14 @@ RACE = [
 ]
 
 
-@pytest.mark.xfail(
-    ENGINE_TOKEN_CHECK == "engine",
-    strict=True,
-    raises=TokenNotRising,
-    reason="lock.py `_take_one` takes a freed lease carrying the attempt's own token (view.token > token "
-    "only): two concurrent attempts that read token 0 both get token 1 once the first frees its leases",
-)
-def test_engine_takes_a_lease_carrying_its_own_token() -> None:
+def test_the_engine_refuses_a_lease_carrying_its_own_token() -> None:
     replay(machine(3, NEW, EVERYTHING, token_check=ENGINE_TOKEN_CHECK), RACE)
+
+
+def test_the_old_take_rule_gives_one_token_twice() -> None:
+    """What the engine did before (refuse only a higher token): the race repeats token 1."""
+    with pytest.raises(TokenNotRising):
+        replay(machine(3, NEW, EVERYTHING, token_check="engine"), RACE)
 
 
 def test_engine_takes_a_lease_carrying_its_own_token_is_refused_when_strict() -> None:
@@ -1352,12 +1351,6 @@ TOMBSTONE_STEPS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TwoHolders,
-    reason="lease.py: LeaseView.fingerprint does not tell two tombstones apart (same fields, same floor "
-    "token), so local observation of a stripped tombstone continues an older tombstone's sighting",
-)
 def test_lazy_state_stripped_tombstone_keeps_its_holder() -> None:
     replay(machine(3, NEW, EVERYTHING, token_check="strict", state_writes="by-holder"), TOMBSTONE_STEPS)
 
