@@ -490,7 +490,7 @@ def lone(sandbox3: Any, tmp_path: Path) -> Env:
 def test_local_delete_then_import_from_the_state(lone: Env, tmp_path: Path) -> None:
     name = lone.deployment
     ok(lone, "lock", "acquire", name)
-    ok(lone, "state", "set", name, "replicas=3")
+    ok(lone, "state", "set", name, "replicas:=3")
     ok(lone, "lock", "release", name)
     before = [_tool_objects(lone, i) for i in (1, 2, 3)]
 
@@ -640,7 +640,7 @@ def test_kubeconfig_with_several_paths_works(sandbox3: Any, tmp_path: Path) -> N
     ok(env, "deployment", "create", "web", "-n", ns, "--cluster", "c1", "--cluster", "c2", "--cluster", "c3",
        extra=split)
     ok(env, "lock", "acquire", "web", extra=split)
-    ok(env, "state", "set", "web", "v=1", extra=split)
+    ok(env, "state", "set", "web", "v:=1", extra=split)
     assert doc(env, "state", "get", "web", extra=split) == {"v": "1"}
     status = doc(env, "lock", "status", "web", extra=split)
     assert status["held_by_majority"] and {c["status"] for c in status["clusters"]} == {"held"}
