@@ -132,7 +132,7 @@ from coordinator.lease import (
     token_taken,
 )
 from coordinator.logs import get_logger
-from coordinator.membership import A_MEMBERSHIP, LEGACY, Check, Membership, Stored, Verdict
+from coordinator.membership import A_MEMBERSHIP, Check, Membership, Stored, Verdict, stored_in_lease
 from coordinator.membership import check as check_membership
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
@@ -382,12 +382,7 @@ class LockEngine:
         """What one member's lease says about the member set: nothing when it is missing
         or a tombstone (a tombstone is written by whoever found the lease missing, so it
         proves nothing), LEGACY for a lease from before stored member sets."""
-        if not view.exists or view.vanished:
-            return None
-        raw = ((view.obj.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP)
-        if raw is None:
-            return LEGACY
-        return Membership.parse(raw)
+        return stored_in_lease(view)
 
     def _token(self, reads: Mapping[str, LeaseView], state_tokens: list[int] | None) -> int | None:
         """The new fencing token from these reads (see lease.next_token), with "a
@@ -809,7 +804,10 @@ class LockEngine:
                 views = list(reads.values())  # more reads may have landed meanwhile
                 stored = {c: self.stored_membership(v) for c, v in reads.items()}
                 for c, (_, kept) in evidence.items():
-                    if stored.get(c) is None and kept is not None:
+                    # an envelope's set counts when it is ours or newer; envelopes keep the
+                    # set of their last write, so an older epoch says nothing
+                    usable = isinstance(kept, Membership) and kept.epoch >= self.membership.epoch
+                    if stored.get(c) is None and usable:
                         stored[c] = kept
                 verdict = self.check_members(stored)
                 # The state only knows tokens that wrote it; a surviving lease that was

@@ -208,3 +208,15 @@ def conflicts_only(result: Check) -> bool:
     """For commands that only read or give back (status, release, break): stop on a
     conflicting stored set, but not merely because confirmation is missing."""
     return result.verdict is Verdict.CONFLICT
+
+
+def stored_in_lease(view: Any) -> Stored:
+    """What one member's lease (a ``lease.LeaseView``) says about the member set: nothing
+    when it is missing or a tombstone (written by whoever found the lease missing, it
+    proves nothing), LEGACY for a lease from before stored member sets."""
+    if view is None or not view.exists or view.vanished:
+        return None
+    raw = ((view.obj.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP)
+    if raw is None:
+        return LEGACY
+    return Membership.parse(raw)

@@ -195,6 +195,7 @@ def build_envelope(
     storage: str | None,
     keys: list[str],
     note: str | None = None,
+    membership: dict[str, Any] | None = None,
 ) -> tuple[StateEnvelope, str]:
     """The envelope a write sends, and its text; the audit log keeps the newest entries
     that fit the object (at least the new one)."""
@@ -227,6 +228,9 @@ def build_envelope(
         data=data,
         history=history[-HISTORY_LIMIT:],
     )
+    if membership is not None:
+        # the member set by identity with its epoch, as the leases store it (an extra field)
+        setattr(env, "membership", membership)  # noqa: B010 - an extra field of the model
     text = encode_envelope(env)
     while len(text.encode()) > ENVELOPE_LIMIT and len(env.history) > 1:
         env.history = env.history[len(env.history) // 2 :]

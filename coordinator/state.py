@@ -39,7 +39,7 @@ import anyio
 
 from coordinator import quorum
 from coordinator.clusters import ClusterSet, failed
-from coordinator.errors import IdentityMismatchError, NoQuorumError, StateConflictError, UsageError
+from coordinator.errors import IdentityMismatchError, MembershipError, NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -53,6 +53,8 @@ from coordinator.kube.resources import (
 )
 from coordinator.lock import LeaseView, default_holder, first_kube_error
 from coordinator.logs import get_logger
+from coordinator.membership import Membership, Verdict, stored_in_lease
+from coordinator.membership import check as check_membership
 from coordinator.models import STATE_SCHEMA, AuditEntry, DeploymentRecord, LockRecord, StateEnvelope
 from coordinator.outcome import Outcome
 from coordinator.register import (
@@ -270,6 +272,13 @@ class StateClient:
         self.members = list(deployment.clusters)
         self.n = len(self.members)
         self.q = quorum.quorum_size(self.n)
+        # The member set this machine's record names, by identity, as the leases store it.
+        joint = getattr(deployment, "joint", None)
+        self.membership = Membership.of(
+            (clusters.record(m).identity for m in self.members),
+            getattr(deployment, "epoch", 1),
+            [clusters.record(m).identity for m in joint] if joint else None,
+        )
         self.name = state_name(deployment.name)
         self.storage = deployment.storage
         base = secrets_path if self.storage == "secret" else configmaps_path
@@ -394,6 +403,16 @@ class StateClient:
         )
         return choose(_replicas(results), evidence), evidence
 
+    def _refuse_other_members(self, results: Mapping[str, ClusterResult[Observed]]) -> None:
+        """Stop when a member's lease stores another member set under the same or a newer
+        epoch: this machine's record is stale or divergent, and a majority counted over
+        it is no majority (exit 5, with the `deployment import` hint)."""
+        stored = {k: stored_in_lease(r.value.lease) for k, r in results.items() if r.ok and r.value}
+        verdict = check_membership(self.membership, {k: v for k, v in stored.items() if v is not None}, self.members)
+        if verdict.verdict is Verdict.CONFLICT:
+            names = {self.clusters.record(m).identity: m for m in self.members}
+            raise MembershipError(verdict.explain(self.dep.name, names))
+
     def _need_quorum(self, results: Mapping[str, ClusterResult[Any]], what: str) -> None:
         seen = [k for k, r in results.items() if r.ok]
         if len(seen) < self.q:
@@ -450,6 +469,7 @@ class StateClient:
             results = await self._read_all()
             choice, evidence = self._judge(results)
         self._need_quorum(results, "read")
+        self._refuse_other_members(results)
         self._refuse_conflict(choice, "read")
         winner = choice.winner
         report = ReadReport(
@@ -557,9 +577,16 @@ class StateClient:
         ``_token`` is for tests of fencing only: it skips the lease check and writes with
         the given token, as a holder whose lease was taken over in the meantime would.
         """
+        if getattr(self.dep, "joint", None):
+            raise StateConflictError(
+                f"A member change of {self.dep.name!r} (to {', '.join(self.dep.joint or [])}) is in progress: "
+                "run the same `coordinator deployment ...-cluster` command again to finish it before writing "
+                "the state. Nothing was written."
+            )
         lock_id = self._resolve_lock(lock)
         results = await self._read_all(writing=True)
         self._need_quorum(results, "write")
+        self._refuse_other_members(results)
         seen = {k: r.value for k, r in results.items() if r.ok and r.value}
         reps = {k: o.replica for k, o in seen.items()}
         token = self._holder_token(seen, lock_id) if _token is None else _token
@@ -626,6 +653,7 @@ class StateClient:
             storage=self.storage,
             keys=changed_keys(old, new),
             note=note,
+            membership=self.membership.document(),
         )
         check_size(text, self.storage)
         saved = {

@@ -111,3 +111,18 @@ def test_check_rules() -> None:
     assert check(later_local, {"A": older, "B": later_local, "C": later_local}, members).verdict is Verdict.OK
     assert Membership.parse("nonsense") is None and Membership.parse('{"epoch": 0, "members": ["a"]}') is None
     assert Membership.parse(local.dump()) == local
+
+
+def test_state_commands_check_the_member_set_too(dep5: Env, tmp_path: Path) -> None:
+    made = dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2",
+                    "--cluster", "c3")
+    assert made.returncode == 0, made.stderr
+    lock = json.loads(_acquire(dep5, "pay", "y", "--ttl", "60s").stdout)
+    wrote = dep5.cli("state", "set", "pay", "release=1.2.0", "--lock-id", lock["lock_id"])
+    assert wrote.returncode == 0, wrote.stderr
+    lone = _second_machine(dep5, tmp_path, "pay", ["c1"])
+    read = lone.cli("state", "get", "pay")
+    assert read.returncode == 5, read.stderr
+    forged = lone.cli("state", "set", "pay", "release=0.0.1", "--lock-id", lock["lock_id"])
+    assert forged.returncode == 5, forged.stderr
+    assert dep5.cli("state", "get", "pay", "release").stdout.strip() == "1.2.0"
