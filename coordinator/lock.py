@@ -1354,6 +1354,41 @@ class LockEngine:
         if verdict.verdict is Verdict.CONFLICT:
             raise self.membership_error(verdict)
 
+    async def stored_sets(self) -> dict[str, str]:
+        """What each member's lease says about the member set, in words (for `deployment
+        show`): the epoch and the members by local name where they are connected here."""
+        names = {c.identity: c.name for c in self.clusters.config.clusters.values()}
+        order = {c.name: i for i, c in enumerate(self.clusters.config.clusters.values())}
+
+        def listed(identities: tuple[str, ...]) -> str:
+            named = sorted((names.get(i, f"?{i[:8]}") for i in identities), key=lambda n: order.get(n, len(order)))
+            return ", ".join(named)
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+            return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
+
+        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        out: dict[str, str] = {}
+        for member in self.members:
+            r = results.get(member)
+            if r is None or not r.ok or r.value is None or r.value.view is None:
+                out[member] = f"not read ({r.outcome if r else 'no answer'})"
+                continue
+            stored = self.stored_membership(r.value.view)
+            if stored is None:
+                out[member] = "nothing (lease missing or deleted)"
+            elif not isinstance(stored, Membership):
+                out[member] = "nothing (a lease from before stored member sets)"
+            else:
+                joint = f"; changing to {listed(stored.joint)}" if stored.joint else ""
+                same = " (as recorded here)" if stored == self.membership else ""
+                out[member] = f"epoch {stored.epoch}: {listed(stored.members)}{joint}{same}"
+        return out
+
     async def verify_members(self) -> None:
         """Read every member's lease and stop on a conflicting stored member set."""
 

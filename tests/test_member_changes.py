@@ -69,6 +69,8 @@ def test_add_then_remove_a_member(dep5: Env, tmp_path: Path) -> None:
     assert _replica_data(dep5, 4)["release"] == "1.2.0"  # the state was copied before c4 counted
     show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["epoch"] == 3 and show["clusters"] == ["c1", "c2", "c3", "c4"] and show["change_in_progress"] is None
+    stored = show["stored_member_sets"]
+    assert all(stored[f"c{i}"] == "epoch 3: c1, c2, c3, c4 (as recorded here)" for i in (1, 2, 3, 4)), stored
 
     refused = _acquire(stale)
     assert refused.returncode == 5, refused.stderr

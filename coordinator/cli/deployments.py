@@ -120,12 +120,32 @@ def show(ctx: click.Context, name: str) -> None:
 
     store = _store(ctx)
     cfg = store.load()
-    dep = Coordinator(cfg).deployment(name)
+    app = app_of(ctx)
+    c = Coordinator(cfg, timeout=app.timeout)
+    dep = c.deployment(name)
     doc = deployment_document(cfg, dep)
+
+    async def stored() -> dict[str, str]:
+        async with c:
+            return await c.lock_engine(name).stored_sets()
+
+    # What the members store (the member set that counts), beside this machine's record.
+    doc["stored_member_sets"] = run(stored)
     emit(
         ctx,
         doc,
-        lambda: table(["field", "value"], [[k, ",".join(v) if isinstance(v, list) else v] for k, v in doc.items()]),
+        lambda: table(
+            ["field", "value"],
+            [
+                [
+                    k,
+                    "; ".join(f"{m}: {t}" for m, t in v.items())
+                    if isinstance(v, dict)
+                    else (",".join(v) if isinstance(v, list) else v),
+                ]
+                for k, v in doc.items()
+            ],
+        ),
     )
 
 
