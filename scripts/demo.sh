@@ -57,7 +57,7 @@ run coordinator lock status payments
 step "Alice releases; Bob runs his deployment step under the lock"
 run coordinator lock release payments --holder alice
 run coordinator lock run payments --holder bob --reason "deploy 1.2.0" -- \
-    sh -c 'echo "child: lock $COORDINATOR_LOCK_ID, fencing token $COORDINATOR_FENCING_TOKEN"; coordinator state set payments replicas=3 app.version=1.2.0'
+    sh -c 'echo "child: lock $COORDINATOR_LOCK_ID, fencing token $COORDINATOR_FENCING_TOKEN"; coordinator state set payments replicas:=3 app.version=1.2.0'
 
 step "The state lives in the clusters; any reader gets it from a majority"
 run coordinator state get payments
@@ -67,7 +67,7 @@ step "Pause eu-1's API server (it accepts connections but never answers)"
 run coordinator sandbox pause 1 --dir "${work}/sandbox"
 export COORDINATOR_HOLDER=carol   # as a CI job would: its own holder id
 run coordinator --timeout 2s lock acquire payments --ttl 60s
-run coordinator --timeout 2s state set payments replicas=4
+run coordinator --timeout 2s state set payments replicas:=4
 run coordinator --timeout 2s lock status payments
 
 step "Resume it: eu-1 is behind until a read repairs it"

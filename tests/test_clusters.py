@@ -501,7 +501,7 @@ def test_local_delete_then_import_from_the_state(lone: Env, tmp_path: Path) -> N
     imported = doc(lone, "deployment", "import", name, "--cluster", "c2")
     assert imported == {"name": name, "namespace": lone.namespace, "clusters": ["c1", "c2", "c3"],
                         "source": "lock lease (member set epoch 1)"}
-    assert doc(lone, "state", "get", name) == {"replicas": "3"}
+    assert doc(lone, "state", "get", name) == {"replicas": 3}
 
     # Members are matched by identity, so a machine that named the clusters differently
     # gets its own names back.
@@ -641,7 +641,7 @@ def test_kubeconfig_with_several_paths_works(sandbox3: Any, tmp_path: Path) -> N
        extra=split)
     ok(env, "lock", "acquire", "web", extra=split)
     ok(env, "state", "set", "web", "v:=1", extra=split)
-    assert doc(env, "state", "get", "web", extra=split) == {"v": "1"}
+    assert doc(env, "state", "get", "web", extra=split) == {"v": 1}
     status = doc(env, "lock", "status", "web", extra=split)
     assert status["held_by_majority"] and {c["status"] for c in status["clusters"]} == {"held"}
     assert doc(env, "cluster", "info", "c1", extra=split)["identity_ok"] is True

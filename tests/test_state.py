@@ -37,13 +37,19 @@ def _lock(env: Any) -> str:
 
 def test_set_get_round_trip_and_history(dep3: Any) -> None:
     _lock(dep3)
-    proc = dep3.cli("state", "set", "web", "replicas=3", "app.version=1.2.0", "canary=true", "note=hello world")
+    proc = dep3.cli("state", "set", "web", "replicas:=3", "app.version=1.2.0", "canary:=true", "note=hello world")
     assert proc.returncode == 0, proc.stderr
     assert "version 1" in proc.stdout
     assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {
-        "replicas": 3, "app": {"version": "1.2.0"}, "canary": True, "note": "hello world"}
-    assert dep3.cli("state", "get", "web", "app.version").stdout.strip() == "1.2.0"
+        "replicas": 3,
+        "app": {"version": "1.2.0"},
+        "canary": True,
+        "note": "hello world",
+    }
+    got = dep3.cli("state", "get", "web", "app.version")
+    assert got.stdout.strip() == "1.2.0", got.stderr
     assert dep3.cli("state", "set", "web", "replicas=4").returncode == 0
+    assert _json(dep3.cli("-o", "json", "state", "get", "web"))["replicas"] == "4"  # KEY=VALUE: text as typed
     hist = _json(dep3.cli("-o", "json", "state", "history", "web"))
     assert [h["version"] for h in hist] == [1, 2]
     assert hist[1]["keys"] == ["replicas"] and hist[1]["command"].startswith("state set")
@@ -76,7 +82,7 @@ def test_write_with_one_paused_then_read_repairs(dep3: Any) -> None:
     assert _diff(dep3)["c3"]["status"] == "behind"
     # Reads consult a majority; make sure the lagging one is among them by pausing c1.
     dep3.sandbox.pause(1)
-    assert _json(dep3.cli("-o", "json", "--timeout", "2s", "state", "get", "web")) == {"v": 2}
+    assert _json(dep3.cli("-o", "json", "--timeout", "2s", "state", "get", "web")) == {"v": "2"}
     dep3.sandbox.resume(1)
     rows = _diff(dep3)
     assert all(r["status"] == "current" for r in rows.values()), rows
@@ -94,7 +100,7 @@ def test_write_with_two_of_three_paused_is_no_quorum(dep3: Any) -> None:
     assert "never taken as empty" in proc.stderr
     dep3.sandbox.resume(2)
     dep3.sandbox.resume(3)
-    assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {"v": 1}
+    assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {"v": "1"}
 
 
 def test_partial_write_is_reported_honestly(dep3: Any) -> None:
@@ -182,7 +188,7 @@ def test_backup_then_restore_is_a_new_audited_version(dep3: Any, tmp_path: Path)
     proc = dep3.cli("-o", "json", "state", "restore", "web", "-f", str(backup))
     assert proc.returncode == 0, proc.stderr
     assert _json(proc)["version"] == 3
-    assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {"release": 1}
+    assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {"release": "1"}
     last = _json(dep3.cli("-o", "json", "state", "history", "web"))[-1]
     assert last["command"] == "state restore" and "b.json" in last["note"]
 

@@ -1,6 +1,7 @@
 """The state register on real API servers: the issue's reproduction (a write rejected on
 two clusters by a ValidatingAdmissionPolicy, then one confirmed while the third is
-paused), and a replica forged by hand."""
+paused), a replica forged by hand, and the values and files `state set` / `state apply`
+take."""
 
 from __future__ import annotations
 
@@ -253,3 +254,68 @@ def test_sync_from_can_adopt_the_suspect_data(dep3: Any) -> None:
     assert {r["status"] for r in _diff(dep3).values()} == {"current"}
     last = _json(dep3.cli("-o", "json", "state", "history", "web"))[-1]
     assert "adopted the data of c3" in last["note"] and "suspect" in last["note"], last
+
+
+# ------------------------------------------------------------------ values and files
+
+
+def test_values_are_kept_as_typed(dep3: Any) -> None:
+    _lock(dep3)
+    proc = dep3.cli(
+        "state", "set", "web", "app.version=1.10", "region=NO", "mode=0755", "at=12:30", "mask=0x1F",
+        "day=2026-01-01", "replicas:=3", "ratio:=1.10", "canary:=true", "tags:=[\"a\", \"b\"]",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Stored ratio as 1.1 (typed 1.10)." in proc.stdout, proc.stdout
+    assert "Stored replicas" not in proc.stdout and "app.version" not in proc.stdout, proc.stdout
+    assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {
+        "app": {"version": "1.10"},
+        "region": "NO",
+        "mode": "0755",
+        "at": "12:30",
+        "mask": "0x1F",
+        "day": "2026-01-01",
+        "replicas": 3,
+        "ratio": 1.1,
+        "canary": True,
+        "tags": ["a", "b"],
+    }
+    assert dep3.cli("state", "get", "web", "app.version").stdout.strip() == "1.10"
+    bad = dep3.cli("state", "set", "web", "replicas:=three")
+    assert bad.returncode == 2 and "not a JSON value" in bad.stderr, bad.stderr
+
+
+def test_apply_refuses_keys_yaml_does_not_read_as_text(dep3: Any, tmp_path: Path) -> None:
+    _lock(dep3)
+    doc = tmp_path / "s.yaml"
+    doc.write_text("name: web\non: push\n")
+    proc = dep3.cli("state", "apply", "web", "-f", str(doc))
+    assert proc.returncode == 2, proc.stderr
+    assert "Internal error" not in proc.stderr and "'on'" in proc.stderr and "quote it" in proc.stderr, proc.stderr
+    doc.write_text("name: web\n1: one\n")
+    proc = dep3.cli("state", "apply", "web", "-f", str(doc))
+    assert proc.returncode == 2 and "the number 1" in proc.stderr, proc.stderr
+    doc.write_text("name: web\n'on': push\n'1': one\n")
+    assert dep3.cli("state", "apply", "web", "-f", str(doc)).returncode == 0
+    assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {"name": "web", "on": "push", "1": "one"}
+
+
+BOMB = "\n".join(
+    [f"a: &a [{','.join(['lol'] * 9)}]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+)
+
+
+def test_an_alias_bomb_is_refused_fast_and_only_after_the_lock(dep3: Any, tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB)
+    assert len(BOMB) < 400
+    unlocked = dep3.cli("state", "apply", "web", "-f", str(bomb))
+    assert unlocked.returncode == 6 and "no lock is held" in unlocked.stderr, unlocked.stderr
+    _lock(dep3)
+    begun = time.monotonic()
+    locked = dep3.cli("state", "apply", "web", "-f", str(bomb))
+    assert locked.returncode == 2, locked.stderr
+    assert "expands to more than" in locked.stderr and "Nothing was written" in locked.stderr, locked.stderr
+    assert time.monotonic() - begun < 15  # the whole command; parsing the bomb once took 10 s and 1.15 GB
+    assert all(r["status"] == "empty" for r in _diff(dep3).values())
