@@ -81,7 +81,9 @@ def _load_file(path: Path, model: type[M], *, what: str) -> M:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from coordinator.files import private_folder
+
+    private_folder(path.parent)  # the files hold state (backups) or local records: 0600 in 0700
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

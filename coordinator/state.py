@@ -893,11 +893,16 @@ class StateClient:
     def _save_replica(self, rep: Replica, backup_dir: Path | None, reason: str) -> Path:
         import platformdirs
 
+        from coordinator.files import write_private
+
         folder = backup_dir or Path(platformdirs.user_state_dir("coordinator")) / "corrupt-replicas"
-        folder.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        path = folder / f"{self.dep.name}-{rep.cluster}-{stamp}.json"
-        path.write_text(json.dumps({"cluster": rep.cluster, "reason": reason, "object": rep.obj}, indent=2))
+        # The replica may hold secret state: 0600 in a 0700 folder (the default one narrowed).
+        path = write_private(
+            folder / f"{self.dep.name}-{rep.cluster}-{stamp}.json",
+            json.dumps({"cluster": rep.cluster, "reason": reason, "object": rep.obj}, indent=2),
+            own_folder=backup_dir is None,
+        )
         log.warning("saved a replica before overwriting it", cluster=rep.cluster, path=str(path))
         return path
 

@@ -229,3 +229,57 @@ def test_lock_run_reports_a_lost_lock_with_the_new_holder_escaped(dep3: Env, tmp
     assert run.returncode == 7, err
     assert "LOCK LOST" in err, err
     _clean(err)
+
+
+# ------------------------------------------------------------------ files with state data
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_a_saved_replica_and_a_backup_are_readable_by_the_user_alone(dep3: Env, tmp_path: Path) -> None:
+    """`state sync` saves a garbled replica before overwriting it, `state backup` writes the
+    state: each file is 0600 in a 0700 folder (made so when the tool creates it, narrowed
+    when it is the tool's own default folder), and the path is printed."""
+    import os
+
+    from coordinator.kube.resources import configmaps_path
+
+    assert dep3.cli("lock", "acquire", "web", "--ttl", "60s").returncode == 0
+    assert dep3.cli("state", "set", "web", "password=hunter2").returncode == 0
+    path = f"{configmaps_path(dep3.namespace)}/coordinator-state-web"
+
+    def garble(i: int) -> None:
+        cm = anyio.run(dep3.raw, i, "GET", path)
+        cm["data"]["envelope.json"] = '{"garbled": "hunter2"'
+        anyio.run(dep3.raw, i, "PUT", path, cm)
+
+    # The default folder, as an earlier version left it: open to others.
+    default = dep3.config.parent / "state" / "coordinator" / "corrupt-replicas"
+    default.mkdir(parents=True)
+    os.chmod(default, 0o755)
+    old = os.umask(0o022)
+    try:
+        garble(2)
+        synced = dep3.cli("state", "sync", "web")
+        assert synced.returncode == 0, synced.stderr
+        [saved] = list(default.iterdir())
+        assert str(saved) in synced.stdout, synced.stdout  # where it went
+        assert "hunter2" in saved.read_text()
+        assert _mode(saved) == 0o600 and _mode(default) == 0o700
+
+        garble(3)
+        chosen = tmp_path / "keep" / "replicas"  # does not exist yet: made 0700
+        synced = dep3.cli("-o", "json", "state", "sync", "web", "--backup-dir", str(chosen))
+        assert synced.returncode == 0, synced.stderr
+        saved = Path(json.loads(synced.stdout)["saved_corrupt"]["c3"])
+        assert saved.parent == chosen and _mode(saved) == 0o600
+        assert _mode(chosen) == 0o700 and _mode(chosen.parent) == 0o700
+
+        backup = tmp_path / "backups" / "web.json"
+        done = dep3.cli("state", "backup", "web", "-f", str(backup))
+        assert done.returncode == 0, done.stderr
+        assert _mode(backup) == 0o600 and _mode(backup.parent) == 0o700
+    finally:
+        os.umask(old)

@@ -300,9 +300,13 @@ def test_without_the_rights_clusters_are_forbidden_and_never_free(
     for who in (nobody, partial):
         attempt = who.cli("-o", "json", "lock", "acquire", "app", "--holder", "intruder")
         assert attempt.returncode == 4, attempt.stdout + attempt.stderr
-        assert "never counted as free" in attempt.stderr and "Traceback" not in attempt.stderr
-        outcomes = {c["name"]: c["outcome"] for c in json.loads(attempt.stdout)["clusters"]}
-        assert outcomes["u2"] == outcomes["u3"] == "forbidden", outcomes
+        assert "Traceback" not in attempt.stderr
+        # Stopped either by the member-set check (too few members confirm it) or by the
+        # acquisition itself; either way u2 and u3 are named as not seen, never as free.
+        assert "u2, u3" in attempt.stderr, attempt.stderr
+        if attempt.stdout:
+            outcomes = {c["name"]: c["outcome"] for c in json.loads(attempt.stdout)["clusters"]}
+            assert outcomes["u2"] == outcomes["u3"] == "forbidden", outcomes
     assert _leases_free(granted, "app", (1, 2, 3))  # nothing was taken, not even where it could be
 
     # Held by the owner: the partial user sees one held lease and two forbidden ones.
