@@ -37,11 +37,15 @@ def check_history(sim: Sim) -> None:
         for b in reads:
             if a.complete < b.invoke:
                 assert b.stamp >= a.stamp, f"{b.process} read {b.stamp} after {a.kind} {a.stamp} completed"
+    # Only writes that sent data are ordered: one that drew its stamp from a view where the
+    # holders of an earlier promise were unanswered or suspect (a newer holder's promise,
+    # above the lease tokens the writer had seen) may draw an older stamp, but the
+    # majority that promised the earlier one refuses it, so it never sends data.
     for a in writes:
         if a.data_sent_at is None:
             continue
         for b in writes:
-            if b.stamp is not None and a.data_sent_at < b.invoke:
+            if b.stamp is not None and b.data_sent_at is not None and a.data_sent_at < b.invoke:
                 assert b.stamp > a.stamp, f"write {b.stamp} began after write {a.stamp} sent data, yet is older"
 
 
@@ -285,4 +289,31 @@ def test_a_stale_holder_is_fenced_even_where_it_cannot_see_the_new_one() -> None
     assert late.status == "fail" and late.stamp is None
     sim.servers[2].mode = UP
     assert run(sim, ReadOp(sim, "r")).value == "b"
+    check_history(sim)
+
+
+def test_a_writer_that_sees_the_earlier_promise_only_as_suspect_sends_nothing() -> None:
+    """Write a is on c2 and c3. With c2 down, holder 2 promises on c3; a token-1 writer
+    that saw only token 1 in the leases reads c1 and c3, takes c3 as suspect and draws
+    version 1 from c1 alone: older than a, but c3 refuses its promise, so no data goes out."""
+    sim = Sim(3)
+    sim.servers[0].mode = REJECTS_WRITES
+    a = run(sim, WriteOp(sim, "p0", 1, "a", "b0"))
+    assert a.status == "ok"
+    sim.servers[0].mode = UP
+    sim.servers[1].mode = DOWN
+    late = WriteOp(sim, "p1", 1, "late", "a0")  # a lower write id than a's: the same version is older
+    sim.start(late)
+    sim.max_token = 2
+    new = WriteOp(sim, "p2", 2, "new")
+    sim.start(new)
+    for server in (0, 1, 2):
+        step(sim, new, server=server, method="GET")
+    assert step(sim, new, server=2, method="PUT")  # its promise, on c3
+    settle(sim, late)
+    assert late.status == "fail" and late.data_sent_at is None
+    assert late.stamp is not None and a.stamp is not None and late.stamp < a.stamp
+    settle(sim, new)
+    sim.drain()
+    assert run(sim, ReadOp(sim, "r")).value == "new"
     check_history(sim)
