@@ -1735,7 +1735,12 @@ async def keep_renewed(
             if boot_clock() >= valid_until:
                 break
             try:
-                renewed = await engine.renew(held.lock_id, held.fencing_token or 0, held.ttl_s, held.holder)
+                # A renewal still waiting for answers when the loss is due must not delay
+                # it: the holder has work to stop while the lock is still its own.
+                with anyio.move_on_after(max(0.05, valid_until - boot_clock())) as limit:
+                    renewed = await engine.renew(held.lock_id, held.fencing_token or 0, held.ttl_s, held.holder)
+                if limit.cancelled_caught:
+                    break
             except Exception as err:  # identity mismatch or worse: the lock is not safe
                 log.warning("lock renewal failed", error=str(err))
                 if boot_clock() >= valid_until:

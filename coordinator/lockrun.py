@@ -34,6 +34,7 @@ for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shlex
@@ -63,9 +64,11 @@ log = get_logger(__name__)
 # an interruption. The others are only forwarded.
 INTERRUPTING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED = (*INTERRUPTING, signal.SIGUSR1, signal.SIGUSR2)
-# The watchdog acts this long after the validity it was last told of: ``lock run`` itself
-# notices a loss at the end of the validity, and must be the one to act when it can.
-WATCHDOG_SLACK_S = 1.0
+# The watchdog acts this long (at most --grace) before the end of the validity it was last
+# told of, and SIGKILLs no later than that end: after it, a contender may hold the lock.
+# ``lock run`` itself declares a loss earlier (--grace, at most a third of the TTL, ahead)
+# and must be the one to act when it can.
+WATCHDOG_LEAD_S = 1.0
 # The watchdog's exit status when it had to stop the group (not a failure of its own).
 WATCHDOG_ACTED = 3
 TICK_S = 0.25
@@ -73,8 +76,13 @@ POLL_S = 0.05
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"coordinator: {text}\n")
-    sys.stderr.flush()
+    # A closed or broken stderr (`2>&1 | head -1`, a cancelled CI job's pipe) must never
+    # end `lock run` or its watchdog: what they do next is what keeps the lock safe.
+    try:
+        sys.stderr.write(f"coordinator: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _signame(signum: int) -> str:
@@ -309,10 +317,12 @@ def _watchdog(fd: int, parent: int, grace_s: float) -> int:
     pending = b""
     open_pipe = True
     while True:
-        wait = None if pgid is None or deadline is None else max(0.0, deadline + WATCHDOG_SLACK_S - boot_clock())
+        # Act ahead of the validity's end, so that the group is gone before it ends.
+        lead = min(grace_s, WATCHDOG_LEAD_S)
+        wait = None if pgid is None or deadline is None else max(0.0, deadline - lead - boot_clock())
         ready, _, _ = select.select([fd], [], [], wait)
         if not ready:
-            why = "has not confirmed its lock since the lock's validity ended (stopped or hung)"
+            why = "has not confirmed its lock, and the lock's validity is about to end (stopped or hung)"
             break
         chunk = os.read(fd, 4096)
         if not chunk:
@@ -330,14 +340,15 @@ def _watchdog(fd: int, parent: int, grace_s: float) -> int:
                 return 0
     if pgid is None or not group_members(pgid):
         return 0
-    sys.stderr.write(
-        f"coordinator: watchdog: `lock run` (pid {parent}) {why}; stopping its child's process group "
-        f"{pgid} (SIGTERM, then SIGKILL after {_seconds(grace_s)})\n"
+    _say(
+        f"watchdog: `lock run` (pid {parent}) {why}; stopping its child's process group "
+        f"{pgid} (SIGTERM, then SIGKILL after {_seconds(grace_s)} at most, and no later than the lock's validity)"
     )
-    sys.stderr.flush()
     for signum in (signal.SIGTERM, signal.SIGCONT):
         _killpg_quietly(pgid, signum)
     kill_at = boot_clock() + grace_s
+    if deadline is not None:
+        kill_at = min(kill_at, deadline)  # never past the validity: a contender may take it then
     while group_members(pgid):
         if boot_clock() >= kill_at:
             _killpg_quietly(pgid, signal.SIGKILL)
@@ -564,7 +575,8 @@ class _Run:
             finally:
                 self.acquire_scope = None
                 if tty:
-                    sys.stderr.write("\n")
+                    with contextlib.suppress(OSError, ValueError):
+                        sys.stderr.write("\n")
         return None
 
     def _with_hint(self, err: LockHeldError) -> LockHeldError:

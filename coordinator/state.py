@@ -860,6 +860,18 @@ class StateClient:
         stamp = stamp_of(env)
         text = encode_envelope(env)
         reps = _replicas(results)
+        # A corrupt replica that promised a newer stamp than the winner's may hold the
+        # newest confirmed write (edited by hand since): overwriting it with the older
+        # winner would roll that write back. A person must look first.
+        newer = sorted(k for k in choice.corrupt if (reps[k].promise or stamp) > stamp)
+        if newer:
+            raise StateConflictError(
+                f"Refusing to sync {self.dep.name!r}: the corrupt replica(s) on {', '.join(newer)} promised a "
+                f"newer write than the newest readable one (version {env.version} on {winner.cluster}), so "
+                "the newest confirmed state may be theirs. Nothing was written. Inspect them (`kubectl get "
+                f"configmap {self.name} -o yaml`), then write the right document with `coordinator state "
+                f"apply {self.dep.name} -f FILE` under the lock."
+            )
         saved = {k: str(self._save_replica(reps[k], backup_dir, why)) for k, why in choice.corrupt.items()}
         targets = {k: Kind.REPAIR for k in choice.stale} | {k: Kind.OVERWRITE for k in choice.corrupt}
         fixed = await fan_out(

@@ -277,13 +277,13 @@ def test_status_json_shape_with_unreachable_and_forbidden(dep3: Any) -> None:
     proc = dep3.cli("-o", "json", "--timeout", "2s", "lock", "status", "mixed")
     assert proc.returncode == 4, proc.stderr  # one observable cluster of three decides nothing
     st = _json(proc)
-    assert set(st) == {"deployment", "namespace", "quorum", "holder", "lock_id", "fencing_token",
+    assert set(st) >= {"deployment", "namespace", "quorum", "holder", "lock_id", "fencing_token",
                        "held_by_majority", "expires_in_s", "clusters"}
     rows = {c["name"]: c for c in st["clusters"]}
     assert rows["c1"]["status"] == "held" and rows["c2"]["status"] == "unreachable"
     assert rows["r3"]["status"] == "forbidden"
     for row in rows.values():
-        assert set(row) == {"name", "status", "holder", "lock_id", "acquired_at", "renewed_at", "ttl_s",
+        assert set(row) >= {"name", "status", "holder", "lock_id", "acquired_at", "renewed_at", "ttl_s",
                             "transitions", "error"}
     # one live lease of three is not a majority: nobody holds it, and nothing unseen counts as free
     assert st["held_by_majority"] is False and st["holder"] is None and st["quorum"] == 2

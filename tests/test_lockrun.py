@@ -508,3 +508,30 @@ def test_a_slow_cleanup_is_cut_short_before_the_lock_can_pass_on(dep3: Any, tree
     finally:
         for i in (1, 2):
             _allow_renewals_of(dep3, i, "runner")
+
+
+def test_a_broken_stderr_neither_ends_lock_run_nor_abandons_the_lock(dep3: Any, tmp_path: Path) -> None:
+    """`lock run ... 2>&1 | head -1`: once the reader is gone, writes to stderr fail with
+    EPIPE. That must not end `lock run` (it used to exit 0 at once, its command never run,
+    the lock left held) nor its watchdog."""
+    done = tmp_path / "done"
+    proc = dep3.popen(
+        "lock",
+        "run",
+        "web",
+        "--holder",
+        "piped",
+        "--ttl",
+        "9s",
+        "--",
+        "sh",
+        "-c",
+        f"sleep 3; echo ran > {done}",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    proc.stderr.close()  # the reader is gone before `lock run` says anything
+    assert proc.wait(timeout=60) == 0
+    assert done.read_text().strip() == "ran"
+    assert not _status(dep3)["held_by_majority"]

@@ -319,3 +319,29 @@ def test_an_alias_bomb_is_refused_fast_and_only_after_the_lock(dep3: Any, tmp_pa
     assert "expands to more than" in locked.stderr and "Nothing was written" in locked.stderr, locked.stderr
     assert time.monotonic() - begun < 15  # the whole command; parsing the bomb once took 10 s and 1.15 GB
     assert all(r["status"] == "empty" for r in _diff(dep3).values())
+
+
+def test_sync_never_rolls_back_a_corrupt_replica_that_promised_a_newer_write(dep3: Any) -> None:
+    """Found by trying to break it: version 2 confirmed on c1 and c2, c2 then edited by hand
+    (its checksum no longer matches, its promise still names version 2), c1 paused. The
+    newest readable replica is c3's version 1; syncing it over c2 would roll the confirmed
+    write back. Sync refuses and writes nothing."""
+    lock_id = _lock(dep3)
+    assert dep3.cli("state", "set", "web", "replicas:=1", "--lock-id", lock_id).returncode == 0
+    dep3.sandbox.pause(3)
+    two = dep3.cli("--timeout", "2s", "state", "set", "web", "replicas:=2", "--lock-id", lock_id)
+    assert two.returncode == 0, two.stderr
+    dep3.sandbox.resume(3)
+    obj = anyio.run(dep3.raw, 2, "GET", _state_path(dep3))
+    doc = json.loads(obj["data"]["envelope.json"])
+    doc["data"] = {"replicas": 99}  # the checksum no longer matches: corrupt
+    obj["data"]["envelope.json"] = json.dumps(doc)
+    anyio.run(dep3.raw, 2, "PUT", _state_path(dep3), obj)
+    before = anyio.run(dep3.raw, 2, "GET", _state_path(dep3))["metadata"]["resourceVersion"]
+    dep3.sandbox.pause(1)
+    synced = dep3.cli("--timeout", "2s", "state", "sync", "web")
+    assert synced.returncode == 6, synced.stdout + synced.stderr
+    assert "promised a newer write" in synced.stderr
+    assert anyio.run(dep3.raw, 2, "GET", _state_path(dep3))["metadata"]["resourceVersion"] == before
+    dep3.sandbox.resume(1)
+    assert dep3.cli("state", "get", "web", "replicas").stdout.strip() == "2"
