@@ -1364,14 +1364,7 @@ class LockEngine:
             named = sorted((names.get(i, f"?{i[:8]}") for i in identities), key=lambda n: order.get(n, len(order)))
             return ", ".join(named)
 
-        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
-            try:
-                view = await self._checked_read(cluster)
-            except KubeError as err:
-                return failed(cluster, err)  # type: ignore[return-value]
-            return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
-
-        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        results = await self._read_everywhere()
         out: dict[str, str] = {}
         for member in self.members:
             r = results.get(member)
@@ -1389,8 +1382,8 @@ class LockEngine:
                 out[member] = f"epoch {stored.epoch}: {listed(stored.members)}{joint}{same}"
         return out
 
-    async def verify_members(self) -> None:
-        """Read every member's lease and stop on a conflicting stored member set."""
+    async def _read_everywhere(self) -> dict[str, ClusterResult[ClusterLease]]:
+        """Every member's lease, identity checked, read at once (no write)."""
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
@@ -1399,7 +1392,12 @@ class LockEngine:
                 return failed(cluster, err)  # type: ignore[return-value]
             return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
 
-        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        return await fan_out(self.members, on_cluster, timeout=self.timeout)
+
+    async def verify_members(self) -> None:
+        """Read every member's lease and stop on a conflicting stored member set."""
+
+        results = await self._read_everywhere()
         self._raise_on_mismatch(results)
         self._raise_on_member_conflict(results)
 
@@ -1411,14 +1409,7 @@ class LockEngine:
     # -- status
 
     async def status(self) -> LockStatus:
-        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
-            try:
-                view = await self._checked_read(cluster)
-            except KubeError as err:
-                return failed(cluster, err)  # type: ignore[return-value]
-            return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
-
-        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        results = await self._read_everywhere()
         self._raise_on_mismatch(results)
         self._raise_on_member_conflict(results)
         rows: list[ClusterStatus] = []
