@@ -53,6 +53,7 @@ from anyio.abc import TaskGroup
 from coordinator.errors import CoordinatorError, ExitCode, LockHeldError, StateConflictError, UsageError
 from coordinator.lease import boot_clock
 from coordinator.logs import get_logger
+from coordinator.text import printable
 
 if TYPE_CHECKING:
     from coordinator.api import Coordinator
@@ -79,7 +80,7 @@ def _say(text: str) -> None:
     # A closed or broken stderr (`2>&1 | head -1`, a cancelled CI job's pipe) must never
     # end `lock run` or its watchdog: what they do next is what keeps the lock safe.
     try:
-        sys.stderr.write(f"coordinator: {text}\n")
+        sys.stderr.write(f"coordinator: {printable(text)}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass

@@ -185,11 +185,6 @@ def test_errors_keep_their_own_lines_and_escape_the_rest(capsys: pytest.CaptureF
     assert "no-such\\x1b]0;pwned\\x07" in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/lock.py's wait reporter writes the holders to stderr itself; it should print through "
-    "coordinator.cli.output.live_line (a terminal) and note (a pipe)",
-)
 def test_the_waiting_line_shows_the_holder_escaped(dep3: Env) -> None:
     _hostile_lease(dep3)
     proc = dep3.cli("lock", "acquire", "web", "--holder", "bob", "--wait", "2s")
@@ -198,11 +193,6 @@ def test_the_waiting_line_shows_the_holder_escaped(dep3: Env) -> None:
     _clean(proc.stderr)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lockrun.py's _say writes the reason the lock was lost (which names who broke it) to "
-    "stderr raw; it should escape it with coordinator.text.printable",
-)
 def test_lock_run_reports_a_lost_lock_with_the_new_holder_escaped(dep3: Env, tmp_path: Path) -> None:
     ready = tmp_path / "running"
     run = dep3.popen(

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
+from coordinator.cli.output import app_of, dump_document, emit, live_line, note, run, say, table, when
 from coordinator.fanout import NOT_WAITED_FOR
 
 
@@ -140,11 +140,9 @@ def _wait_reporter() -> Any:
         line = f"waiting for {result.deployment}: held by {who}{exp}; giving up in {format_duration(left)}"
         now = time.monotonic()
         if tty:
-            sys.stderr.write("\r\033[K" + line[:200])
-            sys.stderr.flush()
+            live_line(line)
         elif now - last[0] >= 10:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
+            note(line)
             last[0] = now
 
     return report
