@@ -56,6 +56,8 @@ run coordinator lock status payments
 
 step "Alice releases; Bob runs his deployment step under the lock"
 run coordinator lock release payments --holder alice
+# The child's shell expands these, not this one: the single quotes are on purpose.
+# shellcheck disable=SC2016
 run coordinator lock run payments --holder bob --reason "deploy 1.2.0" -- \
     sh -c 'echo "child: lock $COORDINATOR_LOCK_ID, fencing token $COORDINATOR_FENCING_TOKEN"; coordinator state set payments replicas:=3 app.version=1.2.0'
 

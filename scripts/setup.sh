@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared set-up for scripts/test.sh, scripts/demo.sh and the benchmarks (sourced, not run).
 # Leaves VENV, COORDINATOR_BIN_DIR and COORDINATOR_TOXIPROXY exported.
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -17,6 +18,15 @@ if ! command -v kubectl >/dev/null 2>&1; then
         apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
     else
         say "kubectl is missing and cannot be installed here; the tests that use it will fail"
+    fi
+fi
+
+if ! command -v shellcheck >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing Debian's shellcheck (for the check of scripts/*.sh)"
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null
+    else
+        say "shellcheck is missing and cannot be installed here; the script check will be skipped"
     fi
 fi
 
