@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Shared set-up for scripts/test.sh, scripts/demo.sh and the benchmarks (sourced, not run).
-# Leaves VENV, COORDINATOR_BIN_DIR and COORDINATOR_TOXIPROXY exported.
+# Leaves VENV, COORDINATOR_BIN_DIR, COORDINATOR_TOXIPROXY and COORDINATOR_KINDCHECK exported.
 say() { printf '[setup] %s\n' "$*" >&2; }
 
 if ! command -v faketime >/dev/null 2>&1; then
@@ -54,4 +54,7 @@ export COORDINATOR_BIN_DIR
 say "building (or finding) toxiproxy"
 COORDINATOR_TOXIPROXY="$(scripts/build-toxiproxy.sh | tail -n 1)"
 export COORDINATOR_TOXIPROXY
+say "building (or finding) kindcheck (Kind's own config types, for the Kind config check)"
+COORDINATOR_KINDCHECK="$(scripts/build-kindcheck.sh | tail -n 1)"
+export COORDINATOR_KINDCHECK
 export PATH="${VENV}/bin:${PATH}"

@@ -1,8 +1,9 @@
 """The local Kind setup: cluster configs, the up/down scripts, and the CI matrix example.
 
-Kind cannot run here, so the configs and the workflow are checked by parsing them, and
-the scripts run against stand-ins for ``kind``, ``docker`` and ``coordinator`` that record
-what they were asked to do.
+Kind cannot run here, so the configs are decoded with Kind's own config types by
+scripts/kindcheck (a small Go program built from the Go module proxy, unknown fields
+refused), the workflow is checked by parsing it, and the scripts run against stand-ins for
+``kind``, ``docker`` and ``coordinator`` that record what they were asked to do.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ KIND_CONFIGS = sorted((ROOT / "kind-configs").glob("cluster-*.yaml"))
 WORKFLOW = ROOT / "examples" / "github-actions-matrix.yml"
 KIND_UP = ROOT / "scripts" / "kind-up.sh"
 KIND_DOWN = ROOT / "scripts" / "kind-down.sh"
+KINDCHECK_BUILD = ROOT / "scripts" / "build-kindcheck.sh"
 
 
 def _load(path: Path) -> Any:
@@ -32,6 +34,61 @@ def _load(path: Path) -> Any:
 
 
 # --- Kind cluster configs ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kindcheck() -> Path:
+    """The kindcheck binary: $COORDINATOR_KINDCHECK (set by scripts/setup.sh), else built
+    on demand by scripts/build-kindcheck.sh, which caches it under ~/.cache/coordinator."""
+    given = os.environ.get("COORDINATOR_KINDCHECK")
+    if given:
+        return Path(given)
+    built = subprocess.run(
+        ["bash", str(KINDCHECK_BUILD)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert built.returncode == 0, f"scripts/build-kindcheck.sh failed (it needs Go):\n{built.stderr}"
+    return Path(built.stdout.splitlines()[-1])
+
+
+def _kindcheck(binary: Path, *paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(binary), *map(str, paths)], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_configs_decode_strictly_with_kinds_own_types(kindcheck: Path) -> None:
+    done = _kindcheck(kindcheck, *KIND_CONFIGS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{p}: ok" for p in KIND_CONFIGS]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("apiServerPort:", "apiServerPrt:", "apiServerPrt"),  # a typo Kind would refuse
+        ("  - role: control-plane", "  - role: control-plane\n    extraPortMapping: []", "extraPortMapping"),
+        ("name: coordinator-1", "name: coordinator-1\nfeatureGate: {}", "featureGate"),
+    ],
+    ids=["networking", "node", "top-level"],
+)
+def test_kindcheck_refuses_an_unknown_field_naming_file_and_field(
+    kindcheck: Path, tmp_path: Path, old: str, new: str, field: str
+) -> None:
+    text = KIND_CONFIGS[0].read_text()
+    assert old in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    done = _kindcheck(kindcheck, KIND_CONFIGS[1], bad)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [f"{KIND_CONFIGS[1]}: ok"]
+    assert done.stderr.startswith(f"{bad}: ")
+    assert f'unknown field "{field}"' in done.stderr
+
+
+def test_kindcheck_refuses_another_kind_or_version(kindcheck: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "old.yaml"
+    bad.write_text(KIND_CONFIGS[0].read_text().replace("kind.x-k8s.io/v1alpha4", "kind.x-k8s.io/v1alpha3"))
+    done = _kindcheck(kindcheck, bad)
+    assert done.returncode == 1
+    assert "v1alpha3" in done.stderr and str(bad) in done.stderr
 
 
 def test_there_are_three_cluster_configs() -> None:
@@ -296,7 +353,9 @@ def test_kind_down_disconnects_and_deletes_everything_and_can_run_again(tmp_path
     assert again.returncode == 0, again.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (scripts/setup.sh installs it)")
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck is not installed (scripts/setup.sh installs it)"
+)
 def test_scripts_pass_shellcheck() -> None:
     scripts = sorted((ROOT / "scripts").glob("*.sh"))
     assert KIND_UP in scripts and KIND_DOWN in scripts
