@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import ConfigNode, KubeConfigLoader, KubeConfigMerger
 
@@ -318,7 +318,9 @@ def test_missing_ca_file_is_reported_as_before(tmp_path: Path) -> None:
     assert f"({theirs.value})" in ours.value.message
 
 
-def test_api_client_is_the_librarys_with_a_shared_context(tmp_path: Path, pki: dict[str, Path]) -> None:
+def test_session_uses_the_shared_context_and_the_kubeconfigs_settings(tmp_path: Path, pki: dict[str, Path]) -> None:
+    """The HTTP session is ours, built from the public ``Configuration`` only: the shared
+    TLS context, the kubeconfig's proxy and TLS server name, our User-Agent."""
     endpoint = _kubeconfig_with(
         tmp_path,
         {"certificate-authority-data": _b64(pki["ca"]), "tls-server-name": "kubernetes", "proxy-url": "http://p:3128"},
@@ -327,27 +329,47 @@ def test_api_client_is_the_librarys_with_a_shared_context(tmp_path: Path, pki: d
 
     async def go() -> None:
         cfg = await load_client_configuration(endpoint)
-        stock, ours, again = ApiClient(configuration=cfg), kc.new_api_client(cfg), kc.new_api_client(cfg)
+        one, two = kc.new_session(cfg), kc.new_session(cfg)
         try:
-            assert type(ours).__mro__[1] is ApiClient
-            assert vars(ours).keys() == vars(stock).keys()
-            assert vars(ours.rest_client).keys() == vars(stock.rest_client).keys()
-            for attr in ("configuration", "pool_threads", "default_headers", "cookie", "client_side_validation"):
-                assert getattr(ours, attr) == getattr(stock, attr), attr
-            for attr in ("server_hostname", "proxy", "proxy_headers"):
-                assert getattr(ours.rest_client, attr) == getattr(stock.rest_client, attr), attr
-            mine, lib = ours.rest_client.pool_manager, stock.rest_client.pool_manager
-            assert mine.trust_env == kc.environment_has_proxy_or_netrc()
-            assert mine._read_bufsize == lib._read_bufsize
-            assert mine.connector.limit == lib.connector.limit
-            assert mine.connector._ssl is again.rest_client.pool_manager.connector._ssl is kc.tls_context(cfg)
-            shared, built = mine.connector._ssl, lib.connector._ssl
-            for attr in ("verify_mode", "check_hostname", "verify_flags", "minimum_version", "options"):
-                assert getattr(shared, attr) == getattr(built, attr), attr
-            assert shared.get_ca_certs() == built.get_ca_certs()
+            assert one.connector._ssl is two.connector._ssl is kc.tls_context(cfg)
+            assert one.trust_env == kc.environment_has_proxy_or_netrc()
+            assert one.headers["User-Agent"] == kc.USER_AGENT
+            assert kc.USER_AGENT.startswith("coordinator/")
+            args = await kc._request_args(cfg, "GET", "/api/v1/namespaces", {"limit": 5, "watch": True}, {}, None)
+            assert args["url"] == "https://127.0.0.1:1/api/v1/namespaces?limit=5&watch=true"
+            assert args["proxy"] == "http://p:3128"
+            assert args["server_hostname"] == "kubernetes"
+            assert "authorization" not in args["headers"]  # a client certificate, no token
+            assert "data" not in args
         finally:
-            for c in (stock, ours, again):
-                await c.close()
+            for s in (one, two):
+                await s.close()
+
+    anyio.run(go)
+
+
+def test_request_credentials_come_from_auth_settings_each_time(tmp_path: Path, pki: dict[str, Path]) -> None:
+    """A token is read through ``Configuration.auth_settings()`` for every request, so a
+    refresh hook (exec plugins, a rotated ServiceAccount token) is honoured."""
+    endpoint = _kubeconfig_with(tmp_path, {"certificate-authority-data": _b64(pki["ca"])}, {"token": "first"})
+
+    async def go() -> None:
+        cfg = await load_client_configuration(endpoint)
+        body = {"a": [1, "b"]}
+        args = await kc._request_args(cfg, "POST", "/x", None, {"Content-Type": "application/json"}, body)
+        assert args["headers"]["authorization"] == "Bearer first"
+        assert args["data"] == '{"a": [1, "b"]}' and args["url"] == "https://127.0.0.1:1/x"
+        assert "proxy" not in args and "server_hostname" not in args
+        calls = []
+
+        def hook(c: Configuration) -> None:
+            calls.append(1)
+            c.api_key["BearerToken"] = f"Bearer rotated-{len(calls)}"
+
+        cfg.refresh_api_key_hook = hook
+        for n in (1, 2):
+            args = await kc._request_args(cfg, "GET", "/x", None, {}, None)
+            assert args["headers"]["authorization"] == f"Bearer rotated-{n}"
 
     anyio.run(go)
 
@@ -375,7 +397,7 @@ def test_clients_of_one_kubeconfig_share_one_context(tmp_path: Path, pki: dict[s
         try:
             for c in clients:
                 await c.open()
-            return {id(c._api.rest_client.pool_manager.connector._ssl) for c in clients}
+            return {id(c._session.connector._ssl) for c in clients}
         finally:
             for c in clients:
                 await c.close()

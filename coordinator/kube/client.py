@@ -1,33 +1,66 @@
 """One Kubernetes API server, reached through a kubeconfig and a context.
 
 This module (with its siblings in ``coordinator.kube``) is the only door to the API
-server: it builds the client, applies the per-request timeout, and turns every failure
+server: it sends the requests, applies the per-request timeout, and turns every failure
 into a :class:`KubeError` of one classified kind. Nothing here logs credentials; error
 texts carry URLs and status messages only.
+
+What it takes from kubernetes_asyncio is its public configuration API only: the
+kubeconfig loader fills a ``Configuration`` (server, TLS files, proxy, credentials, and
+the refresh hook of exec and auth-provider credentials), and ``Configuration.auth_settings()``
+gives the credentials of each request. The HTTP session is ours (aiohttp, which the
+library uses too), so no private constructor of the library is relied on, and all the
+requests of one process to one cluster share one keep-alive connection.
+
+Kubeconfig loading lives in ``coordinator.kube.kubeconfig`` and TLS contexts in
+``coordinator.kube.tls``; their names are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import copy
-import functools
 import json
 import logging
-import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode
 
 import anyio
 
+from coordinator import __version__
 from coordinator.errors import UsageError
+from coordinator.kube.kubeconfig import (  # noqa: F401  (re-exported: the door's names)
+    Endpoint,
+    _check_connection_settings,
+    _check_kubeconfig_file,
+    _context_config,
+    _kubeconfig_key,
+    _load_yaml,
+    _merge_documents,
+    _merged_cache,
+    _merged_kubeconfig,
+    load_client_configuration,
+    preload,
+)
+from coordinator.kube.tls import (  # noqa: F401  (re-exported)
+    _build_tls_context,
+    _tls_cache,
+    _tls_key,
+    environment_has_proxy_or_netrc,
+    tls_context,
+)
+
+# Sent with every request, so that API audit logs can tell this tool's writes apart.
+USER_AGENT = f"coordinator/{__version__}"
+
+# Watch events carrying large objects can exceed aiohttp's default read buffer (the
+# library raises it the same way; etcd's default request limit is 1.5 MiB).
+_READ_BUFSIZE = 2**21
 
 # The client library logs some failures itself (an exec credential plugin that cannot
 # run, for one) through the root handler; they reach the user once, in our own words.
@@ -78,365 +111,11 @@ class KubeError(Exception):
         self.retry_after = retry_after
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """How to reach one cluster: a context in a kubeconfig (``None`` = kubectl's default)."""
-
-    name: str
-    context: str
-    kubeconfig: str | None = None
-
-    def kubeconfig_paths(self) -> str:
-        if self.kubeconfig:
-            return self.kubeconfig
-        return os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-
-
 @dataclass
 class ApiResponse:
     status: int
     body: dict[str, Any]
     server_time: datetime | None
-
-
-def preload() -> None:
-    """Import the Kubernetes client library now (it takes seconds on a slow machine).
-
-    Call it before any per-cluster deadline starts: otherwise the first cluster's
-    deadline pays for the import and a healthy cluster is reported unreachable.
-    """
-    import kubernetes_asyncio.client
-    import kubernetes_asyncio.config.kube_config  # noqa: F401
-
-
-# Parsed and merged kubeconfig files, keyed by the files' identity: every cluster of a
-# command usually comes from the same kubeconfig, and parsing it costs tens of
-# milliseconds (pure-Python YAML) per cluster otherwise. A changed or replaced file is
-# parsed again.
-_merged_cache: dict[tuple[tuple[str, int, int, int], ...], Any] = {}
-
-
-def _kubeconfig_key(existing: list[str]) -> tuple[tuple[str, int, int, int], ...]:
-    return tuple((p, st.st_ino, st.st_mtime_ns, st.st_size) for p in existing for st in [Path(p).expanduser().stat()])
-
-
-def _merged_kubeconfig(existing: list[str], key: tuple[tuple[str, int, int, int], ...], docs: list[Any]) -> Any:
-    """``KubeConfigMerger(paths).config`` for these files, parsed once per process. The
-    result is shared: callers copy what they hand to a loader (see ``_context_config``).
-    ``docs`` are the files' documents when they are not cached yet."""
-    from kubernetes_asyncio.config.kube_config import KubeConfigMerger
-
-    found = _merged_cache.get(key)
-    if found is None:
-        if all(isinstance(doc, dict) for doc in docs):
-            with contextlib.suppress(Exception):  # the library's own merge says what is wrong
-                found = _merge_documents(existing, docs)
-        if found is None:
-            found = KubeConfigMerger(os.pathsep.join(existing)).config
-        if len(_merged_cache) >= 32:  # kubeconfigs rewritten over and over: keep it small
-            _merged_cache.clear()
-        _merged_cache[key] = found
-    return found
-
-
-def _context_config(merged: Any, context: str) -> Any:
-    """A copy, for one loader, of what ``context`` uses in the merged kubeconfig: the
-    context entry, the cluster and user entries it names, the top-level scalars.
-
-    The loader may change what it is given (refreshed tokens of auth providers), so the
-    shared merge is never handed out; copying only these entries instead of the whole
-    merge keeps the cost per cluster flat in the size of the kubeconfig. The loader finds
-    the same entries, under the same node names and file paths (relative certificate
-    paths resolve alike), and says the same things about them. Anything irregular gets a
-    copy of the whole merge, so that the loader's own error is unchanged."""
-    from kubernetes_asyncio.config.kube_config import ConfigNode
-
-    try:
-        root = merged.value
-        lists = {item: root[item] for item in ("clusters", "contexts", "users")}
-        if not all(isinstance(v, list) for v in lists.values()):
-            raise TypeError("not lists")
-
-        def named(item: str, name: Any) -> list[Any]:
-            found = []
-            for entry in lists[item]:
-                value = entry.value if isinstance(entry, ConfigNode) else entry
-                if not isinstance(value, dict) or "name" not in value:
-                    raise TypeError("entry without a name")
-                if value["name"] == name:
-                    found.append(entry)
-            return found
-
-        ctx = named("contexts", context)
-        if len(ctx) != 1:
-            raise LookupError(context)
-        entry = ctx[0].value if isinstance(ctx[0], ConfigNode) else ctx[0]
-        body = entry.get("context")
-        if not isinstance(body, dict):
-            raise TypeError("context without a body")
-        subset = {k: v for k, v in root.items() if k not in lists}
-        subset["contexts"] = ctx
-        subset["clusters"] = named("clusters", body["cluster"]) if "cluster" in body else []
-        subset["users"] = named("users", body["user"]) if body.get("user") else []
-        return copy.deepcopy(ConfigNode(merged.name, subset, merged.path))
-    except Exception:
-        return copy.deepcopy(merged)
-
-
-def _merge_documents(existing: list[str], docs: list[dict[str, Any]]) -> Any:
-    """What ``KubeConfigMerger(paths).config`` gives, from documents already parsed: the
-    same rules (the first file naming a cluster, context or user wins; the last
-    current-context wins) and the same ``ConfigNode`` objects."""
-    from kubernetes_asyncio.config.kube_config import ConfigNode
-
-    merged: Any = None
-    for raw_path, config in zip(existing, docs, strict=True):
-        path = os.path.expanduser(raw_path)
-        if merged is None:
-            base = copy.deepcopy(config)
-            for item in ("clusters", "contexts", "users"):
-                base[item] = []
-            merged = ConfigNode(path, base, path)
-        for item in ("clusters", "contexts", "users"):
-            for new_item in config.get(item, []) or []:
-                if not any(exists["name"] == new_item["name"] for exists in merged.value[item]):
-                    merged.value[item].append(ConfigNode(f"{path}/{new_item}", new_item, path))
-        if "current-context" in config:
-            merged.value["current-context"] = config["current-context"]
-    return merged
-
-
-async def load_client_configuration(endpoint: Endpoint) -> Any:
-    """Build a kubernetes_asyncio ``Configuration``; bad kubeconfigs become UsageError."""
-    from kubernetes_asyncio.client import Configuration
-    from kubernetes_asyncio.config.config_exception import ConfigException
-    from kubernetes_asyncio.config.kube_config import KubeConfigLoader
-
-    paths = endpoint.kubeconfig_paths()
-    existing = [p for p in paths.split(os.pathsep) if p and Path(p).expanduser().is_file()]
-    if not existing:
-        raise UsageError(
-            f"No kubeconfig file found at {paths}. Pass --kubeconfig PATH or set KUBECONFIG to a file that exists."
-        )
-    key = _kubeconfig_key(existing)
-    docs: list[Any] = []
-    if key not in _merged_cache:  # files already parsed and merged passed these checks
-        docs = [_check_kubeconfig_file(Path(path).expanduser()) for path in existing]
-    try:
-        merged = _merged_kubeconfig(existing, key, docs)
-        contexts = [c["name"] for c in (merged.value.get("contexts") or [])] if merged else []
-        given = _context_config(merged, endpoint.context) if endpoint.context in contexts else None
-    except Exception as err:
-        raise UsageError(
-            f"The kubeconfig {paths} cannot be read: {type(err).__name__}: {err}. "
-            "Check that it is a valid kubeconfig YAML file."
-        ) from err
-    if endpoint.context not in contexts:
-        known = ", ".join(sorted(contexts)) or "none"
-        raise UsageError(
-            f"The kubeconfig {paths} has no context named {endpoint.context!r} "
-            f"(contexts found: {known}). Pass one of those with --context."
-        )
-    cfg = Configuration()
-    try:
-        loader = KubeConfigLoader(config_dict=given, active_context=endpoint.context, config_base_path=None)
-        await loader.load_and_set(cfg)
-    except (ConfigException, KeyError, TypeError, ValueError, AttributeError, OSError) as err:
-        raise UsageError(
-            f"The context {endpoint.context!r} in {paths} cannot be used: {err}. Check its cluster and user entries."
-        ) from err
-    _check_connection_settings(cfg, endpoint.context, paths)
-    return cfg
-
-
-def _check_connection_settings(cfg: Any, context: str, paths: str) -> None:
-    """Reject now what the HTTP client would only trip over later (as an internal error,
-    or as a misleading "unreachable"): a server that is not a URL, TLS material that is
-    not PEM."""
-    where = f"The context {context!r} in {paths} cannot be used"
-    server = urlsplit(str(cfg.host or ""))
-    try:
-        port_ok = server.port is None or server.port > 0
-    except ValueError:
-        port_ok = False
-    if server.scheme not in ("http", "https") or not server.hostname or not port_ok:
-        raise UsageError(
-            f"{where}: its server {cfg.host!r} is not an http(s) URL with a host name. Check the "
-            "server entry of its cluster."
-        )
-    try:
-        tls_context(cfg)  # the one the client will use: built (and so checked) once
-    except (ssl.SSLError, OSError, ValueError) as err:
-        raise UsageError(
-            f"{where}: its certificate authority, client certificate or client key is not valid PEM "
-            f"({err}). Check certificate-authority(-data) of its cluster and client-certificate(-data) "
-            "and client-key(-data) of its user."
-        ) from err
-
-
-# TLS contexts by the settings they are built from. Building one loads the CA bundle and
-# the client key (milliseconds each); the clusters of a command, and the commands of a
-# long-lived process, mostly share one CA and one client certificate. A context is
-# never changed after it is built, so clients may share it; what differs per cluster
-# but is not in the context (server address, tls-server-name, proxy) goes with each
-# connection, and hostname checks are made against that connection's server name.
-_TlsKey = tuple[Any, ...]
-_tls_cache: dict[_TlsKey, ssl.SSLContext] = {}
-
-
-def _tls_key(cfg: Any) -> _TlsKey | None:
-    """Everything a context is built from; files by path and identity, so that a
-    replaced or rewritten file is read again. ``None`` if a file cannot be examined (then
-    building the context says why)."""
-
-    def identity(path: str | None) -> tuple[str, int, int, int, int] | None:
-        if not path:
-            return None
-        st = os.stat(path)
-        return (str(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-
-    try:
-        return (
-            identity(cfg.ssl_ca_cert),
-            # without a CA of its own, the context trusts the system's: where they are
-            None if cfg.ssl_ca_cert else (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")),
-            identity(cfg.cert_file),
-            identity(cfg.key_file) if cfg.cert_file else None,
-            bool(cfg.verify_ssl),
-            bool(cfg.disable_strict_ssl_verification),
-        )
-    except (OSError, TypeError, ValueError):
-        return None
-
-
-def _build_tls_context(cfg: Any) -> ssl.SSLContext:
-    """The context kubernetes_asyncio's REST client builds for ``cfg``, step by step."""
-    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    if cfg.cert_file:
-        context.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
-    if not cfg.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if cfg.disable_strict_ssl_verification:
-        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
-    return context
-
-
-def tls_context(cfg: Any) -> ssl.SSLContext:
-    """The TLS context for a client ``Configuration``, one per process and settings."""
-    key = _tls_key(cfg)
-    found = _tls_cache.get(key) if key is not None else None
-    if found is None:
-        found = _build_tls_context(cfg)
-        if key is not None:
-            if len(_tls_cache) >= 32:  # certificates rotated over and over: keep it small
-                _tls_cache.clear()
-            _tls_cache[key] = found
-    return found
-
-
-def environment_has_proxy_or_netrc() -> bool:
-    """Would aiohttp's ``trust_env`` find anything to use here?
-
-    The library's client trusts the environment: for every request aiohttp then looks up
-    a netrc entry and a proxy, each in a worker thread (two thread hops per request, a
-    few milliseconds of CPU each on a busy machine). When there is no proxy variable
-    that aiohttp honours and no netrc file, both lookups find nothing, so turning them
-    off changes nothing but the cost. With either present, the environment is trusted
-    exactly as before."""
-    import urllib.request
-
-    if any(scheme in ("http", "https", "ws", "wss") for scheme in urllib.request.getproxies()):
-        return True
-    netrc = os.environ.get("NETRC")
-    if netrc is not None:
-        return True
-    try:
-        return (Path.home() / ".netrc").exists()
-    except (RuntimeError, OSError):
-        return True
-
-
-@functools.cache
-def _api_client_class() -> Any:
-    """``ApiClient`` whose REST client takes a prebuilt TLS context.
-
-    The library's ``RESTClientObject`` builds a new context in its constructor, from the
-    files, for every client. These two constructors do what the library's do, with the
-    shared context instead (tests/test_kube_client.py holds them to the library's)."""
-    import aiohttp
-    from kubernetes_asyncio.client import ApiClient, rest
-
-    class SharedTlsRestClient(rest.RESTClientObject):
-        def __init__(self, configuration: Any, ssl_context: ssl.SSLContext) -> None:
-            self.server_hostname = configuration.tls_server_name
-            self.proxy = configuration.proxy
-            self.proxy_headers = configuration.proxy_headers
-            self.pool_manager = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=configuration.connection_pool_maxsize, ssl=ssl_context),
-                trust_env=environment_has_proxy_or_netrc(),
-                read_bufsize=2**21,
-            )
-
-    class SharedTlsApiClient(ApiClient):
-        def __init__(self, configuration: Any, ssl_context: ssl.SSLContext) -> None:
-            self.configuration = configuration
-            self.pool_threads = 1
-            self.rest_client = SharedTlsRestClient(configuration, ssl_context)
-            self.default_headers = {}
-            self.cookie = None  # type: ignore[assignment]
-            self.user_agent = _LIBRARY_USER_AGENT
-            self.client_side_validation = configuration.client_side_validation
-
-    return SharedTlsApiClient
-
-
-# What kubernetes_asyncio's ApiClient sends as User-Agent (checked by the tests).
-_LIBRARY_USER_AGENT = "OpenAPI-Generator/33.3.0+snapshot/python"
-
-
-def new_api_client(cfg: Any) -> Any:
-    """A kubernetes_asyncio ``ApiClient`` for ``cfg``, on the process's shared TLS context.
-    Call it in a running event loop (it opens an aiohttp session)."""
-    return _api_client_class()(cfg, tls_context(cfg))
-
-
-def _check_kubeconfig_file(path: Path) -> Any:
-    """The document in a kubeconfig file; say in words what is wrong with one that is not a
-    YAML mapping (the client library would fail on it with a bare TypeError or a
-    multi-line trace)."""
-    import yaml
-
-    hint = "Check that it is a valid kubeconfig YAML file, or leave it out of --kubeconfig/KUBECONFIG."
-    try:
-        doc = _load_yaml(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"The kubeconfig {path} cannot be read: {err}. {hint}") from err
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UsageError(
-            f"The kubeconfig {path} is not valid YAML{where}: {getattr(err, 'problem', None) or err}. {hint}"
-        ) from err
-    if doc is not None and not isinstance(doc, dict):
-        raise UsageError(
-            f"The kubeconfig {path} holds a {type(doc).__name__} at the top level, not a kubeconfig "
-            f"mapping (apiVersion, clusters, contexts, users). {hint}"
-        )
-    return doc
-
-
-def _load_yaml(text: str) -> Any:
-    """``yaml.safe_load``, with libyaml's parser when PyYAML has it (ten times faster on a
-    kubeconfig); a document it rejects is parsed again by the pure-Python parser, so that
-    errors read exactly as they always did."""
-    import yaml
-
-    fast = getattr(yaml, "CSafeLoader", None)
-    if fast is not None:
-        with contextlib.suppress(Exception):
-            return yaml.load(text, Loader=fast)  # the C twin of SafeLoader: same constructor
-    return yaml.safe_load(text)
 
 
 # Line breaks of every kind (a carriage return too: on a terminal it starts the line over).
@@ -503,34 +182,40 @@ def _log() -> Any:
 
 
 class KubeClient:
-    """A lazily opened client for one cluster, reused for every request of a process."""
+    """A lazily opened client for one cluster, reused for every request of a process.
+
+    Its requests share one aiohttp session, and so one keep-alive connection as long as
+    they do not overlap; a long-running watch holds a connection of its own."""
 
     def __init__(self, endpoint: Endpoint, *, timeout: float = 5.0) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._api: Any = None
+        self._cfg: Any = None
+        self._session: Any = None
         self._lock = anyio.Lock()
         self.server: str = ""
 
-    async def _client(self) -> Any:
+    async def _client(self) -> tuple[Any, Any]:
+        """The loaded ``Configuration`` and the session; built on first use."""
         async with self._lock:
-            if self._api is None:
+            if self._session is None:
                 try:
                     cfg = await load_client_configuration(self.endpoint)
                 except UsageError as err:
                     raise KubeError(ERROR, err.message) from err
                 self.server = str(cfg.host)
-                self._api = new_api_client(cfg)
-            return self._api
+                self._session = new_session(cfg)
+                self._cfg = cfg
+            return self._cfg, self._session
 
     async def open(self) -> None:
         """Build the client now (reads the kubeconfig); requests do this on first use."""
         await self._client()
 
     async def close(self) -> None:
-        if self._api is not None:
-            api, self._api = self._api, None
-            await api.close()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
     async def request(
         self,
@@ -588,31 +273,20 @@ class KubeClient:
     ) -> ApiResponse:
         import aiohttp
 
-        api = await self._client()
+        cfg, session = await self._client()
         headers = {"Accept": "application/json", "Content-Type": content_type}
         _tell("sent")
         try:
             # aiohttp's own timeout ends the request; fail_after is the backstop for a
             # server that accepted the connection and then stopped answering mid-stream.
             with anyio.fail_after(limit + 0.5):
-                resp = await api.call_api(
-                    path,
-                    method,
-                    query_params=list((query or {}).items()),
-                    header_params=headers,
-                    body=body,
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _request_timeout=limit,
-                )
-                _tell("answered")
-                try:
+                args = await _request_args(cfg, method, path, query, headers, body)
+                async with session.request(**args, timeout=aiohttp.ClientTimeout(total=limit)) as resp:
+                    _tell("answered")
                     raw = await resp.read()
                     status = resp.status
                     date = resp.headers.get("Date")
                     retry_after = resp.headers.get("Retry-After")
-                finally:
-                    resp.release()
         except TimeoutError as err:
             raise KubeError(UNREACHABLE, f"no answer within {limit:g}s") from err
         except aiohttp.ClientConnectorCertificateError as err:
@@ -647,18 +321,13 @@ class KubeClient:
         """Yield watch events (``{"type", "object"}``) for up to ``timeout`` seconds."""
         import aiohttp
 
-        api = await self._client()
+        cfg, session = await self._client()
         params = dict(query)
         params.update({"watch": "true", "timeoutSeconds": max(1, int(timeout))})
         try:
-            resp = await api.call_api(
-                path,
-                "GET",
-                query_params=list(params.items()),
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(total=timeout + 2, sock_connect=self.timeout),
+            args = await _request_args(cfg, "GET", path, params, {"Accept": "application/json"}, None)
+            resp = await session.request(
+                **args, timeout=aiohttp.ClientTimeout(total=timeout + 2, sock_connect=self.timeout)
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             raise KubeError(UNREACHABLE, f"watch on {self.server} failed: {err}") from err
@@ -683,3 +352,48 @@ class KubeClient:
                     yield event
         finally:
             resp.release()
+
+
+def new_session(cfg: Any) -> Any:
+    """An aiohttp session for the cluster of ``cfg``, on the process's shared TLS context.
+    Call it in a running event loop."""
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=cfg.connection_pool_maxsize or 100, ssl=tls_context(cfg)),
+        trust_env=environment_has_proxy_or_netrc(),
+        read_bufsize=_READ_BUFSIZE,
+        headers={"User-Agent": USER_AGENT},
+    )
+
+
+async def _request_args(
+    cfg: Any, method: str, path: str, query: dict[str, Any] | None, headers: dict[str, str], body: Any
+) -> dict[str, Any]:
+    """The arguments of ``ClientSession.request`` for one request to ``cfg.host``: URL and
+    query, the credentials of the moment (``auth_settings()`` runs the refresh hook of
+    expiring credentials, such as exec plugins and a rotated ServiceAccount token), the
+    proxy and the TLS server name of the kubeconfig, and the body as JSON."""
+    url = str(cfg.host) + path
+    if query:
+        url += "?" + urlencode([(k, _query_value(v)) for k, v in query.items()])
+    headers = dict(headers)
+    for setting in (await cfg.auth_settings()).values():
+        if setting.get("in") == "header" and setting.get("value"):
+            headers[setting["key"]] = setting["value"]
+    args: dict[str, Any] = {"method": method, "url": url, "headers": headers}
+    if cfg.proxy:
+        args["proxy"] = cfg.proxy
+        if cfg.proxy_headers:
+            args["proxy_headers"] = cfg.proxy_headers
+    if cfg.tls_server_name:
+        args["server_hostname"] = cfg.tls_server_name
+    if body is not None:
+        args["data"] = body if isinstance(body, bytes | str) else json.dumps(body)
+    return args
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,247 @@
+"""Kubeconfig files: read once per process, merged as kubectl merges them, and turned
+into a kubernetes_asyncio ``Configuration`` for one context (its public loader).
+
+Only the entries the context uses (its cluster and user) are handed to the loader, so
+the work per cluster does not grow with the size of the kubeconfig."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from coordinator.errors import UsageError
+from coordinator.kube.tls import tls_context
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach one cluster: a context in a kubeconfig (``None`` = kubectl's default)."""
+
+    name: str
+    context: str
+    kubeconfig: str | None = None
+
+    def kubeconfig_paths(self) -> str:
+        if self.kubeconfig:
+            return self.kubeconfig
+        return os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+
+
+def preload() -> None:
+    """Import the Kubernetes client library's kubeconfig loader, and aiohttp, now (it
+    takes seconds on a slow machine).
+
+    Call it before any per-cluster deadline starts: otherwise the first cluster's
+    deadline pays for the import and a healthy cluster is reported unreachable.
+    """
+    import aiohttp  # noqa: F401
+    import kubernetes_asyncio.config.kube_config  # noqa: F401
+
+
+# Parsed and merged kubeconfig files, keyed by the files' identity: every cluster of a
+# command usually comes from the same kubeconfig, and parsing it costs tens of
+# milliseconds (pure-Python YAML) per cluster otherwise. A changed or replaced file is
+# parsed again.
+_merged_cache: dict[tuple[tuple[str, int, int, int], ...], Any] = {}
+
+
+def _kubeconfig_key(existing: list[str]) -> tuple[tuple[str, int, int, int], ...]:
+    return tuple((p, st.st_ino, st.st_mtime_ns, st.st_size) for p in existing for st in [Path(p).expanduser().stat()])
+
+
+def _merged_kubeconfig(existing: list[str], key: tuple[tuple[str, int, int, int], ...], docs: list[Any]) -> Any:
+    """``KubeConfigMerger(paths).config`` for these files, parsed once per process. The
+    result is shared: callers copy what they hand to a loader (see ``_context_config``).
+    ``docs`` are the files' documents when they are not cached yet."""
+    from kubernetes_asyncio.config.kube_config import KubeConfigMerger
+
+    found = _merged_cache.get(key)
+    if found is None:
+        if all(isinstance(doc, dict) for doc in docs):
+            with contextlib.suppress(Exception):  # the library's own merge says what is wrong
+                found = _merge_documents(existing, docs)
+        if found is None:
+            found = KubeConfigMerger(os.pathsep.join(existing)).config
+        if len(_merged_cache) >= 32:  # kubeconfigs rewritten over and over: keep it small
+            _merged_cache.clear()
+        _merged_cache[key] = found
+    return found
+
+
+def _context_config(merged: Any, context: str) -> Any:
+    """A copy, for one loader, of what ``context`` uses in the merged kubeconfig: the
+    context entry, the cluster and user entries it names, the top-level scalars.
+
+    The loader may change what it is given (refreshed tokens of auth providers), so the
+    shared merge is never handed out; copying only these entries instead of the whole
+    merge keeps the cost per cluster flat in the size of the kubeconfig. The loader finds
+    the same entries, under the same node names and file paths (relative certificate
+    paths resolve alike), and says the same things about them. Anything irregular gets a
+    copy of the whole merge, so that the loader's own error is unchanged."""
+    from kubernetes_asyncio.config.kube_config import ConfigNode
+
+    try:
+        root = merged.value
+        lists = {item: root[item] for item in ("clusters", "contexts", "users")}
+        if not all(isinstance(v, list) for v in lists.values()):
+            raise TypeError("not lists")
+
+        def named(item: str, name: Any) -> list[Any]:
+            found = []
+            for entry in lists[item]:
+                value = entry.value if isinstance(entry, ConfigNode) else entry
+                if not isinstance(value, dict) or "name" not in value:
+                    raise TypeError("entry without a name")
+                if value["name"] == name:
+                    found.append(entry)
+            return found
+
+        ctx = named("contexts", context)
+        if len(ctx) != 1:
+            raise LookupError(context)
+        entry = ctx[0].value if isinstance(ctx[0], ConfigNode) else ctx[0]
+        body = entry.get("context")
+        if not isinstance(body, dict):
+            raise TypeError("context without a body")
+        subset = {k: v for k, v in root.items() if k not in lists}
+        subset["contexts"] = ctx
+        subset["clusters"] = named("clusters", body["cluster"]) if "cluster" in body else []
+        subset["users"] = named("users", body["user"]) if body.get("user") else []
+        return copy.deepcopy(ConfigNode(merged.name, subset, merged.path))
+    except Exception:
+        return copy.deepcopy(merged)
+
+
+def _merge_documents(existing: list[str], docs: list[dict[str, Any]]) -> Any:
+    """What ``KubeConfigMerger(paths).config`` gives, from documents already parsed: the
+    same rules (the first file naming a cluster, context or user wins; the last
+    current-context wins) and the same ``ConfigNode`` objects."""
+    from kubernetes_asyncio.config.kube_config import ConfigNode
+
+    merged: Any = None
+    for raw_path, config in zip(existing, docs, strict=True):
+        path = os.path.expanduser(raw_path)
+        if merged is None:
+            base = copy.deepcopy(config)
+            for item in ("clusters", "contexts", "users"):
+                base[item] = []
+            merged = ConfigNode(path, base, path)
+        for item in ("clusters", "contexts", "users"):
+            for new_item in config.get(item, []) or []:
+                if not any(exists["name"] == new_item["name"] for exists in merged.value[item]):
+                    merged.value[item].append(ConfigNode(f"{path}/{new_item}", new_item, path))
+        if "current-context" in config:
+            merged.value["current-context"] = config["current-context"]
+    return merged
+
+
+async def load_client_configuration(endpoint: Endpoint) -> Any:
+    """Build a kubernetes_asyncio ``Configuration``; bad kubeconfigs become UsageError."""
+    from kubernetes_asyncio.client import Configuration
+    from kubernetes_asyncio.config.config_exception import ConfigException
+    from kubernetes_asyncio.config.kube_config import KubeConfigLoader
+
+    paths = endpoint.kubeconfig_paths()
+    existing = [p for p in paths.split(os.pathsep) if p and Path(p).expanduser().is_file()]
+    if not existing:
+        raise UsageError(
+            f"No kubeconfig file found at {paths}. Pass --kubeconfig PATH or set KUBECONFIG to a file that exists."
+        )
+    key = _kubeconfig_key(existing)
+    docs: list[Any] = []
+    if key not in _merged_cache:  # files already parsed and merged passed these checks
+        docs = [_check_kubeconfig_file(Path(path).expanduser()) for path in existing]
+    try:
+        merged = _merged_kubeconfig(existing, key, docs)
+        contexts = [c["name"] for c in (merged.value.get("contexts") or [])] if merged else []
+        given = _context_config(merged, endpoint.context) if endpoint.context in contexts else None
+    except Exception as err:
+        raise UsageError(
+            f"The kubeconfig {paths} cannot be read: {type(err).__name__}: {err}. "
+            "Check that it is a valid kubeconfig YAML file."
+        ) from err
+    if endpoint.context not in contexts:
+        known = ", ".join(sorted(contexts)) or "none"
+        raise UsageError(
+            f"The kubeconfig {paths} has no context named {endpoint.context!r} "
+            f"(contexts found: {known}). Pass one of those with --context."
+        )
+    cfg = Configuration()
+    try:
+        loader = KubeConfigLoader(config_dict=given, active_context=endpoint.context, config_base_path=None)
+        await loader.load_and_set(cfg)
+    except (ConfigException, KeyError, TypeError, ValueError, AttributeError, OSError) as err:
+        raise UsageError(
+            f"The context {endpoint.context!r} in {paths} cannot be used: {err}. Check its cluster and user entries."
+        ) from err
+    _check_connection_settings(cfg, endpoint.context, paths)
+    return cfg
+
+
+def _check_connection_settings(cfg: Any, context: str, paths: str) -> None:
+    """Reject now what the HTTP client would only trip over later (as an internal error,
+    or as a misleading "unreachable"): a server that is not a URL, TLS material that is
+    not PEM."""
+    where = f"The context {context!r} in {paths} cannot be used"
+    server = urlsplit(str(cfg.host or ""))
+    try:
+        port_ok = server.port is None or server.port > 0
+    except ValueError:
+        port_ok = False
+    if server.scheme not in ("http", "https") or not server.hostname or not port_ok:
+        raise UsageError(
+            f"{where}: its server {cfg.host!r} is not an http(s) URL with a host name. Check the "
+            "server entry of its cluster."
+        )
+    try:
+        tls_context(cfg)  # the one the client will use: built (and so checked) once
+    except (ssl.SSLError, OSError, ValueError) as err:
+        raise UsageError(
+            f"{where}: its certificate authority, client certificate or client key is not valid PEM "
+            f"({err}). Check certificate-authority(-data) of its cluster and client-certificate(-data) "
+            "and client-key(-data) of its user."
+        ) from err
+
+
+def _check_kubeconfig_file(path: Path) -> Any:
+    """The document in a kubeconfig file; say in words what is wrong with one that is not a
+    YAML mapping (the client library would fail on it with a bare TypeError or a
+    multi-line trace)."""
+    import yaml
+
+    hint = "Check that it is a valid kubeconfig YAML file, or leave it out of --kubeconfig/KUBECONFIG."
+    try:
+        doc = _load_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"The kubeconfig {path} cannot be read: {err}. {hint}") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UsageError(
+            f"The kubeconfig {path} is not valid YAML{where}: {getattr(err, 'problem', None) or err}. {hint}"
+        ) from err
+    if doc is not None and not isinstance(doc, dict):
+        raise UsageError(
+            f"The kubeconfig {path} holds a {type(doc).__name__} at the top level, not a kubeconfig "
+            f"mapping (apiVersion, clusters, contexts, users). {hint}"
+        )
+    return doc
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, with libyaml's parser when PyYAML has it (ten times faster on a
+    kubeconfig); a document it rejects is parsed again by the pure-Python parser, so that
+    errors read exactly as they always did."""
+    import yaml
+
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        with contextlib.suppress(Exception):
+            return yaml.load(text, Loader=fast)  # the C twin of SafeLoader: same constructor
+    return yaml.safe_load(text)
