@@ -71,28 +71,62 @@ def sandbox() -> None:
     show_default=True,
     help="How many independent clusters to start.",
 )
+@click.option(
+    "--apiservers",
+    type=click.IntRange(1, 3),
+    default=1,
+    show_default=True,
+    help="kube-apiservers per cluster, on its one etcd. More than one: a highly available "
+    "control plane behind a front proxy on the cluster's address, which sends each request "
+    "to the next kube-apiserver in turn.",
+)
+@click.option(
+    "--date-offset",
+    type=float,
+    default=0.0,
+    metavar="SECONDS",
+    help="With --apiservers 2 or more: kube-apiserver 1 of every cluster answers as if its "
+    "clock were SECONDS off (its Date header, and the managedFields times and "
+    "creationTimestamps it writes, as every reader sees them). Negative: behind, "
+    "e.g. --date-offset=-90.",
+)
 @_dir_option
 @click.option(
     "--timeout",
     type=str,
     default=None,
-    help="How long to wait for every cluster to be ready, e.g. 3m [default: 60s + 20s per cluster].",
+    help="How long to wait for every cluster to be ready, e.g. 3m [default: 60s + 20s per kube-apiserver].",
 )
 @click.pass_context
-def up_command(ctx: click.Context, clusters: int, dir_: Path | None, timeout: str | None) -> None:
+def up_command(
+    ctx: click.Context,
+    clusters: int,
+    apiservers: int,
+    date_offset: float,
+    dir_: Path | None,
+    timeout: str | None,
+) -> None:
     """Start N local clusters and write a kubeconfig for them.
 
     The kubeconfig has three contexts per cluster: sandbox-I (cluster admin),
     sandbox-I-restricted (no rights on leases; may get/create ConfigMaps only in the
     sandbox-restricted namespace) and sandbox-I-token (cluster admin by bearer token).
     The last line printed is an `export KUBECONFIG=...` line.
+
+    With --apiservers 2 every context points at the cluster's front proxy, which
+    checks client certificates and passes the user on to the kube-apiservers (as
+    Kubernetes front proxies do); `sandbox status` shows how many requests each
+    kube-apiserver served.
     """
     from coordinator import sandbox as sb
     from coordinator.durations import parse_duration
 
     wait = parse_duration(timeout, what="--timeout") if timeout is not None else None
     began = time.monotonic()
-    handle = sb.up(clusters, dir_, timeout=wait, on_progress=lambda msg: note(f"sandbox: {msg}"))
+    extra: dict[str, Any] = {}
+    if apiservers != 1 or date_offset:
+        extra = {"apiservers": apiservers, "date_offset": date_offset}
+    handle = sb.up(clusters, dir_, timeout=wait, on_progress=lambda msg: note(f"sandbox: {msg}"), **extra)
     took = time.monotonic() - began
     rows = [
         {"index": i, "context": ctx_name, "server": server}
@@ -107,6 +141,14 @@ def up_command(ctx: click.Context, clusters: int, dir_: Path | None, timeout: st
         "restricted_namespace": handle.restricted_namespace,
         "startup_seconds": round(took, 1),
     }
+    if extra:
+        doc["apiservers"] = apiservers
+        doc["date_offset_seconds"] = date_offset
+
+    def ha_line() -> None:
+        if extra:
+            shifted = f"; kube-apiserver 1 answers {date_offset:+g}s off" if date_offset else ""
+            say(f"Each cluster: {apiservers} kube-apiservers behind a front proxy on its address{shifted}.")
 
     def text() -> None:
         say(f"Sandbox with {len(handle.contexts)} cluster(s) is up in {handle.dir} ({took:.1f}s).")
@@ -114,6 +156,7 @@ def up_command(ctx: click.Context, clusters: int, dir_: Path | None, timeout: st
             ["cluster", "context", "server"],
             [[c["index"], c["context"], c["server"]] for c in rows],
         )
+        ha_line()
         say("Also: sandbox-I-restricted (limited user) and sandbox-I-token (bearer token) contexts.")
         say(f"Kubeconfig: {handle.kubeconfig}")
         say(f"export KUBECONFIG={shlex.quote(str(handle.kubeconfig))}")
@@ -127,7 +170,8 @@ def up_command(ctx: click.Context, clusters: int, dir_: Path | None, timeout: st
 def status_command(ctx: click.Context, dir_: Path | None) -> None:
     """Show whether every cluster is up; exit 0 only if all are.
 
-    A cluster is up when its etcd and kube-apiserver run and /readyz answers ok.
+    A cluster is up when its etcd and kube-apiserver run and /readyz answers ok (with
+    --apiservers 2: every kube-apiserver, and through the front proxy).
     Exit status: 0 all up, 4 some cluster is not up, 2 no sandbox in the directory.
     """
     from coordinator import sandbox as sb
@@ -152,6 +196,24 @@ def status_command(ctx: click.Context, dir_: Path | None) -> None:
             ],
             title=f"Sandbox in {report.dir}",
         )
+        ha = [c for c in report.clusters if c.backends]
+        if ha:
+            table(
+                ["cluster", "kube-apiserver", "port", "state", "ready", "requests via proxy"],
+                [
+                    [
+                        c.index,
+                        b.index,
+                        b.port,
+                        f"{b.state} ({b.pid})" if b.pid else b.state,
+                        "yes" if b.ready else "no",
+                        "-" if b.requests is None else b.requests,
+                    ]
+                    for c in ha
+                    for b in c.backends
+                ],
+                title="Behind each cluster's front proxy",
+            )
         say(f"export KUBECONFIG={shlex.quote(str(report.kubeconfig))}")
 
     emit(ctx, report.to_dict(), text)

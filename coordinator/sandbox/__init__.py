@@ -11,6 +11,9 @@ authenticates: exactly the situation the identity check must catch.
     sb.kill(2); sb.start(2)        # cluster 2's API server goes away and comes back
     down("/tmp/sb")
 
+    ha = up(3, "/tmp/ha", apiservers=2, date_offset=3)  # two kube-apiservers per cluster
+    ha.proxy_stats(1)              # requests each one served through the front proxy
+
 This package does not import the lock and state engine, nor the Kubernetes client.
 """
 
@@ -34,11 +37,13 @@ from coordinator.sandbox.control import (
     mint_kubeconfig,
     pause,
     resume,
+    set_date_offset,
     start,
     status,
     up,
 )
 from coordinator.sandbox.records import (
+    BackendStatus,
     ClusterStatus,
     DownReport,
     SandboxStatus,
@@ -54,6 +59,7 @@ __all__ = [
     "RESTRICTED_USER",
     "AdminClient",
     "AdminRequestError",
+    "BackendStatus",
     "Binaries",
     "ClusterStatus",
     "DownReport",
@@ -70,6 +76,7 @@ __all__ = [
     "mint_kubeconfig",
     "pause",
     "resume",
+    "set_date_offset",
     "start",
     "status",
     "up",

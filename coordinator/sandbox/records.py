@@ -41,14 +41,36 @@ class ServerProcess(BaseModel):
         return ProcessRef(self.pid, self.start_ticks)
 
 
+class BackendRecord(BaseModel):
+    """One of the kube-apiservers of an HA cluster, on a port of its own."""
+
+    port: int
+    process: ServerProcess | None = None
+
+
 class ClusterRecord(BaseModel):
     index: int
     name: str
     etcd_client_port: int
     etcd_peer_port: int
+    # The cluster's address: its kube-apiserver, or with several, the front proxy.
     apiserver_port: int
     etcd: ServerProcess | None = None
     apiserver: ServerProcess | None = None
+    # HA clusters only (`sandbox up --apiservers N`, N > 1): the kube-apiservers behind
+    # the front proxy, which listens on apiserver_port; ``apiserver`` stays None.
+    backends: list[BackendRecord] = []
+    proxy: ServerProcess | None = None
+
+    @property
+    def ha(self) -> bool:
+        return bool(self.backends)
+
+    def apiserver_processes(self) -> list[ServerProcess | None]:
+        """Every kube-apiserver of the cluster (None: never started)."""
+        if self.backends:
+            return [b.process for b in self.backends]
+        return [self.apiserver]
 
     @property
     def server(self) -> str:
@@ -65,12 +87,41 @@ class SandboxRecord(BaseModel):
     kubeconfig: str
     restricted_namespace: str
     clusters: list[ClusterRecord]
+    # kube-apiservers per cluster; with more than one, a front proxy spreads requests
+    # over them and one of them (``skewed_apiserver``, 1-based) may answer with times
+    # shifted by ``date_offset_s`` (see coordinator/sandbox/frontproxy.py).
+    apiservers: int = 1
+    skewed_apiserver: int = 0
+    date_offset_s: float = 0.0
+    shift_stamps: bool = True
 
 
 # --------------------------------------------------------------------------- results
 
 
 ComponentState = Literal["running", "paused", "gone", "missing"]
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One kube-apiserver of an HA cluster, asked directly (not through the proxy)."""
+
+    index: int
+    port: int
+    state: ComponentState
+    pid: int | None
+    ready: bool
+    requests: int | None  # served through the front proxy since it started
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "port": self.port,
+            "state": self.state,
+            "pid": self.pid,
+            "ready": self.ready,
+            "requests": self.requests,
+        }
 
 
 @dataclass(frozen=True)
@@ -88,10 +139,15 @@ class ClusterStatus:
     ready: bool
     detail: str
     rss_bytes: int | None
+    # HA clusters only: each kube-apiserver behind the front proxy, and the proxy.
+    backends: tuple[BackendStatus, ...] = ()
+    proxy: ComponentState | None = None
+    proxy_pid: int | None = None
 
     @property
     def up(self) -> bool:
-        return self.ready and self.apiserver == "running" and self.etcd == "running"
+        proxy_ok = self.proxy in (None, "running")
+        return self.ready and self.apiserver == "running" and self.etcd == "running" and proxy_ok
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +163,15 @@ class ClusterStatus:
             "etcd_pid": self.etcd_pid,
             "rss_bytes": self.rss_bytes,
             "detail": self.detail or None,
+            **(
+                {
+                    "apiservers": [b.to_dict() for b in self.backends],
+                    "proxy": self.proxy,
+                    "proxy_pid": self.proxy_pid,
+                }
+                if self.backends
+                else {}
+            ),
         }
 
 
@@ -211,6 +276,9 @@ class Layout:
 
     def log(self, index: int, program: str) -> Path:
         return self.logs / f"cluster-{index}-{program}.log"
+
+    def proxy_config(self, index: int) -> Path:
+        return self.cluster_dir(index) / "proxy.json"
 
     def markers(self) -> tuple[str, ...]:
         # Substrings only this sandbox's servers carry in their arguments (flags are
