@@ -55,6 +55,27 @@ from coordinator.kube.tls import (  # noqa: F401  (re-exported)
     tls_context,
 )
 
+__all__ = [
+    "ALREADY_EXISTS",
+    "CONFLICT",
+    "ERROR",
+    "FORBIDDEN",
+    "NOT_FOUND",
+    "THROTTLED",
+    "UNREACHABLE",
+    "USER_AGENT",
+    "ApiResponse",
+    "Endpoint",
+    "KubeClient",
+    "KubeError",
+    "environment_has_proxy_or_netrc",
+    "load_client_configuration",
+    "new_session",
+    "preload",
+    "request_events",
+    "tls_context",
+]
+
 # Sent with every request, so that API audit logs can tell this tool's writes apart.
 USER_AGENT = f"coordinator/{__version__}"
 
