@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 from coordinator.clusters import ClusterSet
 from coordinator.config import ConfigStore
 from coordinator.errors import CoordinatorError, LockLostError, NoQuorumError, StateConflictError, UsageError
+from coordinator.history import Tenure, tenures
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
 from coordinator.lock import (
     AcquireResult,
@@ -303,6 +304,14 @@ class Coordinator:
     async def break_lock(self, deployment: str, *, by: str | None = None, reason: str = "") -> dict[str, Any]:
         results = await self.lock_engine(deployment).break_lock(by=by or default_holder(), reason=reason)
         return dict(results)
+
+    async def lock_history(self, deployment: str) -> tuple[list[Tenure], dict[str, Any]]:
+        """Who held the lock of ``deployment``, from when to when, how it ended: one
+        :class:`~coordinator.history.Tenure` per lock id, oldest first, merged from every
+        member whose copy could be read; and each member's outcome (coordinator/history.py)."""
+        engine = self.lock_engine(deployment)
+        events, results = await engine.history.read(timeout=self.timeout)
+        return tenures(events), dict(results)
 
     @contextlib.asynccontextmanager
     async def lock(

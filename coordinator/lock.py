@@ -67,7 +67,7 @@ from typing import Any, TypeAlias
 import anyio
 from anyio.abc import TaskGroup
 
-from coordinator import quorum
+from coordinator import history, quorum
 from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import (
     IdentityMismatchError,
@@ -191,6 +191,7 @@ class ClusterLease:
 
     view: LeaseView | None = None
     action: str = ""
+    previous: LeaseView | None = None  # the lease as read before this write (for the history)
 
 
 # What a compare-and-swap step decides on a lease as read: a final result, or the body
@@ -282,6 +283,7 @@ class LockEngine:
         self.background = background
         self.max_ttl_s = float(getattr(deployment, "max_ttl_s", DEFAULT_MAX_TTL_S))
         self.max_server_skew_s = max_server_skew_s
+        self.history = history.HistoryStore(clusters, deployment.name, deployment.namespace, self.members)
         # Local observation of leases without evidence of ours, per cluster.
         self._sightings: dict[str, Sighting] = {}
         # Clusters whose Date header disagreed with their own stamps: always probe there.
@@ -604,7 +606,8 @@ class LockEngine:
         lock_id = lock_id or new_lock_id()
         deadline = time.monotonic() + wait_s
         if wait_s <= 0:
-            return self._settle(await self._attempt(lock_id, ttl_s, holder, reason, command), final=True)
+            taken = self._settle(await self._attempt(lock_id, ttl_s, holder, reason, command), final=True)
+            return await self._remember_take(taken, reason)
         changed = anyio.Event()
         seen: dict[str, str | None] = {}
         wake = _Wake(changed)
@@ -660,7 +663,42 @@ class LockEngine:
         # Settled outside the watchers' task group, so that the documented errors reach
         # the caller as themselves, not wrapped in an ExceptionGroup.
         assert result is not None
-        return self._settle(result, final=True)
+        return await self._remember_take(self._settle(result, final=True), reason)
+
+    # -- the lock's history: recorded after each decision, never in its way
+
+    async def _remember(self, events: list[dict[str, Any]]) -> None:
+        """Hand ``events`` to the history (coordinator/history.py): in the background when
+        this engine has a task group, so the caller does not wait for it; best effort."""
+        if not events:
+            return
+
+        async def record() -> None:
+            await self.history.record(events, timeout=self.timeout)
+
+        if self.background is not None:
+            self.background.start_soon(record)
+        else:
+            await record()
+
+    async def _remember_take(self, result: AcquireResult, reason: str) -> AcquireResult:
+        lapsed = {
+            name: r.value.previous
+            for name, r in result.results.items()
+            if r.ok and r.value and r.value.previous and r.value.action.startswith("took over")
+        }
+        await self._remember(
+            history.take_events(
+                result.lock_id,
+                holder=result.holder,
+                host=socket.gethostname(),
+                pid=str(os.getpid()),
+                reason=reason,
+                token=result.fencing_token,
+                lapsed=lapsed,
+            )
+        )
+        return result
 
     def _mismatch(self, result: AcquireResult) -> bool:
         return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
@@ -1067,7 +1105,9 @@ class LockEngine:
             body, action, detail = decision
             try:
                 new_view = await self._write(cluster, view, body, manager=manager)
-                return ClusterResult(cluster, Outcome.OK, ClusterLease(new_view, action), detail=detail or action)
+                return ClusterResult(
+                    cluster, Outcome.OK, ClusterLease(new_view, action, previous=view), detail=detail or action
+                )
             except KubeError as err:
                 if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
                     return failed(cluster, err)  # type: ignore[return-value]
@@ -1172,6 +1212,8 @@ class LockEngine:
                 f"`coordinator lock status {self.dep.name}`.",
                 payload=results,
             )
+        released = {k: r.value.previous for k, r in results.items() if r.extra.get("ours") and r.value}
+        await self._remember(history.release_events(lock_id, {k: v for k, v in released.items() if v}))
         return results
 
     async def renew(self, lock_id: str, token: int, ttl_s: float, holder: str | None = None) -> AcquireResult:
@@ -1233,6 +1275,8 @@ class LockEngine:
         if not lost and renewed and validity > 0:
             result.acquired = True
             result.validity_s = validity
+        if lost and result.lost:
+            await self._remember(history.lost_events(lock_id, holder=who, token=token, why=result.lost))
         return result
 
     async def adopt_membership(
@@ -1341,6 +1385,12 @@ class LockEngine:
         results = await fan_out(self.members, on_cluster, timeout=self.timeout)
         self._raise_on_mismatch(results)
         log.warning("lock broken", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
+        cleared = {
+            k: r.value.previous
+            for k, r in results.items()
+            if r.ok and r.value and r.value.action == "broken" and r.value.previous
+        }
+        await self._remember(history.break_events(by=by, reason=reason, cleared=cleared))
         return results
 
     def _raise_on_member_conflict(self, results: Mapping[str, ClusterResult[ClusterLease]]) -> None:

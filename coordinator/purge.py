@@ -41,6 +41,13 @@ async def purge_deployment(store: ConfigStore, name: str, *, timeout: float = 5.
             results = await fan_out(engine.members, deleter(state.path, "state"), timeout=timeout)
             if all(m in results and results[m].ok for m in engine.members):
                 results = await fan_out(engine.members, deleter(engine.path, "state and lease"), timeout=timeout)
+    if all(m in results and results[m].ok for m in engine.members):
+        # The lock's history last: only now, with this command's own background work done
+        # (recording its take of the lock), can nothing write it again.
+        c = Coordinator(store.load(), store=store, timeout=timeout)
+        async with c:
+            path = c.lock_engine(name).history.path
+            results = await fan_out(engine.members, deleter(path, "state, lease and lock history"), timeout=timeout)
     left = {m: results.get(m) for m in engine.members if m not in results or not results[m].ok}
     if left:
         done = [m for m in engine.members if m not in left]

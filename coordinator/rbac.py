@@ -9,12 +9,14 @@ What the tool touches, and so what is granted, by name wherever Kubernetes allow
   ``coordinator-lock-<deployment>`` and the ConfigMap or Secret
   ``coordinator-state-<deployment>``, to get, list and watch (only with a
   ``fieldSelector`` on ``metadata.name``, which Kubernetes authorizes by name), update
-  and delete; ``get`` on the ConfigMap ``coordinator-identity`` (the fallback cluster
-  identity); and ``create`` on Leases and on ConfigMaps (and Secrets with Secret
-  storage). Kubernetes authorizes a create before the object has a name, so a rule
-  with ``resourceNames`` never matches one: ``create`` is granted for any name in the
-  namespace, and says so in the printed YAML. It lets the subject make new objects of
-  those kinds, never read, change or delete anyone else's.
+  and delete; ``get``, ``update`` and ``delete`` on the ConfigMap
+  ``coordinator-history-<deployment>`` (the lock's history); ``get`` on the ConfigMap
+  ``coordinator-identity`` (the fallback cluster identity); and ``create`` on Leases
+  and on ConfigMaps (and Secrets with Secret storage). Kubernetes authorizes a create
+  before the object has a name, so a rule with ``resourceNames`` never matches one:
+  ``create`` is granted for any name in the namespace, and says so in the printed
+  YAML. It lets the subject make new objects of those kinds, never read, change or
+  delete anyone else's.
 - cluster-wide (a ``ClusterRole`` and a ``ClusterRoleBinding``): ``get`` on exactly two
   namespaces, ``kube-system`` (whose UID is the cluster identity) and the deployment's
   own, and ``create`` on SelfSubjectAccessReviews (``cluster info`` asks what it may do);
@@ -41,7 +43,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coordinator.errors import UsageError
-from coordinator.kube.resources import IDENTITY_CONFIGMAP, LABEL_MANAGED_BY, LABEL_VALUE, lease_name, state_name
+from coordinator.kube.resources import (
+    IDENTITY_CONFIGMAP,
+    LABEL_MANAGED_BY,
+    LABEL_VALUE,
+    history_name,
+    lease_name,
+    state_name,
+)
 from coordinator.models import DNS1123_LABEL, MAX_DEPLOYMENT_NAME, check_dns_label
 
 Storage = Literal["configmap", "secret"]
@@ -67,6 +76,12 @@ NAMED_NOTE = (
     "metadata.name, which Kubernetes authorizes by name), update and delete."
 )
 IDENTITY_NOTE = "The fallback cluster identity (used only where kube-system cannot be read): read by name."
+# The lock's history (`lock history`): read, compare-and-swap update, delete (purge).
+HISTORY_VERBS: tuple[str, ...] = ("get", "update", "delete")
+HISTORY_NOTE = (
+    "The lock's history (`lock history`), a ConfigMap of its own whatever the storage: "
+    "get, update (compare-and-swap) and delete (purge), by name."
+)
 NAMESPACE_CREATOR_ROLE = "coordinator:create-namespaces"
 LEASE_LISTER_ROLE = "coordinator:list-leases"
 
@@ -184,6 +199,7 @@ def role(namespace: str, deployment: str, *, storage: Storage = "configmap") -> 
         _rule("coordination.k8s.io", "leases", NAMED_VERBS, resource_names=(lease_name(deployment),)),
         _rule("", state_resource, NAMED_VERBS, resource_names=(state_name(deployment),)),
         _rule("", "configmaps", ("get",), resource_names=(IDENTITY_CONFIGMAP,)),
+        _rule("", "configmaps", HISTORY_VERBS, resource_names=(history_name(deployment),)),
         _rule("coordination.k8s.io", "leases", ("create",)),
         # The state object (ConfigMap or Secret), and the identity ConfigMap, made once.
         _rule("", ("configmaps",) if storage == "configmap" else ("configmaps", "secrets"), ("create",)),
@@ -213,6 +229,8 @@ def rule_note(rule: Manifest) -> str:
     """Why a rule of :func:`role` is there, for a comment above it in the printed YAML."""
     if rule.get("resourceNames") == [IDENTITY_CONFIGMAP]:
         return IDENTITY_NOTE
+    if rule.get("verbs") == list(HISTORY_VERBS):
+        return HISTORY_NOTE
     if rule.get("resourceNames"):
         return NAMED_NOTE
     kinds = {"leases": "Leases", "configmaps": "ConfigMaps", "secrets": "Secrets"}

@@ -59,6 +59,11 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
+def _history(deployment: str) -> list[Grant]:
+    """The lock's history ConfigMap: read, compare-and-swap update, delete; no list or watch."""
+    return [("", "configmaps", verb, f"coordinator-history-{deployment}") for verb in ("get", "update", "delete")]
+
+
 def _print(capsys: pytest.CaptureFixture[str], *args: str, deployment: str | None = "web") -> list[dict[str, Any]]:
     if deployment is not None:
         args = (*args, "--deployment", deployment)
@@ -101,6 +106,7 @@ def test_role_grants_the_deployments_objects_by_name_and_only_create_unnamed(
         *_by_name("coordination.k8s.io", "leases", "coordinator-lock-web"),
         *_by_name("", "configmaps", "coordinator-state-web"),
         ("", "configmaps", "get", "coordinator-identity"),
+        *_history("web"),
         ("coordination.k8s.io", "leases", "create", None),
         ("", "configmaps", "create", None),
     )
@@ -117,6 +123,7 @@ def test_secret_storage_swaps_configmaps_for_secrets_but_keeps_the_identity_conf
         *_by_name("coordination.k8s.io", "leases", "coordinator-lock-web"),
         *_by_name("", "secrets", "coordinator-state-web"),
         ("", "configmaps", "get", "coordinator-identity"),
+        *_history("web"),
         ("coordination.k8s.io", "leases", "create", None),
         ("", "configmaps", "create", None),
         ("", "secrets", "create", None),
@@ -159,6 +166,8 @@ def test_each_deployment_gets_its_own_role_and_binding(capsys: pytest.CaptureFix
         "coordinator-state-web",
         "coordinator-lock-api",
         "coordinator-state-api",
+        "coordinator-history-web",
+        "coordinator-history-api",
         "coordinator-identity",
         None,
     }

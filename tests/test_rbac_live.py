@@ -132,7 +132,9 @@ def test_every_command_works_with_exactly_the_printed_rights(
     if storage == "secret":
         # the rights of the storage in use are checked, not those of the other one
         assert all(info["permissions"]["secrets"].values()), info
-        assert set(info["permissions"]["configmaps"]) == {"get", "create"}, info
+        # (the identity ConfigMap, and the lock's history, a ConfigMap whatever the storage)
+        assert set(info["permissions"]["configmaps"]) == {"get", "create", "update", "delete"}, info
+        assert all(info["permissions"]["configmaps"].values()), info
     else:
         assert "secrets" not in info["permissions"], info
 
@@ -215,6 +217,14 @@ def test_every_command_works_with_exactly_the_printed_rights(
     _ok(env.cli("lock", "run", "app", "--", "true"))
     final = _json(env.cli("-o", "json", "lock", "status", "app"))
     assert not final["held_by_majority"] and {c["status"] for c in final["clusters"]} == {"free"}, final
+    # The lock's history was recorded and is read with exactly the printed rights.
+    held = _json(env.cli("-o", "json", "lock", "history", "app"))
+    assert {c["read"] for c in held["clusters"]} == {True}, held
+    assert [(t["holder"], t["ended"]) for t in held["tenures"]][-3:] == [
+        ("second", "released"),
+        ("someone", "broken"),
+        (held["tenures"][-1]["holder"], "released"),
+    ], held
 
     # The local records: listed and shown; imported again from a member (a list by name).
     assert [d["name"] for d in _json(env.cli("-o", "json", "deployment", "list"))] == ["app"]
@@ -242,6 +252,7 @@ def test_every_command_works_with_exactly_the_printed_rights(
     for i in (1, 2, 3):
         assert sandbox3.admin(i).get(f"{state_path}/coordinator-state-app") is None
         assert sandbox3.admin(i).get(lease_path(namespace, "coordinator-lock-app")) is None
+        assert sandbox3.admin(i).get(f"/api/v1/namespaces/{namespace}/configmaps/coordinator-history-app") is None
     _ok(env.cli("cluster", "disconnect", "u3", "--force"))
 
 

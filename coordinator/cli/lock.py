@@ -1,4 +1,4 @@
-"""`coordinator lock ...`: acquire, renew, release, status, break, run."""
+"""`coordinator lock ...`: acquire, renew, release, status, break, run, history."""
 
 from __future__ import annotations
 
@@ -678,3 +678,8 @@ def run_(
     code = run_locked(_coordinator(ctx), opts)
     sys.stdout.flush()
     ctx.exit(code)
+
+
+from coordinator.cli.history import history as _history  # noqa: E402  (its own module: `lock history`)
+
+lock.add_command(_history)

@@ -21,6 +21,11 @@ def state_name(deployment: str) -> str:
     return f"coordinator-state-{deployment}"
 
 
+def history_name(deployment: str) -> str:
+    """The ConfigMap of the lock's history (coordinator/history.py)."""
+    return f"coordinator-history-{deployment}"
+
+
 def leases_path(namespace: str) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 

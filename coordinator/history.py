@@ -1,0 +1,430 @@
+"""The lock's history: who held a deployment's lock, from when to when, and how it ended.
+
+Where it lives: one ConfigMap per deployment, ``coordinator-history-<deployment>``, beside
+the Lease and the state object in the deployment's namespace, on every member cluster. Its
+``data["history.json"]`` is a JSON list of events, each naming a lock id and what happened
+to it:
+
+- ``acquired``: by the holder, once the lock was taken on a majority (holder, host, pid,
+  reason, fencing token);
+- ``released``: by the holder, once its release reached a majority;
+- ``broken``: by whoever ran ``lock break`` (``by``, reason), for the lock id it cleared;
+- ``expired``: by the next holder, for the lock id whose lease it took over because it had
+  lapsed, dated when the taker observed that (the lease ran out some time before: the
+  lapse is judged as the lock judges it, never from the previous holder's clock);
+- ``lost``: by the holder, when a renewal found its lease held by another lock id or broken.
+
+Why a ConfigMap of its own and not an annotation of the Lease or the state object: both of
+those are written by compare-and-swap on their ``resourceVersion``; an extra writer would
+make lock takers and state writers lose races and retry, so history could slow down or
+perturb the lock. A separate object takes no part in the lock's decisions. It is granted by
+name like the other objects (see coordinator/rbac.py).
+
+What this module promises, and what it does not:
+
+- Recording never stands in the lock's way. The engine hands events over only after a
+  decision (taken, released, broken, lost) has been made and its lease writes are done,
+  usually to a background task; each member's copy is a read-merge-write bounded by the
+  per-cluster timeout; a failure is logged as a warning and never turns a command's
+  success into an error.
+- Every member keeps a copy; a reader merges the copies it can read, keeping each
+  (lock id, event) once. A member that was down while an event was recorded simply lacks
+  it; the others have it. Copies are not repaired by reading.
+- Bounded: the events of the last :data:`LIMIT` lock ids are kept (and strings cut to
+  :data:`MAX_TEXT`), far below the 1 MiB object limit.
+- The text comes from whoever may write a ConfigMap in the namespace: malformed entries
+  are dropped, and people see it only through :func:`coordinator.text.printable`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from coordinator.clusters import ClusterSet, failed
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import (
+    ANNOTATION_PREFIX,
+    FIELD_MANAGER,
+    configmaps_path,
+    history_name,
+    micro_time,
+    owned_metadata,
+    parse_time,
+)
+from coordinator.lease import LeaseView
+from coordinator.logs import get_logger
+from coordinator.outcome import Outcome
+
+log = get_logger(__name__)
+
+LIMIT = 100  # lock ids whose events are kept, the newest
+MAX_TEXT = 256  # characters kept of any string field
+MAX_LOCK_ID = 64
+DATA_KEY = "history.json"
+NOTE_ANNOTATION = ANNOTATION_PREFIX + "note"
+NOTE = "managed by coordinator: the lock's history (`coordinator lock history`); do not edit"
+WRITE_RETRIES = 4
+
+ACQUIRED = "acquired"
+RELEASED = "released"
+BROKEN = "broken"
+EXPIRED = "expired"
+LOST = "lost"
+EVENTS = (ACQUIRED, RELEASED, BROKEN, EXPIRED, LOST)
+# Which end a tenure is shown with when more than one was recorded for it: what the
+# holder or an admin did beats what another party inferred.
+END_PRIORITY = (BROKEN, RELEASED, EXPIRED, LOST)
+_TEXT_FIELDS = ("holder", "host", "pid", "reason", "by", "note")
+
+
+def history_path(namespace: str, deployment: str) -> str:
+    return f"{configmaps_path(namespace)}/{history_name(deployment)}"
+
+
+def now_text() -> str:
+    return micro_time(datetime.now(UTC))
+
+
+def event(kind: str, lock_id: str, *, at: str | None = None, token: int | None = None, **text: str) -> dict[str, Any]:
+    """One event as stored; empty fields are left out."""
+    found: dict[str, Any] = {"lock_id": lock_id, "event": kind, "at": at or now_text()}
+    if token is not None:
+        found["token"] = token
+    for key in _TEXT_FIELDS:
+        value = text.get(key)
+        if value:
+            found[key] = str(value)[:MAX_TEXT]
+    return found
+
+
+# ------------------------------------------------------------------ what the engine saw
+
+
+def _sorted_views(views: Mapping[str, LeaseView]) -> list[tuple[str, LeaseView]]:
+    return sorted(views.items())
+
+
+def take_events(
+    lock_id: str,
+    *,
+    holder: str,
+    host: str,
+    pid: str,
+    reason: str,
+    token: int | None,
+    lapsed: Mapping[str, LeaseView],
+) -> list[dict[str, Any]]:
+    """A lock taken on a majority: its ``acquired`` event, and ``expired`` for every other
+    lock id whose lapsed lease it took over (``lapsed``: per cluster, the lease as read
+    before the take). The expiry is dated now, when the taker saw it: the lease had run
+    out by the lock's own rules some time before, which nobody can date exactly."""
+    now = now_text()
+    found = [event(ACQUIRED, lock_id, at=now, token=token, holder=holder, host=host, pid=pid, reason=reason)]
+    seen: dict[str, list[str]] = {}
+    views: dict[str, LeaseView] = {}
+    for cluster, view in _sorted_views(lapsed):
+        if view.lock_id and view.lock_id != lock_id:
+            seen.setdefault(view.lock_id, []).append(cluster)
+            views.setdefault(view.lock_id, view)
+    for previous, clusters in seen.items():
+        view = views[previous]
+        last = f"last renewed {micro_time(view.renewed_at)}" if view.renewed_at else "never renewed"
+        found.append(
+            event(
+                EXPIRED,
+                previous,
+                at=now,
+                token=view.token or None,
+                holder=view.info.get("holder", ""),
+                host=view.info.get("host", ""),
+                pid=view.info.get("pid", ""),
+                reason=view.info.get("reason", ""),
+                by=holder,
+                note=f"lease found lapsed and taken over on {', '.join(clusters)} ({last}, TTL {view.ttl_s}s)",
+            )
+        )
+    return found
+
+
+def release_events(lock_id: str, released: Mapping[str, LeaseView]) -> list[dict[str, Any]]:
+    """A release that reached a majority (``released``: the leases as read before)."""
+    holder = next((v.info.get("holder", "") for _, v in _sorted_views(released) if v.info.get("holder")), "")
+    token = next((v.token for _, v in _sorted_views(released) if v.token), None)
+    return [event(RELEASED, lock_id, token=token, holder=holder, by=holder)]
+
+
+def break_events(*, by: str, reason: str, cleared: Mapping[str, LeaseView]) -> list[dict[str, Any]]:
+    """A break: one ``broken`` event per lock id it cleared (``cleared``: leases as read)."""
+    now = now_text()
+    found: dict[str, dict[str, Any]] = {}
+    for cluster, view in _sorted_views(cleared):
+        if not view.lock_id:
+            continue
+        e = found.get(view.lock_id)
+        if e is None:
+            found[view.lock_id] = event(
+                BROKEN,
+                view.lock_id,
+                at=now,
+                token=view.token or None,
+                holder=view.info.get("holder", ""),
+                host=view.info.get("host", ""),
+                pid=view.info.get("pid", ""),
+                reason=view.info.get("reason", ""),
+                by=by,
+                note=(f"break reason: {reason}; " if reason else "") + f"cleared on {cluster}",
+            )
+        else:
+            e["note"] = (e["note"] + f", {cluster}")[:MAX_TEXT]
+    return list(found.values())
+
+
+def lost_events(lock_id: str, *, holder: str, token: int | None, why: str) -> list[dict[str, Any]]:
+    """A renewal found the lock taken by another lock id, or broken."""
+    return [event(LOST, lock_id, token=token, holder=holder, by=holder, note=why)]
+
+
+# ------------------------------------------------------------------ pure: decode, merge
+
+
+def clean(raw: Any) -> dict[str, Any] | None:
+    """``raw`` as a well-formed event, or None. Anyone who may write a ConfigMap in the
+    namespace may have written it: every field is checked, strings are cut short."""
+    if not isinstance(raw, dict):
+        return None
+    lock_id, kind, at = raw.get("lock_id"), raw.get("event"), raw.get("at")
+    if not isinstance(lock_id, str) or not 0 < len(lock_id) <= MAX_LOCK_ID or kind not in EVENTS:
+        return None
+    if not isinstance(at, str) or parse_time(at) is None:
+        return None
+    token = raw.get("token")
+    if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+        token = None
+    text = {key: raw[key] for key in _TEXT_FIELDS if isinstance(raw.get(key), str)}
+    return event(kind, lock_id, at=micro_time(parse_time(at) or datetime.now(UTC)), token=token, **text)
+
+
+def decode(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The events stored in one history ConfigMap (none when it is absent or unreadable)."""
+    if not obj:
+        return []
+    data = obj.get("data") or {}
+    raw = data.get(DATA_KEY) if isinstance(data, dict) else None
+    if not isinstance(raw, str):
+        return []
+    try:
+        loaded = json.loads(raw)
+    except ValueError:
+        return []
+    if not isinstance(loaded, list):
+        return []
+    return [e for e in (clean(item) for item in loaded) if e is not None]
+
+
+def _when(e: Mapping[str, Any]) -> datetime:
+    return parse_time(e["at"]) or datetime.min.replace(tzinfo=UTC)
+
+
+def _order(e: Mapping[str, Any]) -> tuple[datetime, int, str]:
+    return (_when(e), EVENTS.index(e["event"]), e["lock_id"])
+
+
+def merge(*copies: Iterable[Mapping[str, Any]], limit: int = LIMIT) -> list[dict[str, Any]]:
+    """Every event of ``copies`` once per (lock id, event), oldest first, bounded to the
+    events of the ``limit`` lock ids seen last. Of two records of the same (lock id,
+    event) the earlier is kept (ties: the one whose JSON sorts first), so every reader
+    and writer merging the same copies gets the same list, in any order."""
+    chosen: dict[tuple[str, str], dict[str, Any]] = {}
+    for copy in copies:
+        for raw in copy:
+            e = clean(raw)
+            if e is None:
+                continue
+            key = (e["lock_id"], e["event"])
+            have = chosen.get(key)
+            if have is None or (_when(e), _dump(e)) < (_when(have), _dump(have)):
+                chosen[key] = e
+    events = sorted(chosen.values(), key=_order)
+    first_seen: dict[str, datetime] = {}
+    for e in events:
+        first_seen.setdefault(e["lock_id"], _when(e))
+    kept = set(sorted(first_seen, key=lambda lid: (first_seen[lid], lid))[-limit:]) if limit > 0 else set()
+    return [e for e in events if e["lock_id"] in kept]
+
+
+def _dump(e: Mapping[str, Any]) -> str:
+    return json.dumps(e, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class Tenure:
+    """One lock id's time with the lock, as the merged events tell it."""
+
+    lock_id: str
+    holder: str = ""
+    host: str = ""
+    pid: str = ""
+    reason: str = ""
+    token: int | None = None
+    since: datetime | None = None  # when it was taken (None: its acquisition was not recorded)
+    until: datetime | None = None  # when it ended, or was seen to have ended
+    ended: str | None = None  # released, broken, expired, lost; None: held, or not known to have ended
+    by: str = ""  # who released or broke it, or who saw it expired or lost
+    note: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lock_id": self.lock_id,
+            "holder": self.holder or None,
+            "host": self.host or None,
+            "pid": self.pid or None,
+            "reason": self.reason or None,
+            "fencing_token": self.token,
+            "since": micro_time(self.since) if self.since else None,
+            "until": micro_time(self.until) if self.until else None,
+            "ended": self.ended,
+            "by": self.by or None,
+            "note": self.note or None,
+            "events": self.events,
+        }
+
+
+def tenures(events: Sequence[Mapping[str, Any]]) -> list[Tenure]:
+    """Merged events grouped by lock id, oldest tenure first."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for raw in sorted((e for e in (clean(r) for r in events) if e is not None), key=_order):
+        grouped.setdefault(raw["lock_id"], []).append(raw)
+    found: list[Tenure] = []
+    for lock_id, group in grouped.items():
+        t = Tenure(lock_id, events=group)
+        by_kind = {e["event"]: e for e in group}
+        # The holder's details: its own acquisition first, else what others saw on its
+        # lease when they recorded its end (every event names the tenure's holder).
+        sources = [by_kind[ACQUIRED], *group] if ACQUIRED in by_kind else group
+        t.holder = next((e["holder"] for e in sources if e.get("holder")), "")
+        t.host = next((e["host"] for e in sources if e.get("host")), "")
+        t.pid = next((e["pid"] for e in sources if e.get("pid")), "")
+        t.reason = next((e["reason"] for e in sources if e.get("reason")), "")
+        t.token = next((e["token"] for e in sources if e.get("token") is not None), None)
+        if ACQUIRED in by_kind:
+            t.since = _when(by_kind[ACQUIRED])
+        for kind in END_PRIORITY:
+            end = by_kind.get(kind)
+            if end is not None:
+                t.ended, t.until, t.by, t.note = kind, _when(end), end.get("by", ""), end.get("note", "")
+                break
+        found.append(t)
+    found.sort(key=lambda t: (t.since or t.until or datetime.min.replace(tzinfo=UTC), t.lock_id))
+    return found
+
+
+# ------------------------------------------------------------------ in the clusters
+
+
+def _object(deployment: str, events: list[dict[str, Any]], old: Mapping[str, Any] | None) -> dict[str, Any]:
+    meta = owned_metadata(history_name(deployment), deployment)
+    if old:
+        rv = (old.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            meta["resourceVersion"] = rv  # compare-and-swap: a concurrent writer makes this 409
+    meta["annotations"] = {NOTE_ANNOTATION: NOTE}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {DATA_KEY: json.dumps(events, separators=(",", ":"), ensure_ascii=False)},
+    }
+
+
+class HistoryStore:
+    """The history ConfigMaps of one deployment on its member clusters."""
+
+    def __init__(self, clusters: ClusterSet, deployment: str, namespace: str, members: Sequence[str]) -> None:
+        self.clusters = clusters
+        self.deployment = deployment
+        self.namespace = namespace
+        self.members = list(members)
+        self.path = history_path(namespace, deployment)
+
+    async def _get(self, cluster: str) -> dict[str, Any] | None:
+        try:
+            resp = await self.clusters.client(cluster).request("GET", self.path)
+        except KubeError as err:
+            if err.kind == kube.NOT_FOUND:
+                return None
+            raise
+        return resp.body
+
+    async def _append_one(self, cluster: str, events: list[dict[str, Any]]) -> ClusterResult[int]:
+        client = self.clusters.client(cluster)
+        try:
+            await self.clusters.check_identity(cluster)
+            for _ in range(WRITE_RETRIES):
+                old = await self._get(cluster)
+                have = decode(old)
+                merged = merge(have, events)
+                if merged == merge(have):
+                    return ClusterResult(cluster, Outcome.OK, len(merged), detail="already recorded")
+                body = _object(self.deployment, merged, old)
+                query = {"fieldManager": FIELD_MANAGER}
+                try:
+                    if old is None:
+                        await client.request("POST", configmaps_path(self.namespace), body=body, query=query)
+                    else:
+                        await client.request("PUT", self.path, body=body, query=query)
+                except KubeError as err:
+                    if err.kind in (kube.CONFLICT, kube.ALREADY_EXISTS):
+                        continue  # another writer got there first: merge with theirs
+                    raise
+                return ClusterResult(cluster, Outcome.OK, len(merged), detail="recorded")
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+
+    async def append(self, events: list[dict[str, Any]], *, timeout: float) -> dict[str, ClusterResult[int]]:
+        """Add ``events`` to every member's copy; per-cluster outcomes, never raises for a
+        cluster's failure."""
+        return await fan_out(self.members, lambda c: self._append_one(c, events), timeout=timeout)
+
+    async def record(self, events: list[dict[str, Any]], *, timeout: float) -> None:
+        """Best effort: :meth:`append`, with any failure logged as a warning."""
+        if not events:
+            return
+        try:
+            results = await self.append(events, timeout=timeout)
+        except Exception as err:  # history must never sink the command that made it
+            log.warning("lock history not recorded", deployment=self.deployment, error=f"{type(err).__name__}: {err}")
+            return
+        missed = {c: f"{r.outcome}: {r.detail}" for c, r in results.items() if not r.ok}
+        missed.update({c: "no answer" for c in self.members if c not in results})
+        if missed:
+            log.warning(
+                "lock history not recorded on every member; the others keep it",
+                deployment=self.deployment,
+                events=",".join(sorted({e["event"] for e in events})),
+                clusters=missed,
+            )
+
+    async def read(self, *, timeout: float) -> tuple[list[dict[str, Any]], dict[str, ClusterResult[int]]]:
+        """The merged events of every copy that could be read, and per-cluster outcomes
+        (OK with the number of events that member keeps; 0 where it has no copy yet)."""
+        copies: dict[str, list[dict[str, Any]]] = {}
+
+        async def one(cluster: str) -> ClusterResult[int]:
+            try:
+                await self.clusters.check_identity(cluster)
+                obj = await self._get(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+            copies[cluster] = decode(obj)
+            return ClusterResult(cluster, Outcome.OK, len(copies[cluster]))
+
+        results = await fan_out(self.members, one, timeout=timeout)
+        return merge(*copies.values()), results
