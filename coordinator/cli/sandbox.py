@@ -256,19 +256,39 @@ def down_command(ctx: click.Context, dir_: Path | None, grace: str) -> None:
     emit(ctx, doc, text)
 
 
-def _simple(name: str, summary: str, example: str, past: str) -> None:
+def _apiserver_option(fn: Any) -> Any:
+    return click.option(
+        "--apiserver",
+        "apiserver",
+        metavar="J",
+        type=click.IntRange(1),
+        default=None,
+        help="On a cluster started with --apiservers N: only its kube-apiserver J [default: all of them].",
+    )(fn)
+
+
+def _simple(name: str, summary: str, example: str, past: str, *, per_apiserver: bool = True) -> None:
     """Register one `sandbox NAME I` command acting on cluster I's API server."""
 
-    @sandbox.command(name, help=summary, short_help=summary.split("\n")[0], epilog=f"\b\nExample: {example}")
-    @_index_argument
-    @_dir_option
-    @click.pass_context
-    def command(ctx: click.Context, index: int, dir_: Path | None) -> None:
+    def command(ctx: click.Context, index: int, dir_: Path | None, apiserver: int | None = None) -> None:
         from coordinator import sandbox as sb
 
         action = getattr(sb, name)
-        action(dir_, index)
-        emit(ctx, {"cluster": index, "action": name, "ok": True}, lambda: say(f"Cluster {index}: {past}."))
+        if apiserver is None:
+            action(dir_, index)
+            doc = {"cluster": index, "action": name, "ok": True}
+            emit(ctx, doc, lambda: say(f"Cluster {index}: {past}."))
+        else:
+            action(dir_, index, apiserver=apiserver)
+            doc = {"cluster": index, "apiserver": apiserver, "action": name, "ok": True}
+            emit(ctx, doc, lambda: say(f"Cluster {index}, kube-apiserver {apiserver}: {past}."))
+
+    decorated: Any = click.pass_context(command)
+    decorated = _dir_option(decorated)
+    if per_apiserver:
+        decorated = _apiserver_option(decorated)
+    decorated = _index_argument(decorated)
+    sandbox.command(name, help=summary, short_help=summary.split("\n")[0], epilog=f"\b\nExample: {example}")(decorated)
 
 
 _simple(
@@ -287,7 +307,8 @@ _simple(
 _simple(
     "kill",
     "Kill cluster I's kube-apiserver (SIGKILL); its etcd keeps the data.\n\n"
-    "Connections to its port are refused until `sandbox start`.",
+    "Connections to its port are refused until `sandbox start` (on an HA cluster the\n"
+    "front proxy answers 503 while none of its kube-apiservers runs).",
     "coordinator sandbox kill 2",
     "kube-apiserver killed (connections are refused until `sandbox start`)",
 )
@@ -297,4 +318,5 @@ _simple(
     "Restarts whatever of the cluster is not running; a paused server is resumed.",
     "coordinator sandbox start 2",
     "up and ready",
+    per_apiserver=False,
 )

@@ -1335,14 +1335,14 @@ class Sandbox:
     def status(self) -> SandboxStatus:
         return status(self.dir)
 
-    def pause(self, index: int) -> None:
-        pause(self.dir, index)
+    def pause(self, index: int, *, apiserver: int | None = None) -> None:
+        pause(self.dir, index, apiserver=apiserver)
 
-    def resume(self, index: int) -> None:
-        resume(self.dir, index)
+    def resume(self, index: int, *, apiserver: int | None = None) -> None:
+        resume(self.dir, index, apiserver=apiserver)
 
-    def kill(self, index: int) -> None:
-        kill(self.dir, index)
+    def kill(self, index: int, *, apiserver: int | None = None) -> None:
+        kill(self.dir, index, apiserver=apiserver)
 
     def start(self, index: int) -> None:
         start(self.dir, index)
