@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from filelock import FileLock, Timeout
 from pydantic import BaseModel, ValidationError
 
 from coordinator.errors import ConfigError, UsageError
@@ -117,6 +116,8 @@ class ConfigStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise ConfigError(f"Cannot create the config directory {self.path.parent}: {err}.") from err
+        from filelock import FileLock, Timeout  # only commands that write the config pay for it
+
         lock = FileLock(str(self._lock_path), timeout=30)
         try:
             with lock:

@@ -128,7 +128,7 @@ HISTORY_LIMIT = 50
 class AuditEntry(BaseModel):
     """One line of the bounded audit log kept inside the state envelope."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     at: datetime
     who: str
@@ -144,7 +144,7 @@ class AuditEntry(BaseModel):
 class StateEnvelope(BaseModel):
     """What one replica stores: the user's data plus what orders and audits it."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     schema_: int = Field(STATE_SCHEMA, alias="schema")
     version: int = Field(ge=0)
