@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import itertools
 import json
 import math
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,6 +74,20 @@ from coordinator.lock import new_lock_id  # noqa: E402
 from coordinator.models import LocalConfig  # noqa: E402
 
 LATENCY_MS = 100
+# Targets of the rows added in round two (``--target ID=VALUE`` overrides one, e.g. to
+# see a row fail): B10 connections per cluster; B8, B9 ratios; B3' median and p99 in
+# seconds; B4' ratio and peak RSS in MB; B11 RSS growth in MB and worst lag in seconds.
+TARGETS: dict[str, float] = {
+    "B10": 1,
+    "B8": 1.5,
+    "B9": 1.3,
+    "B3median": 0.100,
+    "B3p99": 0.250,
+    "B4": 1.3,
+    "B4rss": 100,
+    "B11rss": 5,
+    "B11lag": 0.5,
+}
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
 HOLDER = "bench@local"
 
@@ -157,6 +173,7 @@ class Rig:
     config_path: Path
     names: list[str]
     config: LocalConfig | None = None
+    cache: dict[str, Any] = field(default_factory=dict)  # what rows share (B8's deployments)
 
     # -- faults
 
@@ -765,13 +782,24 @@ def bench_b3(r: Rig, rep: Report, *, count: int) -> None:
     )
     rep.add(
         Row(
-            "B3a",
+            "B3'a",
             f"handoff with --wait: median over {len(w)}",
             ms(median(w)),
             "",
             median(w),
-            "<= 300 ms",
-            median(w) <= 0.3,
+            f"<= {TARGETS['B3median'] * 1000:.0f} ms",
+            median(w) <= TARGETS["B3median"],
+        )
+    )
+    rep.add(
+        Row(
+            "B3'b",
+            f"handoff with --wait: p99 over {len(w)} (max {ms(max(w))})",
+            ms(percentile(w, 99)),
+            "",
+            percentile(w, 99),
+            f"<= {TARGETS['B3p99'] * 1000:.0f} ms",
+            percentile(w, 99) <= TARGETS["B3p99"],
         )
     )
     rep.add(
@@ -824,18 +852,18 @@ def bench_b4(r: Rig, rep: Report, *, reps: int, warmup: int) -> None:
     peak = max(x.rss_kib for x in runs["status"]) / 1024
     rep.add(
         Row(
-            "B4a",
+            "B4'a",
             "`lock status` (5 clusters) wall / `import kubernetes_asyncio.client` wall",
             f"{ws / wi:.2f} ({ws:.2f} s vs {wi:.2f} s; bare python {wp:.2f} s)",
             f"import {wi:.2f} s",
             ws / wi,
-            "<= 1.6",
-            ws / wi <= 1.6,
+            f"<= {TARGETS['B4']:g}",
+            ws / wi <= TARGETS["B4"],
         )
     )
     rep.add(
         Row(
-            "B4.cpu",
+            "B4'.cpu",
             "same, CPU time (user+sys) ratio, less sensitive to a busy machine",
             f"{cs / ci:.2f} ({cs:.2f} s vs {ci:.2f} s)",
             f"import {ci:.2f} s",
@@ -846,13 +874,13 @@ def bench_b4(r: Rig, rep: Report, *, reps: int, warmup: int) -> None:
     )
     rep.add(
         Row(
-            "B4b",
+            "B4'b",
             "`lock status` peak RSS (max of runs)",
             f"{peak:.0f} MiB (import alone {max(x.rss_kib for x in runs['import']) / 1024:.0f} MiB)",
             "",
             peak,
-            "<= 120 MB",
-            peak * 2**20 <= 120e6,
+            f"<= {TARGETS['B4rss']:g} MB",
+            peak * 2**20 <= TARGETS["B4rss"] * 1e6,
         )
     )
 
@@ -1191,6 +1219,454 @@ def bench_b7(r: Rig, rep: Report, *, sizes_kib: Sequence[int], reps: int, warmup
         )
 
 
+# ---------------------------------------------------------------------------- B10 (and request counts)
+
+
+class CountingForwarders:
+    """A tiny TCP forwarder in front of each cluster's proxy, in a thread of its own,
+    that counts the connections accepted per cluster (TLS passes through untouched, so
+    what is counted is what the client opened)."""
+
+    def __init__(self, upstreams: Sequence[tuple[str, int]]) -> None:
+        import asyncio
+        import threading
+
+        self.upstreams = list(upstreams)
+        self.counts = [0] * len(self.upstreams)
+        self.ports: list[int] = []
+        self._loop = asyncio.new_event_loop()
+        self._servers: list[Any] = []
+        ready = threading.Event()
+
+        async def start() -> None:
+            for i in range(len(self.upstreams)):
+                server = await asyncio.start_server(functools.partial(self._pipe, i), "127.0.0.1", 0)
+                self._servers.append(server)
+                self.ports.append(server.sockets[0].getsockname()[1])
+            ready.set()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(start())
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="forwarders", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the counting forwarders did not start")
+
+    async def _pipe(self, i: int, reader: Any, writer: Any) -> None:
+        import asyncio
+
+        self.counts[i] += 1
+        host, port = self.upstreams[i]
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, port)
+        except OSError:
+            writer.close()
+            return
+
+        async def copy(src: Any, dst: Any) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    dst.close()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+
+    def reset(self) -> None:
+        self.counts = [0] * len(self.upstreams)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            for s in self._servers:
+                s.close()
+
+        import asyncio
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+def forwarded_config(r: Rig, fw: CountingForwarders, dest: Path) -> Path:
+    """A copy of the rig's kubeconfig and local config whose clusters are reached
+    through the forwarders (same contexts, so identities still match)."""
+    doc = yaml.safe_load(r.kubeconfig.read_text())
+    by_port = {p.port: fw.ports[i] for i, p in enumerate(r.proxies)}
+    for entry in doc.get("clusters") or []:
+        server = entry["cluster"]["server"]
+        port = int(server.rsplit(":", 1)[1])
+        if port in by_port:
+            entry["cluster"]["server"] = f"https://127.0.0.1:{by_port[port]}"
+    dest.mkdir(parents=True, exist_ok=True)
+    kubeconfig = dest / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
+    kubeconfig.chmod(0o600)
+    config = yaml.safe_load(r.config_path.read_text())
+    for rec in (config.get("clusters") or {}).values():
+        rec["kubeconfig"] = str(kubeconfig)
+    path = dest / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+# Runs a coordinator command with every request to the API servers counted (method,
+# path, cluster): the counts go, as JSON, to the file named by BENCH_REQUEST_LOG.
+COUNTING_MAIN = r"""
+import atexit, json, os, sys
+from coordinator.kube import client as kc
+seen = []
+_send, _watch = kc.KubeClient._send, kc.KubeClient.watch
+async def send(self, method, path, *args, **kwargs):
+    seen.append([self.endpoint.name, method, path])
+    return await _send(self, method, path, *args, **kwargs)
+def watch(self, path, **kwargs):
+    seen.append([self.endpoint.name, "WATCH", path])
+    return _watch(self, path, **kwargs)
+kc.KubeClient._send, kc.KubeClient.watch = send, watch
+def dump():
+    with open(os.environ["BENCH_REQUEST_LOG"], "w") as f:
+        json.dump(seen, f)
+atexit.register(dump)
+from coordinator.cli import main
+sys.argv = ["coordinator", *sys.argv[1:]]
+main()
+"""
+
+
+def counted_requests(r: Rig, *args: str, env: dict[str, str] | None = None) -> tuple[ProcessRun, list[list[str]]]:
+    """Run ``coordinator ARGS`` with its requests counted; returns the run and the
+    requests as [cluster, method, path]."""
+    with tempfile.NamedTemporaryFile(prefix="requests-", suffix=".json") as log:
+        run = run_process(
+            [sys.executable, "-c", COUNTING_MAIN, *args], (env or r.environ()) | {"BENCH_REQUEST_LOG": log.name}
+        )
+        text = Path(log.name).read_text()
+    return run, json.loads(text) if text else []
+
+
+def bench_b10(r: Rig, rep: Report, *, clusters: int = 5) -> None:
+    print(f"B10: connections per cluster per command over {clusters} clusters, counted at a TCP forwarder", flush=True)
+    dep = r.deployment("b10", r.names[:clusters])
+    r.clear()
+    fw = CountingForwarders([(p.host, p.port) for p in r.proxies[:clusters]])
+    try:
+        env = r.environ(COORDINATOR_CONFIG=str(forwarded_config(r, fw, r.root / "b10")))
+        counts: dict[str, list[int]] = {}
+        commands = {
+            "lock acquire": ["lock", "acquire", dep, "--ttl", "60"],
+            "state set": ["state", "set", dep, "replicas:=3"],
+            "lock status": ["lock", "status", dep],
+            "lock release": ["lock", "release", dep],
+        }
+        for label, args in commands.items():
+            fw.reset()
+            run = run_process([sys.executable, "-m", "coordinator", *args], env)
+            if run.code != 0:
+                raise RuntimeError(f"coordinator {' '.join(args)} exited {run.code}: {run.stderr}")
+            counts[label] = list(fw.counts)
+    finally:
+        fw.stop()
+    rep.raw["B10"] = counts
+    target = TARGETS["B10"]
+    for label in ("lock acquire", "state set", "lock status"):
+        per = counts[label]
+        rep.add(
+            Row(
+                f"B10.{label.split()[1]}",
+                f"`{label}`: TCP connections per cluster ({clusters} clusters)",
+                f"{'/'.join(str(x) for x in per)}",
+                "",
+                float(max(per)),
+                f"exactly {target:g} each",
+                all(x == target for x in per),
+            )
+        )
+    rep.add(
+        Row(
+            "B10.rel",
+            "`lock release`: connections per cluster (info)",
+            "/".join(str(x) for x in counts["lock release"]),
+            "",
+            float(max(counts["lock release"])),
+            "-",
+            None,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- B8
+
+
+def fleet_deployments(r: Rig, count: int, clusters: int) -> list[str]:
+    if "fleet" not in r.cache:
+        r.cache["fleet"] = [r.deployment(f"f{i:02d}", r.names[:clusters]) for i in range(count)]
+    return list(r.cache["fleet"])
+
+
+FLEET_LIST = "/apis/coordination.k8s.io/v1/leases"  # leases across namespaces
+
+
+def bench_b8(r: Rig, rep: Report, *, deployments: int, clusters: int, reps: int, warmup: int) -> None:
+    print(f"B8: `lock status --all` over {deployments} deployments x {clusters} clusters vs `lock status` of one")
+    deps = fleet_deployments(r, deployments, clusters)
+    r.clear()
+    # a few of them held, so that the view has holders to show
+    held: list[tuple[str, str]] = []
+
+    async def hold() -> None:
+        async with r.coordinator(10.0) as c:
+            for dep in deps[: max(1, deployments // 4)]:
+                res = await c.acquire(dep, ttl=600, holder="bench-fleet", reason="b8")
+                held.append((dep, res.lock_id))
+
+    anyio.run(hold)
+    try:
+        env = r.environ()
+        cmds = {
+            "all": [sys.executable, "-m", "coordinator", "lock", "status", "--all", "-o", "json"],
+            "one": [sys.executable, "-m", "coordinator", "lock", "status", deps[0], "-o", "json"],
+        }
+        runs: dict[str, list[ProcessRun]] = {k: [] for k in cmds}
+        order = list(cmds)
+        for i in range(warmup + reps):
+            random.shuffle(order)
+            for k in order:
+                run = run_process(cmds[k], env)
+                if run.code != 0:
+                    raise RuntimeError(f"{cmds[k]} exited {run.code}: {run.stderr}")
+                if i >= warmup:
+                    runs[k].append(run)
+        doc = json.loads(runs["all"][-1].stdout)
+        shown = {d["deployment"] for d in doc.get("deployments", [])}
+        missing = [d for d in deps if d not in shown]
+        if missing:
+            raise RuntimeError(f"the fleet view did not show {missing}")
+        _, requests = counted_requests(r, "lock", "status", "--all", "-o", "json")
+        _, requests_one = counted_requests(r, "lock", "status", deps[0], "-o", "json")
+    finally:
+
+        async def release() -> None:
+            async with r.coordinator(10.0) as c:
+                for dep, lock_id in held:
+                    await c.release(dep, lock_id)
+
+        anyio.run(release)
+    lists = Counter(
+        c for c, m, p in requests if p.startswith("/apis/coordination.k8s.io/v1/leases") and m in ("GET", "WATCH")
+    )
+    per_cluster = Counter(c for c, _, _ in requests)
+    names = r.names[:clusters]
+    wa, wo = median([x.wall for x in runs["all"]]), median([x.wall for x in runs["one"]])
+    ca, co = median([x.cpu for x in runs["all"]]), median([x.cpu for x in runs["one"]])
+    rep.raw["B8"] = {
+        k: {"wall": [x.wall for x in v], "cpu": [x.cpu for x in v], **summary([x.wall for x in v])}
+        for k, v in runs.items()
+    }
+    rep.raw["B8"]["requests"] = {"all": requests, "one": requests_one, "deployments": len(shown)}
+    rep.add(
+        Row(
+            "B8a",
+            f"`lock status --all` ({len(shown)} deployments x {clusters} clusters) wall / `lock status` of one",
+            f"{wa / wo:.2f} ({wa:.2f} s vs {wo:.2f} s; CPU {ca:.2f} s vs {co:.2f} s)",
+            f"one deployment {wo:.2f} s",
+            wa / wo,
+            f"<= {TARGETS['B8']:g}",
+            wa / wo <= TARGETS["B8"],
+        )
+    )
+    rep.add(
+        Row(
+            "B8b",
+            "fleet view: LISTs (or watches) of leases per cluster; all requests per cluster",
+            f"{'/'.join(str(lists[n]) for n in names)}; {'/'.join(str(per_cluster[n]) for n in names)} "
+            f"(one deployment: {len(requests_one) / clusters:.0f} per cluster)",
+            "",
+            float(max(lists[n] for n in names)),
+            "exactly 1 LIST per cluster",
+            all(lists[n] == 1 for n in names),
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- B9
+
+
+def bench_b9(r: Rig, rep: Report, *, reps: int, warmup: int, latency_ms: int = 50) -> None:
+    print(f"B9: acquire over 9 vs 3 clusters at +{latency_ms} ms per cluster, fresh clients", flush=True)
+    if len(r.names) < 9:
+        raise RuntimeError(f"B9 needs 9 clusters, the rig has {len(r.names)}")
+    deps = {n: r.deployment(f"b9-n{n}", r.names[:n]) for n in (3, 9)}
+    r.clear()
+    r.latency(latency_ms)
+    try:
+        cpu: dict[str, list[float]] = {}
+        samples = interleaved(
+            {f"n{n}": cold(r, parallel_acquire_on, dep) for n, dep in deps.items()}, reps, warmup, cpu
+        )
+    finally:
+        r.clear()
+    rep.raw["B9"] = {k: {"samples": v, "cpu": cpu.get(k, []), **summary(v)} for k, v in samples.items()}
+    w3, w9 = median(samples["n3"]), median(samples["n9"])
+    c3, c9 = median(cpu["n3"]), median(cpu["n9"])
+    per_extra = (c9 - c3) / 6
+    rep.add(
+        Row(
+            "B9",
+            f"`lock acquire` over 9 / over 3 clusters at +{latency_ms} ms, fresh clients",
+            f"{w9 / w3:.2f} ({ms(w9)} vs {ms(w3)})",
+            f"3 clusters {ms(w3)}",
+            w9 / w3,
+            f"<= {TARGETS['B9']:g}",
+            w9 / w3 <= TARGETS["B9"],
+        )
+    )
+    rep.add(
+        Row(
+            "B9.cpu",
+            "client CPU per extra cluster (acquire, fresh clients)",
+            f"{per_extra * 1000:.1f} ms ({c9 * 1000:.0f} ms over 9 vs {c3 * 1000:.0f} ms over 3)",
+            "",
+            per_extra,
+            "-",
+            None,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- B11
+
+
+def _rss_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration: float, warmup: float) -> None:
+    import threading
+
+    print(
+        f"B11: `lock status --all --watch` over {deployments} x {clusters} for {duration:g}s, "
+        "a lock changing hands every 2 s",
+        flush=True,
+    )
+    deps = fleet_deployments(r, deployments, clusters)
+    dep = deps[-1]
+    r.clear()
+    cmd = [sys.executable, "-m", "coordinator", "lock", "status", "--all", "--watch", "-o", "json"]
+    proc = subprocess.Popen(
+        cmd, env=r.environ(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", text=True
+    )
+    shown: list[tuple[float, str | None]] = []  # (when read, lock id of dep)
+    rss: list[tuple[float, int]] = []
+    stop = threading.Event()
+    t_start = time.monotonic()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            t = time.monotonic()
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            for d in doc.get("deployments", []):
+                if d.get("deployment") == dep:
+                    shown.append((t, d.get("lock_id") if d.get("status") == "held" else None))
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            kib = _rss_kib(proc.pid)
+            if kib is not None:
+                rss.append((time.monotonic() - t_start, kib))
+
+    threads = [threading.Thread(target=read, daemon=True), threading.Thread(target=sample, daemon=True)]
+    for t in threads:
+        t.start()
+    changes: list[tuple[float, float, str]] = []  # (acquire started, acquire done, lock id)
+
+    async def drive() -> None:
+        async with r.coordinator(5.0) as a, r.coordinator(5.0) as b:
+            await anyio.sleep(3.0)  # the watcher's first view
+            who = [(a, "bench-a"), (b, "bench-b")]
+            held: tuple[Coordinator, str] | None = None
+            i = 0
+            while time.monotonic() - t_start < duration:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the watcher exited {proc.returncode}")
+                c, name = who[i % 2]
+                if held is not None:
+                    await held[0].release(dep, held[1])
+                t0 = time.monotonic()
+                res = await c.acquire(dep, ttl=30, holder=name, reason="b11")
+                changes.append((t0, time.monotonic(), res.lock_id))
+                held = (c, res.lock_id)
+                i += 1
+                await anyio.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))
+            await anyio.sleep(2.0)  # time for the last change to show
+            if held is not None:
+                await held[0].release(dep, held[1])
+
+    try:
+        anyio.run(drive)
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for t in threads:
+            t.join(5)
+    lags: list[float] = []
+    for started, done, lock_id in changes:
+        seen = next((t for t, lid in shown if t >= started and lid == lock_id), None)
+        lags.append(math.inf if seen is None else max(0.0, seen - done))
+    after = [kib for t, kib in rss if t >= warmup]
+    growth_mb = (max(after) - after[0]) * 1024 / 1e6 if after else math.nan
+    missed = sum(1 for x in lags if x == math.inf)
+    finite = [x for x in lags if x != math.inf]
+    rep.raw["B11"] = {"lags": lags, "rss": rss, "changes": len(changes), "duration": duration, "warmup": warmup}
+    rep.add(
+        Row(
+            "B11a",
+            f"`lock status --all --watch` ({deployments}x{clusters}, {duration:g} s): RSS growth after {warmup:g} s",
+            f"{growth_mb:.1f} MB ({after[0] / 1024:.0f} -> {max(after) / 1024:.0f} MiB)" if after else "no samples",
+            "",
+            growth_mb,
+            f"<= {TARGETS['B11rss']:g} MB",
+            bool(after) and growth_mb <= TARGETS["B11rss"],
+        )
+    )
+    worst = max(lags) if lags else math.nan
+    rep.add(
+        Row(
+            "B11b",
+            f"each change shown after it happened: worst of {len(changes)} (median, never shown)",
+            f"{ms(worst) if worst != math.inf else 'never'} (median {ms(median(finite)) if finite else '-'}; "
+            f"{missed} never shown)",
+            "",
+            worst,
+            f"<= {TARGETS['B11lag'] * 1000:.0f} ms",
+            bool(lags) and worst <= TARGETS["B11lag"],
+        )
+    )
+
+
 # ---------------------------------------------------------------------------- output
 
 
@@ -1298,8 +1774,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, help="write the plots (PNG) here")
     ap.add_argument("--only", default="", help="comma-separated figures to run, e.g. B1,B4")
     ap.add_argument("--sandbox-dir", type=Path, help="use this running sandbox instead of starting one")
+    ap.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="ID=VALUE",
+        help=f"override a round-two target, e.g. B10=0 to see the row fail ({', '.join(TARGETS)})",
+    )
     ap.add_argument("--contender", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    for item in args.target:
+        key, _, value = item.partition("=")
+        if key not in TARGETS:
+            ap.error(f"--target {item}: unknown target {key!r}")
+        TARGETS[key] = float(value)
     if args.contender:
         spec = json.loads(args.contender)
         anyio.run(
@@ -1314,7 +1802,7 @@ def main(argv: list[str] | None = None) -> int:
         return not only or fig in only
 
     sizes = [1, 3, 5] if quick else [1, 3, 5, 7]
-    n = max(sizes) if wanted("B1") else 5
+    n = 9 if wanted("B9") else max(sizes) if wanted("B1") else 5
     signal.signal(signal.SIGTERM, _on_sigterm)
     rep = Report()
     env = environment()
@@ -1322,6 +1810,20 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     try:
         with rig(n, sandbox_dir=args.sandbox_dir) as r:
+            # the fleet rows first: the fleet view shows every deployment on the clusters
+            if wanted("B8"):
+                bench_b8(r, rep, deployments=20, clusters=5, reps=4 if quick else 12, warmup=1)
+            if wanted("B11"):
+                bench_b11(
+                    r,
+                    rep,
+                    deployments=20,
+                    clusters=5,
+                    duration=45 if quick else 600,
+                    warmup=15 if quick else 60,
+                )
+            if wanted("B10"):
+                bench_b10(r, rep)
             if wanted("B4"):
                 bench_b4(r, rep, reps=6 if quick else 15, warmup=1 if quick else 2)
             if wanted("B1"):
@@ -1332,8 +1834,10 @@ def main(argv: list[str] | None = None) -> int:
                 bench_b2(
                     r, rep, reps=4 if quick else 10, warmup=1, fail_reps=1 if quick else 3, cli_reps=2 if quick else 4
                 )
+            if wanted("B9"):
+                bench_b9(r, rep, reps=4 if quick else 15, warmup=1 if quick else 2)
             if wanted("B3"):
-                bench_b3(r, rep, count=10 if quick else 30)
+                bench_b3(r, rep, count=10 if quick else 100)
             if wanted("B7"):
                 sizes_kib = [1, 16, 128, 512] if quick else [1, 4, 16, 64, 128, 256, 512]
                 bench_b7(r, rep, sizes_kib=sizes_kib, reps=3 if quick else 7, warmup=1)
