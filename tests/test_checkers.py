@@ -14,9 +14,12 @@ from coordinator.testing.checkers import (
     CheckResult,
     CriticalSection,
     Operation,
+    apply_breaks,
     check_linearizable_register,
     check_mutual_exclusion,
     check_no_lost_writes,
+    history_stats,
+    section_from_marks,
 )
 
 
@@ -36,17 +39,13 @@ def r(process: str, value: Any, invoke: float, complete: float | None, status: s
 
 
 def test_sequential_sections_with_rising_tokens_pass() -> None:
-    result = check_mutual_exclusion(
-        [sec("a", 1, 0.0, 1.0), sec("b", 2, 1.5, 3.0), sec("a", 5, 3.0, 4.0)]
-    )
+    result = check_mutual_exclusion([sec("a", 1, 0.0, 1.0), sec("b", 2, 1.5, 3.0), sec("a", 5, 3.0, 4.0)])
     assert result.ok, result.summary()
     assert result.violations == ()
 
 
 def test_records_may_come_in_any_order_and_as_dataclasses() -> None:
-    result = check_mutual_exclusion(
-        [CriticalSection("b", 2, 2.0, 3.0), CriticalSection("a", 1, 0.0, 1.0)]
-    )
+    result = check_mutual_exclusion([CriticalSection("b", 2, 2.0, 3.0), CriticalSection("a", 1, 0.0, 1.0)])
     assert result.ok, result.summary()
 
 
@@ -58,9 +57,7 @@ def test_overlapping_sections_are_reported() -> None:
 
 
 def test_every_overlapping_pair_is_reported() -> None:
-    result = check_mutual_exclusion(
-        [sec("a", 1, 0.0, 10.0), sec("b", 2, 1.0, 2.0), sec("c", 3, 3.0, 4.0)]
-    )
+    result = check_mutual_exclusion([sec("a", 1, 0.0, 10.0), sec("b", 2, 1.0, 2.0), sec("c", 3, 3.0, 4.0)])
     assert result.kinds == ["overlap", "overlap"]
 
 
@@ -82,9 +79,7 @@ def test_equal_token_is_reported_as_reused() -> None:
 
 
 def test_token_must_beat_the_highest_so_far_not_just_the_previous_one() -> None:
-    result = check_mutual_exclusion(
-        [sec("a", 5, 0.0, 1.0), sec("b", 2, 2.0, 3.0), sec("c", 3, 4.0, 5.0)]
-    )
+    result = check_mutual_exclusion([sec("a", 5, 0.0, 1.0), sec("b", 2, 2.0, 3.0), sec("c", 3, 4.0, 5.0)])
     assert result.kinds == ["token-not-rising", "token-not-rising"]
 
 
@@ -135,9 +130,7 @@ def test_sequential_history_is_linearizable() -> None:
 def test_initial_value_is_a_parameter() -> None:
     assert check_linearizable_register([r("a", "v0", 0, 1)], initial="v0").ok
     assert check_linearizable_register([r("a", None, 0, 1)]).ok
-    assert check_linearizable_register([r("a", None, 0, 1)], initial="v0").kinds == [
-        "read-of-unwritten-value"
-    ]
+    assert check_linearizable_register([r("a", None, 0, 1)], initial="v0").kinds == ["read-of-unwritten-value"]
 
 
 def test_stale_read_is_not_linearizable() -> None:
@@ -190,9 +183,7 @@ def test_concurrent_reads_must_agree_on_one_order() -> None:
 def test_equal_readings_count_as_concurrent() -> None:
     # The read's invoke equals the write's completion: the clock can't order them.
     assert check_linearizable_register([w("a", 1, 0, 2), r("b", None, 2, 3)]).ok
-    assert check_linearizable_register([w("a", 1, 0, 2), r("b", None, 2.5, 3)]).kinds == [
-        "not-linearizable"
-    ]
+    assert check_linearizable_register([w("a", 1, 0, 2), r("b", None, 2.5, 3)]).kinds == ["not-linearizable"]
 
 
 @pytest.mark.parametrize("seen", [None, 1])
@@ -279,9 +270,7 @@ def test_malformed_operations_are_rejected() -> None:
     with pytest.raises(ValueError, match="completes before it is invoked"):
         check_linearizable_register([w("a", 1, 5, 1)])
     with pytest.raises(ValueError, match="kind must be"):
-        check_linearizable_register(
-            [{"process": "a", "kind": "cas", "value": 1, "invoke": 0, "complete": 1}]
-        )
+        check_linearizable_register([{"process": "a", "kind": "cas", "value": 1, "invoke": 0, "complete": 1}])
 
 
 def test_history_is_split_at_quiescence_and_values_carry_across() -> None:
@@ -336,22 +325,19 @@ def test_long_history_with_one_stale_read_is_caught() -> None:
     first_write = next(op for op in history if op.kind == "write")
     last_read = max((op for op in history if op.kind == "read"), key=lambda op: op.invoke)
     later_writes = [
-        op for op in history if op.kind == "write" and op.complete < last_read.invoke  # type: ignore[operator]
+        op
+        for op in history
+        if op.kind == "write" and op.complete < last_read.invoke  # type: ignore[operator]
     ]
     assert len(later_writes) > 1  # the first write was surely overwritten
-    broken = [
-        r(op.process, first_write.value, op.invoke, op.complete) if op is last_read else op
-        for op in history
-    ]
+    broken = [r(op.process, first_write.value, op.invoke, op.complete) if op is last_read else op for op in history]
     result = check_linearizable_register(broken)
     assert result.kinds == ["not-linearizable"]
 
 
 def test_search_gives_up_clearly_when_over_budget() -> None:
     # Twelve concurrent writes and reads: many orders to try.
-    history = [w(f"p{i}", i, 0, 100) for i in range(12)] + [
-        r("q", i, 1 + i, 1.5 + i) for i in (3, 1, 4, 1, 5, 9, 2, 6)
-    ]
+    history = [w(f"p{i}", i, 0, 100) for i in range(12)] + [r("q", i, 1 + i, 1.5 + i) for i in (3, 1, 4, 1, 5, 9, 2, 6)]
     result = check_linearizable_register(history, max_states=50)
     assert not result.decided
     assert not result.ok
@@ -362,11 +348,7 @@ def test_search_gives_up_clearly_when_over_budget() -> None:
 
 def _brute_force(history: Sequence[Operation], initial: Any = None) -> bool:
     """Try every total order (and every choice of unknown writes to keep)."""
-    ops = [
-        op
-        for op in history
-        if op.status != "fail" and not (op.kind == "read" and op.status != "ok")
-    ]
+    ops = [op for op in history if op.status != "fail" and not (op.kind == "read" and op.status != "ok")]
     unknown = [op for op in ops if op.status == "unknown"]
     known = [op for op in ops if op.status == "ok"]
 
@@ -376,11 +358,7 @@ def _brute_force(history: Sequence[Operation], initial: Any = None) -> bool:
     for keep in itertools.product([False, True], repeat=len(unknown)):
         chosen = known + [op for op, k in zip(unknown, keep, strict=True) if k]
         for order in itertools.permutations(chosen):
-            if any(
-                end(later) < earlier.invoke
-                for i, earlier in enumerate(order)
-                for later in order[i + 1 :]
-            ):
+            if any(end(later) < earlier.invoke for i, earlier in enumerate(order) for later in order[i + 1 :]):
                 continue
             value = initial
             for op in order:
@@ -471,3 +449,85 @@ def test_final_value_from_a_read_that_does_not_follow_all_writes_is_refused() ->
         check_no_lost_writes([w("a", 1, 0, 4), r("c", None, 4, 5)])
     with pytest.raises(ValueError, match="no successful read"):
         check_no_lost_writes([w("a", 1, 0, 1)])
+
+
+def test_a_final_value_acknowledged_before_a_later_write_is_a_lost_write_despite_unknown_writes() -> None:
+    # The final read returns 1, acknowledged before 2 was even sent: 2 is lost. The old
+    # rule let the unknown write 3 excuse it, although 3 is not the final value.
+    history = [w("a", 1, 0, 1), w("b", 2, 2, 3), w("c", 3, 4, 5, status="unknown"), r("d", 1, 6, 7)]
+    result = check_no_lost_writes(history)
+    assert result.kinds == ["lost-write"]
+    assert "acknowledged write 2 by b [2, 3] was lost" in result.messages[0]
+
+
+def test_an_unknown_write_of_the_final_value_may_have_landed_last() -> None:
+    history = [w("a", 1, 0, 1), w("b", 2, 2, 3), w("c", 3, 0.5, 0.8, status="unknown"), r("d", 3, 6, 7)]
+    assert check_no_lost_writes(history).ok
+
+
+def test_final_initial_value_loses_every_acknowledged_write() -> None:
+    history = [w("a", 1, 0, 1), w("c", 3, 4, 5, status="unknown"), r("d", None, 6, 7)]
+    assert check_no_lost_writes(history).kinds == ["lost-write"]
+
+
+# ------------------------------------------------------------------ history measures
+
+
+def test_history_stats_count_concurrency_overlaps_and_observed_unknown_writes() -> None:
+    history = [
+        w("a", 1, 0, 4),
+        r("b", None, 1, 2),  # overlaps the write of 1
+        r("c", 1, 3, 5),  # overlaps it too; three in flight at 3
+        w("d", 2, 6, 7, status="unknown"),
+        w("e", 3, 8, None, status="unknown"),  # never completed: never read
+        r("f", 2, 9, 10),  # overlaps the unknown write 3, which may still land; reads 2
+        r("g", 1, 11, 12, status="fail"),
+    ]
+    stats = history_stats(history)
+    assert stats.max_in_flight == 2
+    assert stats.reads_overlapping_writes == 3
+    assert (stats.unknown_writes, stats.unknown_writes_observed) == (2, 1)
+    busier = history_stats([*history, r("h", 1, 1.5, 3.5)])
+    assert busier.max_in_flight == 3
+
+
+# --------------------------------------------------------- breaks and process trees
+
+
+def test_a_break_ends_the_broken_holders_section_for_the_check() -> None:
+    sections = [sec("a", 1, 0, 10), sec("b", 2, 6, 8)]
+    assert check_mutual_exclusion(sections).kinds == ["overlap"]
+    cut = apply_breaks(sections, [(5.0, 5.5)])
+    assert cut[0]["exit"] == 5.0 and cut[0]["how"] == "broken"
+    assert check_mutual_exclusion(cut).ok
+
+
+def test_a_break_does_not_excuse_an_overlap_before_it_nor_after_it_completed() -> None:
+    before = apply_breaks([sec("a", 1, 0, 10), sec("b", 2, 3, 4)], [(5.0, 5.5)])
+    assert check_mutual_exclusion(before).kinds == ["overlap"]
+    # c entered after the break completed and d after c: d overlaps c.
+    after = apply_breaks([sec("a", 1, 0, 10), sec("c", 2, 6, 9), sec("d", 3, 7, 8)], [(5.0, 5.5)])
+    assert check_mutual_exclusion(after).kinds == ["overlap"]
+    # A break that ended before a section entered does not touch it.
+    untouched = apply_breaks([sec("c", 2, 6, 9)], [(5.0, 5.5)])
+    assert untouched[0]["exit"] == 9 and "how" not in untouched[0]
+
+
+def test_a_process_tree_lasts_until_its_last_mark() -> None:
+    marks = [
+        "100 token 7",
+        "100 start 10.00",
+        "101 start 10.05",
+        "100 end 11.00",
+        "102 start 10.10",
+        "102 tick 14.20",  # a grandchild the shell did not wait for
+        "101 end 10.50",
+        "102 ti",  # cut short by SIGKILL
+    ]
+    tree = section_from_marks(marks)
+    assert tree is not None
+    assert (tree.token, tree.enter, tree.exit, tree.processes) == (7, 10.0, pytest.approx(14.21), 3)
+    # The grandchild's last mark is what overlaps the next holder, not the shell's end.
+    sections = [sec("tree", 7, tree.enter, tree.exit), sec("next", 8, 12.0, 13.0)]
+    assert check_mutual_exclusion(sections).kinds == ["overlap"]
+    assert section_from_marks(["100 token 7", "garbage"]) is None

@@ -38,11 +38,15 @@ __all__ = [
     "FINAL_FROM_HISTORY",
     "CheckResult",
     "CriticalSection",
+    "HistoryStats",
     "Operation",
     "Violation",
+    "apply_breaks",
     "check_linearizable_register",
     "check_mutual_exclusion",
     "check_no_lost_writes",
+    "history_stats",
+    "section_from_marks",
 ]
 
 OpKind = Literal["write", "read"]
@@ -723,15 +727,19 @@ def check_no_lost_writes(
     is the value of the history's last successful read, which must have been
     invoked after every acknowledged write completed (else ValueError).
 
-    The rule, deliberately simple:
+    The final value names the last write that took effect: a write (that did not
+    fail) of that value, or none when it is the initial value. So an acknowledged
+    write ``w`` of another value is *lost* unless some write of the final value could
+    have taken effect after ``w`` did: one whose outcome is ``unknown`` (it may land
+    at any time after it was invoked), or an acknowledged one that had not completed
+    before ``w`` was invoked. Writes of other values excuse nothing, whatever their
+    outcome: none of them is the last one. (An earlier version let any unknown write
+    anywhere excuse every lost write; a final read returning a value acknowledged
+    before a later acknowledged write then passed.) Values are meant to be unique;
+    with repeated values every write of the final value is a candidate.
 
-    - an acknowledged (``ok``) write is *lost* when the final value differs from
-      its value and no other write could have taken effect after it: every other
-      write either failed or was acknowledged before this one was invoked. (An
-      ``unknown`` write may land at any time, so it always could have; a write
-      overlapping this one in time could have been ordered after it.)
-    - the final value must be the initial value or the value of a write that did
-      not fail.
+    Also, the final value must be the initial value or the value of a write that did
+    not fail.
 
     This is weaker than linearizability (which, given the final read in the
     history, implies it) but it never needs a search, so it still speaks when
@@ -759,8 +767,8 @@ def check_no_lost_writes(
         shown_final = final_value
 
     violations: list[Violation] = []
-    live_values = {_freeze(w.value) for w in writes if w.status != "fail"}
-    if final != _freeze(initial) and final not in live_values:
+    last_writers = [w for w in writes if w.status != "fail" and _freeze(w.value) == final]
+    if final != _freeze(initial) and not last_writers:
         violations.append(
             Violation(
                 kind="final-value-unwritten",
@@ -774,21 +782,148 @@ def check_no_lost_writes(
     for w in acked:
         if _freeze(w.value) == final:
             continue
-        later = [
-            other
-            for other in writes
-            if other is not w
-            and other.status != "fail"
-            and (other.status == "unknown" or (other.complete or 0.0) >= w.invoke)
-        ]
-        if not later:
+        if not any(f.status == "unknown" or (f.complete or 0.0) >= w.invoke for f in last_writers):
+            if last_writers:
+                why = "every write of that value was acknowledged before it was invoked"
+            else:
+                why = "no write of that value could have overwritten it"
             violations.append(
                 Violation(
                     kind="lost-write",
-                    message=(
-                        f"acknowledged {w.describe()} was lost: the final value is "
-                        f"{shown_final!r} and no other write could have overwritten it"
-                    ),
+                    message=f"acknowledged {w.describe()} was lost: the final value is {shown_final!r} and {why}",
                 )
             )
     return CheckResult(check="no lost writes", violations=tuple(violations))
+
+
+# ---------------------------------------------------------------- history measures
+
+
+@dataclass(frozen=True)
+class HistoryStats:
+    """How hard a register history was to judge."""
+
+    max_in_flight: int
+    reads_overlapping_writes: int
+    unknown_writes: int
+    unknown_writes_observed: int
+
+    def summary(self) -> str:
+        return (
+            f"history: at most {self.max_in_flight} ops in flight, {self.reads_overlapping_writes} reads "
+            f"overlapped a write, {self.unknown_writes_observed} of {self.unknown_writes} unknown writes later read"
+        )
+
+
+def history_stats(history: Iterable[Operation | Mapping[str, Any]]) -> HistoryStats:
+    """Measure a register history: the most operations in flight at once, successful
+    reads whose interval overlapped some write's, and writes of unknown outcome whose
+    value some successful read returned."""
+    ops = [_to_operation(r) for r in history]
+
+    def end(op: Operation) -> float:
+        if op.complete is None:
+            return _INFINITY
+        return op.complete
+
+    # In flight: from invoke to completion, for every operation that was seen to end
+    # (also failed ones: they were sent). One whose client died is left out here, or
+    # every SIGKILL of a long run would add one for ever.
+    points: list[tuple[float, int]] = []
+    for op in ops:
+        if op.complete is not None:
+            points.append((op.invoke, 1))
+            points.append((op.complete, -1))
+    # At equal readings ends come first: equal readings are not counted as overlapping.
+    points.sort(key=lambda p: (p[0], p[1]))
+    most = level = 0
+    for _, step in points:
+        level += step
+        most = max(most, level)
+
+    writes = [op for op in ops if op.kind == "write" and op.status != "fail"]
+    reads = [op for op in ops if op.kind == "read" and op.status == "ok"]
+    overlapping = sum(1 for r in reads if any(w.invoke < end(r) and r.invoke < end(w) for w in writes))
+    seen = {_freeze(r.value) for r in reads}
+    unknown = [w for w in writes if w.status == "unknown"]
+    observed = sum(1 for w in unknown if _freeze(w.value) in seen)
+    return HistoryStats(most, overlapping, len(unknown), observed)
+
+
+# ----------------------------------------------------------- breaks and process trees
+
+
+def apply_breaks(
+    sections: Iterable[Mapping[str, Any]],
+    breaks: Iterable[tuple[float, float]],
+) -> list[dict[str, Any]]:
+    """Cut lock sections at operator breaks, for :func:`check_mutual_exclusion`.
+
+    ``lock break`` is an operator taking the lock away from a live holder: from the
+    break on, the holder no longer holds it, even before it notices, and a new holder
+    may enter. Each break is ``(invoked, completed)`` of a ``lock break`` that
+    succeeded; it took effect somewhere in between. Every section that entered before
+    the break completed and was still inside when it was invoked ends, for the check,
+    at ``max(enter, invoked)`` (``how`` becomes ``broken``). Overlaps before the break
+    was invoked are still overlaps, and sections that entered after it completed are
+    untouched; only the window of the break itself is given up. Fencing must still
+    refuse the broken holder's later writes: that is judged on the register.
+    """
+    spans = sorted((float(a), float(b)) for a, b in breaks)
+    out: list[dict[str, Any]] = []
+    for record in sections:
+        s = dict(record)
+        enter = float(s["enter"])
+        exit_ = _INFINITY if s.get("exit") is None else float(s["exit"])
+        for invoked, completed in spans:
+            if enter < completed and exit_ > invoked:
+                cut = max(enter, invoked)
+                if cut < exit_:
+                    exit_ = cut
+                    s["exit"] = cut
+                    s["how"] = "broken"
+        out.append(s)
+    return out
+
+
+@dataclass(frozen=True)
+class TreeSection:
+    """A critical section that was a process tree: when its first process started and
+    when its last one was last seen alive, from the marks the processes wrote."""
+
+    token: int | None
+    enter: float
+    exit: float
+    processes: int
+
+
+def section_from_marks(lines: Iterable[str], resolution: float = 0.01) -> TreeSection | None:
+    """Read a process tree's marks: lines ``PID WHAT READING`` (``WHAT``: ``token``
+    with the fencing token as its reading, or ``start``/``tick``/``end`` with a reading
+    of the machine clock). The section runs from the first reading to the last one plus
+    ``resolution`` (a reading truncated to centiseconds, as ``/proc/uptime`` gives it,
+    may be up to that much early). A tree that wrote no reading returns None; lines
+    that do not parse are skipped (a process killed mid-write leaves a partial one)."""
+    token: int | None = None
+    first = last = None
+    pids: set[str] = set()
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        pid, what, reading = parts
+        try:
+            if what == "token":
+                token = int(reading)
+                continue
+            t = float(reading)
+        except ValueError:
+            continue
+        if what not in ("start", "tick", "end"):
+            continue
+        pids.add(pid)
+        first = t if first is None else min(first, t)
+        last = t if last is None else max(last, t)
+    if first is None or last is None:
+        return None
+    return TreeSection(token, first, last + resolution, len(pids))
