@@ -51,8 +51,10 @@ async def connect_cluster(
     *,
     identity_namespace: str = "default",
     timeout: float = 5.0,
+    in_cluster: str | None = None,
 ) -> tuple[ClusterRecord, str]:
-    """Prove which cluster ``context`` leads to and record it under ``name``."""
+    """Prove which cluster ``context`` leads to and record it under ``name``; with
+    ``in_cluster`` (a ServiceAccount directory), the cluster the pod runs in."""
     valid_name(name, "cluster name")
     valid_name(identity_namespace, "identity namespace")
     cfg = store.load()
@@ -65,7 +67,7 @@ async def connect_cluster(
     if kubeconfig:
         # Recorded for later runs from any directory: relative paths would break there.
         kubeconfig = os.pathsep.join(os.path.abspath(os.path.expanduser(p)) for p in kubeconfig.split(os.pathsep) if p)
-    endpoint = Endpoint(name, context, kubeconfig)
+    endpoint = Endpoint(name, context, kubeconfig, in_cluster)
     await load_client_configuration(endpoint)  # bad kubeconfig/context -> exit 2 here
     client = KubeClient(endpoint, timeout=timeout)
     try:
@@ -89,6 +91,7 @@ async def connect_cluster(
         name=name,
         context=context,
         kubeconfig=kubeconfig,
+        in_cluster=in_cluster,
         server=client.server,
         identity=identity.value,
         identity_source=identity.source,  # type: ignore[arg-type]

@@ -64,7 +64,7 @@ class ClusterSet:
         found = self._clients.get(name)
         if found is None:
             rec = self.record(name)
-            found = KubeClient(Endpoint(rec.name, rec.context, rec.kubeconfig), timeout=self.timeout)
+            found = KubeClient(Endpoint(rec.name, rec.context, rec.kubeconfig, rec.in_cluster), timeout=self.timeout)
             self._clients[name] = found
         return found
 

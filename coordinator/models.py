@@ -41,6 +41,9 @@ class ClusterRecord(_Model):
     name: str
     context: str
     kubeconfig: str | None = None
+    # Reached with a pod's ServiceAccount (this directory's token and ca.crt) instead of a
+    # kubeconfig; ``context`` is then "in-cluster".
+    in_cluster: str | None = None
     server: str = ""
     identity: str
     identity_source: Literal["kube-system-uid", "configmap-uuid"]

@@ -20,9 +20,20 @@ def cluster() -> None:
 
 @cluster.command("connect")
 @click.argument("name")
-@click.option("--context", required=True, help="kubeconfig context that leads to the cluster.")
+@click.option("--context", default=None, help="kubeconfig context that leads to the cluster.")
 @click.option(
     "--kubeconfig", default=None, help="kubeconfig path(s), ':'-separated [default: KUBECONFIG or ~/.kube/config]."
+)
+@click.option(
+    "--in-cluster",
+    is_flag=True,
+    help="Use this pod's ServiceAccount (KUBERNETES_SERVICE_HOST/PORT, its token and CA) instead of a context.",
+)
+@click.option(
+    "--serviceaccount-dir",
+    default=None,
+    help="With --in-cluster: where token and ca.crt are [env COORDINATOR_SERVICEACCOUNT_DIR; "
+    "default /var/run/secrets/kubernetes.io/serviceaccount].",
 )
 @click.option(
     "--identity-namespace",
@@ -31,17 +42,44 @@ def cluster() -> None:
     help="Where to keep the UUID ConfigMap if kube-system cannot be read.",
 )
 @click.pass_context
-def connect(ctx: click.Context, name: str, context: str, kubeconfig: str | None, identity_namespace: str) -> None:
+def connect(
+    ctx: click.Context,
+    name: str,
+    context: str | None,
+    kubeconfig: str | None,
+    in_cluster: bool,
+    serviceaccount_dir: str | None,
+    identity_namespace: str,
+) -> None:
     """Record a cluster under NAME after proving its identity.
 
     Example: coordinator cluster connect eu-1 --context kind-eu-1
+
+    In a pod (a CI job on Kubernetes), the cluster it runs in:
+
+    Example: coordinator cluster connect home --in-cluster
     """
     from coordinator.admin import connect_cluster
+    from coordinator.errors import UsageError
+    from coordinator.kube.kubeconfig import IN_CLUSTER_CONTEXT, service_account_dir
 
+    if in_cluster == (context is not None):
+        raise UsageError("Give either --context CONTEXT or --in-cluster (one of them).")
+    if not in_cluster and serviceaccount_dir is not None:
+        raise UsageError("--serviceaccount-dir goes with --in-cluster.")
+    if in_cluster and kubeconfig is not None:
+        raise UsageError("--kubeconfig goes with --context, not with --in-cluster.")
+    sa_dir = service_account_dir(serviceaccount_dir) if in_cluster else None
     app = app_of(ctx)
     rec, version = run(
         lambda: connect_cluster(
-            _store(ctx), name, context, kubeconfig, identity_namespace=identity_namespace, timeout=app.timeout
+            _store(ctx),
+            name,
+            context or IN_CLUSTER_CONTEXT,
+            kubeconfig,
+            identity_namespace=identity_namespace,
+            timeout=app.timeout,
+            in_cluster=sa_dir,
         )
     )
     doc = rec.model_dump(mode="json") | {"version": version}

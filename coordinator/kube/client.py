@@ -35,6 +35,8 @@ import anyio
 from coordinator import __version__
 from coordinator.errors import UsageError
 from coordinator.kube.kubeconfig import (  # noqa: F401  (re-exported: the door's names)
+    IN_CLUSTER_CONTEXT,
+    SERVICE_ACCOUNT_DIR,
     Endpoint,
     _check_connection_settings,
     _check_kubeconfig_file,
@@ -46,6 +48,7 @@ from coordinator.kube.kubeconfig import (  # noqa: F401  (re-exported: the door'
     _merged_kubeconfig,
     load_client_configuration,
     preload,
+    service_account_dir,
 )
 from coordinator.kube.tls import (  # noqa: F401  (re-exported)
     _build_tls_context,
@@ -60,7 +63,9 @@ __all__ = [
     "CONFLICT",
     "ERROR",
     "FORBIDDEN",
+    "IN_CLUSTER_CONTEXT",
     "NOT_FOUND",
+    "SERVICE_ACCOUNT_DIR",
     "THROTTLED",
     "UNREACHABLE",
     "USER_AGENT",
@@ -73,6 +78,7 @@ __all__ = [
     "new_session",
     "preload",
     "request_events",
+    "service_account_dir",
     "tls_context",
 ]
 

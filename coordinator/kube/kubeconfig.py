@@ -2,7 +2,12 @@
 into a kubernetes_asyncio ``Configuration`` for one context (its public loader).
 
 Only the entries the context uses (its cluster and user) are handed to the loader, so
-the work per cluster does not grow with the size of the kubeconfig."""
+the work per cluster does not grow with the size of the kubeconfig.
+
+In a pod, a cluster can also be reached with the pod's ServiceAccount (in-cluster
+credentials): the API server from KUBERNETES_SERVICE_HOST/PORT, the CA and the token
+from the ServiceAccount directory. The kubelet rotates a projected token by replacing
+the file; it is read again whenever the file changes."""
 
 from __future__ import annotations
 
@@ -18,14 +23,25 @@ from urllib.parse import urlsplit
 from coordinator.errors import UsageError
 from coordinator.kube.tls import tls_context
 
+# Where Kubernetes mounts a pod's ServiceAccount credentials; COORDINATOR_SERVICEACCOUNT_DIR
+# (or ``cluster connect --serviceaccount-dir``) points elsewhere, e.g. for tests.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+IN_CLUSTER_CONTEXT = "in-cluster"
+
+
+def service_account_dir(given: str | None = None) -> str:
+    return os.path.abspath(given or os.environ.get("COORDINATOR_SERVICEACCOUNT_DIR") or SERVICE_ACCOUNT_DIR)
+
 
 @dataclass(frozen=True)
 class Endpoint:
-    """How to reach one cluster: a context in a kubeconfig (``None`` = kubectl's default)."""
+    """How to reach one cluster: a context in a kubeconfig (``None`` = kubectl's default),
+    or, with ``in_cluster`` (a ServiceAccount directory), the pod's own credentials."""
 
     name: str
     context: str
     kubeconfig: str | None = None
+    in_cluster: str | None = None
 
     def kubeconfig_paths(self) -> str:
         if self.kubeconfig:
@@ -141,8 +157,66 @@ def _merge_documents(existing: list[str], docs: list[dict[str, Any]]) -> Any:
     return merged
 
 
+class _TokenFile:
+    """A ServiceAccount token file, read again when it changes (the kubelet replaces a
+    projected token well before it expires). Installed as the ``Configuration``'s
+    ``refresh_api_key_hook``, which ``auth_settings()`` runs before every request."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int, int] | None = None
+        self.token = ""
+
+    def refresh(self, cfg: Any) -> None:
+        try:
+            st = self.path.stat()  # follows the kubelet's ..data symlink
+            seen = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            if seen != self._seen:
+                token = self.path.read_text(encoding="utf-8").strip()
+                if token:
+                    self.token, self._seen = token, seen
+        except (OSError, UnicodeDecodeError):
+            pass  # mid-rotation: the last token read is still the best one
+        if self.token:
+            cfg.api_key["BearerToken"] = f"Bearer {self.token}"
+
+
+async def _in_cluster_configuration(endpoint: Endpoint) -> Any:
+    from kubernetes_asyncio.client import Configuration
+
+    where = Path(endpoint.in_cluster or service_account_dir())
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "").strip()
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "").strip()
+    if not host or not port:
+        raise UsageError(
+            "In-cluster credentials need KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT, which "
+            "Kubernetes sets in every container of a pod; they are not set here. Run this in a pod, "
+            "or connect the cluster with --context."
+        )
+    token, ca = where / "token", where / "ca.crt"
+    tokens = _TokenFile(token)
+    for path, what in ((token, "token"), (ca, "CA certificate")):
+        if not path.is_file():
+            raise UsageError(
+                f"No ServiceAccount {what} at {path}. Is a ServiceAccount token mounted in this pod "
+                "(automountServiceAccountToken, or a projected volume)? Point --serviceaccount-dir or "
+                "COORDINATOR_SERVICEACCOUNT_DIR at the directory that holds token and ca.crt."
+            )
+    cfg = Configuration()
+    cfg.host = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    cfg.ssl_ca_cert = str(ca)
+    tokens.refresh(cfg)
+    if not tokens.token:
+        raise UsageError(f"The ServiceAccount token {token} is empty or cannot be read.")
+    cfg.refresh_api_key_hook = tokens.refresh
+    _check_connection_settings(cfg, IN_CLUSTER_CONTEXT, str(where))
+    return cfg
+
+
 async def load_client_configuration(endpoint: Endpoint) -> Any:
     """Build a kubernetes_asyncio ``Configuration``; bad kubeconfigs become UsageError."""
+    if endpoint.in_cluster is not None:
+        return await _in_cluster_configuration(endpoint)
     from kubernetes_asyncio.client import Configuration
     from kubernetes_asyncio.config.config_exception import ConfigException
     from kubernetes_asyncio.config.kube_config import KubeConfigLoader
