@@ -55,7 +55,11 @@ def _load_file(path: Path, model: type[M], *, what: str) -> M:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"Cannot read the {what} {path}: {err}.") from err
     try:
-        raw: Any = yaml.safe_load(text) if text.strip() else {}
+        # libyaml when PyYAML has it (every command reads this file at start-up); errors
+        # still come from the pure-Python parser, worded as they always were
+        from coordinator.kube.kubeconfig import _load_yaml
+
+        raw: Any = _load_yaml(text) if text.strip() else {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
