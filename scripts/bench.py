@@ -25,6 +25,19 @@ B5  `state set` / `state get` over 5 clusters at +100 ms vs over 1 cluster.
 B6  8 contender processes cycling acquire/release on 3 clusters: cycles/s, fairness.
 B7  state document size 1 KiB -> 512 KiB: write and read latency growth.
 
+Round two (targets in TARGETS; ``--target ID=VALUE`` overrides one):
+
+B3' B3 with 100 handoffs: median and p99.
+B4' B4 with tighter targets (1.3x the import, 100 MB).
+B8  fleet view: `lock status --all` over 20 deployments x 5 clusters vs `lock status` of
+    one deployment; the fleet view's requests counted per cluster.
+B9  acquire over 9 vs 3 clusters at +50 ms per cluster, fresh clients; client CPU per
+    extra cluster.
+B10 TCP connections per cluster opened by `lock acquire`, `state set`, `lock status`,
+    counted at a small forwarder in front of each cluster's proxy.
+B11 `lock status --all --watch` over 20 x 5 while a lock changes hands every 2 s: RSS
+    growth after the first minute, and how long after each change it is shown.
+
 Protocol figures use the ``coordinator`` API in-process, one fresh ``Coordinator`` per
 operation (as one CLI command has: own clients, own identity checks, cold connections);
 CLI figures run whole processes.
@@ -1705,7 +1718,8 @@ def plot(rep: Report, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    fig, grid = plt.subplots(2, 3, figsize=(17, 10))
+    axes = list(grid[0]) + list(grid[1])
     b1 = rep.raw.get("B1")
     ax = axes[0]
     if b1:
@@ -1753,6 +1767,41 @@ def plot(rep: Report, path: Path) -> None:
         ax.set_xlabel("state document size, KiB")
         ax.set_ylabel("latency, ms (median)")
         ax.set_title("B7: state latency vs document size (3 clusters)")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    ax = axes[3]
+    ratios = [
+        (row.id, row.value, row.passed) for row in rep.rows if row.id in ("B4'a", "B8a", "B9", "B1a", "B5a", "B5b")
+    ]
+    if ratios:
+        ax.bar(
+            [r_[0] for r_ in ratios],
+            [r_[1] or 0 for r_ in ratios],
+            color=["tab:green" if r_[2] else "tab:red" for r_ in ratios],
+        )
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_ylabel("ratio to the baseline measured beside it")
+        ax.set_title("side-by-side ratios (green: target met)")
+        ax.grid(alpha=0.3, axis="y")
+    b9 = rep.raw.get("B9")
+    ax = axes[4]
+    if b9:
+        ax.boxplot([[x * 1000 for x in b9[k]["samples"]] for k in ("n3", "n9")])
+        ax.set_xticks([1, 2], ["3 clusters", "9 clusters"])
+        ax.set_ylabel("acquire latency, ms (fresh clients, +50 ms each)")
+        ax.set_title("B9: acquire over 3 vs 9 clusters")
+        ax.grid(alpha=0.3)
+    b11 = rep.raw.get("B11")
+    ax = axes[5]
+    if b11 and b11.get("rss"):
+        ts, kib = zip(*b11["rss"], strict=True)
+        ax.plot(ts, [k / 1024 for k in kib], label="RSS of the watcher")
+        ax.axvline(b11["warmup"], color="grey", ls=":", label="end of warm-up")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("MiB")
+        finite = [x * 1000 for x in b11["lags"] if x != math.inf]
+        worst = f"{max(finite):.0f} ms" if finite else "-"
+        ax.set_title(f"B11: lock status --all --watch (worst delay shown {worst})")
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
