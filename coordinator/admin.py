@@ -13,7 +13,13 @@ import anyio
 
 from coordinator.clusters import ClusterSet, failed
 from coordinator.config import ConfigStore
-from coordinator.errors import CoordinatorError, IdentityMismatchError, NoQuorumError, UsageError
+from coordinator.errors import (
+    CoordinatorError,
+    IdentityMismatchError,
+    NoQuorumError,
+    StateConflictError,
+    UsageError,
+)
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import Endpoint, KubeClient, KubeError, load_client_configuration
@@ -25,11 +31,16 @@ from coordinator.kube.identity import (
     read_identity,
 )
 from coordinator.kube.resources import (
+    FIELD_MANAGER,
     IDENTITY_CONFIGMAP,
     LABEL_MANAGED_BY,
     LABEL_VALUE,
+    configmaps_path,
     lease_name,
+    lease_path,
     namespace_path,
+    owned_metadata,
+    secrets_path,
     state_name,
 )
 from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
@@ -407,11 +418,18 @@ async def create_deployment(
                 + "; ".join(f"cluster {k!r}: {r.detail}" for k, r in bad.items())
                 + ". Fix the kubeconfig context, or reconnect the cluster if it was really rebuilt."
             )
+    await _refuse_planted_state(clusters, record)
     # The leases are made now, free, so that one missing later is known to have been
     # deleted (and is then treated as held by an unknown holder, never as free).
     from coordinator.lock import LockEngine
 
     leases = await LockEngine(clusters, record).create_leases()
+    seeded = await fan_out(members, lambda c: _seed_state(clusters, record, c), timeout=clusters.timeout)
+    for k, seed in seeded.items():
+        if not seed.ok and results.get(k) is not None and results[k].ok:
+            results[k] = ClusterResult(
+                k, Outcome.OK, results[k].value, detail=f"{results[k].detail}; state object not created: {seed.detail}"
+            )
     for k, r in leases.items():
         if not r.ok and results.get(k) is not None and results[k].ok:
             results[k] = ClusterResult(
@@ -425,6 +443,95 @@ async def create_deployment(
                 raise UsageError(f"Cluster {m!r} was disconnected meanwhile; nothing changed.")
         live.deployments[name] = record
     return record, results
+
+
+def _state_paths(record: DeploymentRecord) -> tuple[str, str]:
+    base = secrets_path if record.storage == "secret" else configmaps_path
+    return base(record.namespace), f"{base(record.namespace)}/{state_name(record.name)}"
+
+
+async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) -> None:
+    """Stop a create where a member has a state object of this name but no lease: the
+    leases come first, so that object was not written by this deployment. Someone allowed
+    to create objects in the namespace (a right Kubernetes cannot limit by name) may have
+    put it there for this deployment's readers to take; or it is left from an earlier
+    deployment of that name whose leases were deleted. Members that do not answer are
+    not checked (the seeding after the leases closes the name on the others)."""
+    from coordinator.register import decode_replica
+
+    _, path = _state_paths(record)
+
+    async def one(cluster: str) -> ClusterResult[str]:
+        client = clusters.client(cluster)
+        try:
+            try:
+                await client.request("GET", lease_path(record.namespace, lease_name(record.name)))
+                return ClusterResult(cluster, Outcome.OK, "")
+            except KubeError as err:
+                if err.kind != kube.NOT_FOUND:
+                    raise
+            try:
+                obj = (await client.request("GET", path)).body
+            except KubeError as err:
+                if err.kind != kube.NOT_FOUND:
+                    raise
+                return ClusterResult(cluster, Outcome.OK, "")
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+        rep = decode_replica(cluster, obj, record.storage)
+        env = rep.envelope
+        if env is not None and env.version == 0 and not env.data and env.deployment in (None, record.name):
+            return ClusterResult(cluster, Outcome.OK, "")  # an empty state, as a create seeds it
+        if env is None:
+            what = f"unreadable: {rep.corrupt or 'newer schema'}"
+        else:
+            what = f"version {env.version}, written by {env.written_by} at {env.written_at:%Y-%m-%d %H:%M:%SZ}"
+            if env.deployment not in (None, record.name):
+                what += f" for deployment {env.deployment!r}"
+        return ClusterResult(cluster, Outcome.CONFLICT, what)
+
+    results = await fan_out(record.clusters, one, timeout=clusters.timeout)
+    planted = {k: r.value for k, r in results.items() if r.outcome is Outcome.CONFLICT}
+    if planted:
+        kind = "Secret" if record.storage == "secret" else "ConfigMap"
+        found = "; ".join(f"{k}: {v}" for k, v in sorted(planted.items()))
+        raise StateConflictError(
+            f"Deployment {record.name!r} was not created: the {kind} {state_name(record.name)} already exists "
+            f"in namespace {record.namespace!r} where no lease of that deployment does ({found}). This "
+            "deployment did not write it: someone allowed to create objects in the namespace may have put it "
+            "there, or an earlier deployment of that name left it when its leases were deleted. Nothing was "
+            f"changed. Look at it (kubectl get {kind.lower()} {state_name(record.name)} -n {record.namespace} "
+            "-o yaml); if it is that earlier deployment's state, adopt it with `coordinator deployment import "
+            f"{record.name}`, otherwise delete it and run this command again."
+        )
+
+
+async def _seed_state(clusters: ClusterSet, record: DeploymentRecord, cluster: str) -> ClusterResult[str]:
+    """Create the member's state object holding the empty state for this deployment, so
+    the name is taken before anyone else can create an object under it (one already
+    there is left as it is)."""
+    import base64
+
+    from coordinator.register import DATA_KEY, genesis_text
+
+    collection, _ = _state_paths(record)
+    text = genesis_text(record.name)
+    secret = record.storage == "secret"
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret" if secret else "ConfigMap",
+        "metadata": owned_metadata(state_name(record.name), record.name),
+        "data": {DATA_KEY: base64.b64encode(text.encode()).decode() if secret else text},
+    }
+    if secret:
+        body["type"] = "Opaque"
+    try:
+        await clusters.client(cluster).request("POST", collection, body=body, query={"fieldManager": FIELD_MANAGER})
+    except KubeError as err:
+        if err.kind == kube.ALREADY_EXISTS:
+            return ClusterResult(cluster, Outcome.OK, "exists")
+        return failed(cluster, err)  # type: ignore[return-value]
+    return ClusterResult(cluster, Outcome.OK, "created")
 
 
 def delete_deployment_record(store: ConfigStore, name: str) -> DeploymentRecord:

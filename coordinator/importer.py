@@ -100,7 +100,7 @@ async def import_deployment(
             record.max_ttl_s = max_ttl
         return _save(store, record), f"lock lease (member set epoch {stored.epoch})"
     for kind, obj in found:
-        rep = decode_replica(source, obj, kind)
+        rep = decode_replica(source, obj, kind, deployment=name)
         if rep.envelope is None:
             continue
         # where the object was found: an envelope copied from another namespace names that one

@@ -166,6 +166,10 @@ class StateEnvelope(BaseModel):
     member_ids: dict[str, str] = Field(default_factory=dict)
     namespace: str | None = None
     storage: str | None = None
+    # The deployment the envelope was written for: a copy of another deployment's object
+    # put under this one's name is not taken for this one's state. None in envelopes
+    # written before it was recorded.
+    deployment: str | None = None
 
     def order(self) -> tuple[int, int]:
         """(fencing token, version); the full order adds the write id (register.Stamp)."""

@@ -148,9 +148,11 @@ def encode_envelope(env: StateEnvelope) -> str:
     return json.dumps(env.model_dump(mode="json", by_alias=True), sort_keys=False, separators=(",", ":"))
 
 
-def genesis_text() -> str:
-    """The envelope of an object created to carry a promise: the empty state."""
+def genesis_text(deployment: str | None = None) -> str:
+    """The envelope of an object created to carry a promise (or with its deployment):
+    the empty state."""
     env = StateEnvelope(
+        deployment=deployment,
         schema=STATE_SCHEMA,
         version=0,
         token=0,
@@ -196,6 +198,7 @@ def build_envelope(
     keys: list[str],
     note: str | None = None,
     membership: dict[str, Any] | None = None,
+    deployment: str | None = None,
 ) -> tuple[StateEnvelope, str]:
     """The envelope a write sends, and its text; the audit log keeps the newest entries
     that fit the object (at least the new one)."""
@@ -227,6 +230,7 @@ def build_envelope(
         storage=storage,
         data=data,
         history=history[-HISTORY_LIMIT:],
+        deployment=deployment,
     )
     if membership is not None:
         # the member set by identity with its epoch, as the leases store it (an extra field)
@@ -277,9 +281,11 @@ class Replica:
         return (self.obj.get("metadata") or {}).get("resourceVersion")
 
 
-def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str) -> Replica:
+def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, deployment: str | None = None) -> Replica:
     """Judge one object as read: absent, corrupt (why), newer schema, or a valid envelope
-    (migrated, checksum verified), with the promise it carries."""
+    (migrated, checksum verified), with the promise it carries. With ``deployment``, an
+    envelope written for another deployment (an object copied under this one's name) is
+    corrupt."""
     if not obj:
         return Replica(cluster, exists=False)
     rep = Replica(cluster, exists=True, obj=obj)
@@ -328,6 +334,9 @@ def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str) -> Re
     if actual != env.checksum:
         rep.corrupt = "checksum mismatch (data edited by hand?)"
         return rep
+    if deployment is not None and env.deployment is not None and env.deployment != deployment:
+        rep.corrupt = f"written for deployment {env.deployment[:80]!r}, not {deployment!r} (a copy?)"
+        return rep
     if env.version == 0:
         return rep  # created to carry a promise: no state yet
     rep.envelope = env
@@ -358,7 +367,7 @@ def build_object(
         meta = obj["metadata"]
     meta["annotations"] = dict(meta.get("annotations") or {}) | {PROMISE_ANNOTATION: str(promise)}
     if envelope_text is None and not rep.exists:
-        envelope_text = genesis_text()
+        envelope_text = genesis_text(deployment)
     if envelope_text is not None:
         value = base64.b64encode(envelope_text.encode()).decode() if storage == "secret" else envelope_text
         obj["data"] = {DATA_KEY: value}

@@ -321,7 +321,9 @@ class StateClient:
                 await self.clusters.check_identity(cluster)
         except BaseExceptionGroup as group:
             raise first_kube_error(group) from None
-        return Observed(decode_replica(cluster, out.get("obj"), self.storage), out.get("lease"))
+        return Observed(
+            decode_replica(cluster, out.get("obj"), self.storage, deployment=self.dep.name), out.get("lease")
+        )
 
     async def _put(self, rep: Replica, body: dict[str, Any]) -> Replica:
         client = self.clusters.client(rep.cluster)
@@ -330,7 +332,7 @@ class StateClient:
             resp = await client.request("PUT", self.path, body=body, query=query)
         else:
             resp = await client.request("POST", self.collection, body=body, query=query)
-        return decode_replica(rep.cluster, resp.body, self.storage)
+        return decode_replica(rep.cluster, resp.body, self.storage, deployment=self.dep.name)
 
     async def _cas(self, rep: Replica, stamp: Stamp, kind: Kind, text: str | None) -> ClusterResult[Replica]:
         """Give ``rep`` the promise (``text`` None) or the envelope ``text`` of ``stamp``,
@@ -654,6 +656,7 @@ class StateClient:
             keys=changed_keys(old, new),
             note=note,
             membership=self.membership.document(),
+            deployment=self.dep.name,
         )
         check_size(text, self.storage)
         saved = {

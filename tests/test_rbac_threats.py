@@ -173,14 +173,14 @@ async def swap_on(minted: Any, cluster: int, namespace: str) -> str | None:
     return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a state envelope does not name its deployment, so one copied from another deployment (which a "
-    "user granted that deployment may read, and may create under any name) passes for this one's",
-)
 def test_a_state_copied_from_another_deployment_is_not_taken_for_this_ones(
     sandbox3: Any, namespace: str, tmp_path: Path
 ) -> None:
+    """A user granted 'mine' copies its state object under the name of 'theirs' before
+    'theirs' exists (Kubernetes lets it create objects of any name). Creating 'theirs'
+    is refused and names the copy; once it is removed, the create seeds every member's
+    state object, so the same plant is refused by the API server and reads see the empty
+    state, not the copy."""
     mallory, mallory_kc = _user(sandbox3, tmp_path, "mallory")
     env = _env(sandbox3, tmp_path, namespace, "mallory")
     _grant(sandbox3, env, namespace, mallory, deployments=("mine",))
@@ -189,28 +189,46 @@ def test_a_state_copied_from_another_deployment_is_not_taken_for_this_ones(
                 "--cluster", "u3"))  # fmt: skip
     _ok(env.cli("lock", "acquire", "mine", "--ttl", "60s"))
     _ok(env.cli("state", "set", "mine", "image=evil:latest"))
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
 
-    # Before the deployment 'theirs' writes its first state, Mallory plants hers there.
-    async def plant() -> None:
+    async def plant() -> list[str]:
+        refused = []
         for i, context in enumerate(mallory_kc.contexts, start=1):
             client = KubeClient(Endpoint(f"u{i}", context, str(mallory_kc.path)), timeout=5)
             try:
-                path = f"/api/v1/namespaces/{namespace}/configmaps"
                 mine = (await client.request("GET", f"{path}/coordinator-state-mine")).body
                 meta = {"name": "coordinator-state-theirs", "labels": mine["metadata"]["labels"]}
                 copy = {"apiVersion": "v1", "kind": "ConfigMap", "data": mine["data"], "metadata": meta}
                 await client.request("POST", path, body=copy)
             except KubeError as err:
-                raise AssertionError(err.detail) from err
+                refused.append(err.kind)
             finally:
                 await client.close()
+        return refused
 
-    anyio.run(plant)
+    # Before the deployment 'theirs' exists, Mallory plants hers there.
+    assert anyio.run(plant) == []
     owner, owner_kc = _user(sandbox3, tmp_path, "owner")
     theirs = _env(sandbox3, tmp_path, namespace, "owner")
     _grant(sandbox3, theirs, namespace, owner, deployments=("theirs",))
     _connect(theirs, owner_kc)
-    _ok(theirs.cli("deployment", "create", "theirs", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
-                   "--cluster", "u3"))  # fmt: skip
+    members = ("--cluster", "u1", "--cluster", "u2", "--cluster", "u3")
+    create = ("deployment", "create", "theirs", "-n", namespace, *members)
+    refused = theirs.cli(*create)
+    assert refused.returncode == 6, refused.stderr
+    assert "coordinator-state-theirs already exists" in refused.stderr, refused.stderr
+    assert "for deployment 'mine'" in refused.stderr, refused.stderr
+    assert theirs.cli("state", "get", "theirs").returncode == 2  # nothing was recorded
+    for i in (1, 2, 3):
+        assert sandbox3.admin(i).get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
+                                     "coordinator-lock-theirs") is None  # fmt: skip
+
+    # The owner removes the copies (its Role lets it delete that name) and creates again.
+    for i in (1, 2, 3):
+        sandbox3.admin(i).delete(f"{path}/coordinator-state-theirs")
+    _ok(theirs.cli(*create))
+    # Now the name is taken on every member: the same plant is refused by the servers.
+    assert anyio.run(plant) == ["already-exists"] * 3
     read = theirs.cli("-o", "json", "state", "get", "theirs")
-    assert read.returncode != 0 or json.loads(read.stdout) != {"image": "evil:latest"}, read.stdout
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout) == {}

@@ -115,6 +115,23 @@ def test_encode_decode_round_trip_for_both_storages() -> None:
     assert json.loads(base64.b64decode(raw))["token"] == 2  # the token stays a top-level integer
 
 
+def test_an_envelope_written_for_another_deployment_is_corrupt_for_this_one() -> None:
+    stamp = Stamp(2, 5, reg.new_write_id())
+    _env, text = reg.build_envelope(
+        None, {"image": "x"}, stamp, who="w", host="h", command="c", now=datetime.now(UTC), members=["c1"],
+        member_ids={}, namespace="ns", storage="configmap", keys=["image"], deployment="mine",
+    )  # fmt: skip
+    obj = {"metadata": {}, "data": {reg.DATA_KEY: text}}
+    assert reg.decode_replica("c1", obj, "configmap", deployment="mine").corrupt is None
+    copied = reg.decode_replica("c1", obj, "configmap", deployment="theirs")
+    assert copied.envelope is None and copied.corrupt is not None and "'mine'" in copied.corrupt
+    # envelopes from before the field existed (no deployment) are still read
+    legacy = {"metadata": {}, "data": {reg.DATA_KEY: json.dumps(_legacy({"a": 1}))}}
+    assert reg.decode_replica("c1", legacy, "configmap", deployment="theirs").envelope is not None
+    genesis = {"metadata": {}, "data": {reg.DATA_KEY: reg.genesis_text("mine")}}
+    assert reg.decode_replica("c1", genesis, "configmap", deployment="theirs").corrupt is not None
+
+
 def _legacy(data: dict[str, Any], *, token: int = 1, version: int = 2, schema: int | None = 1) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "version": version,
