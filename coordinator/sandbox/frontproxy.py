@@ -45,9 +45,9 @@ A skewed server
       everyone to read. Stamps written by the other server stay true, even when read
       through the skewed one.
 
-    Limits: only JSON answers are rewritten (``Accept`` asking for protobuf as well as
-    JSON is narrowed to JSON while a shift is configured; protobuf-only requests pass
-    unchanged). Which entries a write stamped is inferred: the entries of the request's
+    Limits: only JSON answers are rewritten (while stamps are shifted, ``Accept`` asking
+    for protobuf as well as JSON is narrowed to JSON and ``Accept-Encoding`` is dropped;
+    protobuf-only requests pass unchanged). Which entries a write stamped is inferred: the entries of the request's
     ``fieldManager`` (or, without one, every entry) stamped shortly before the
     server's answer (:data:`STAMP_WINDOW_S`). A later write of the same entry by the other server within the
     same second is shown shifted too. A shifted stamp sent back by a client in an
@@ -400,8 +400,11 @@ class FrontProxy:
             if lower.startswith(EXTRA_PREFIX.lower()):
                 continue
             headers.add(key, value)
-        if shifting and "Accept" in headers:
-            headers["Accept"] = _narrow_accept(headers["Accept"])
+        if shifting or self.ledger.entries:
+            # Answers must come back as plain JSON to be rewritten.
+            if "Accept" in headers:
+                headers["Accept"] = _narrow_accept(headers["Accept"])
+            headers.popall("Accept-Encoding", None)
         identity = _peer_identity(request.transport)
         if identity is not None:
             user, groups = identity
