@@ -51,7 +51,8 @@ def _mib(value: int | None) -> str:
 def sandbox() -> None:
     """Run local Kubernetes control planes (etcd + kube-apiserver) for demos and tests.
 
-    Each cluster is one etcd and one kube-apiserver on 127.0.0.1, with RBAC on. The
+    Each cluster is one etcd and one kube-apiserver on 127.0.0.1 (or several behind a
+    front proxy, with `sandbox up --apiservers N`), with RBAC on. The
     binaries come from scripts/build-controlplane.sh (or $COORDINATOR_BIN_DIR). The
     servers keep running after the command returns; `sandbox down` stops them.
     Clusters are numbered from 1, like their contexts sandbox-1 ... sandbox-N.
@@ -77,8 +78,8 @@ def sandbox() -> None:
     default=1,
     show_default=True,
     help="kube-apiservers per cluster, on its one etcd. More than one: a highly available "
-    "control plane behind a front proxy on the cluster's address, which sends each request "
-    "to the next kube-apiserver in turn.",
+    "control plane behind a front proxy on the cluster's address, which sends every request "
+    "to one of them, picked at random.",
 )
 @click.option(
     "--date-offset",

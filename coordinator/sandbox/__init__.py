@@ -6,6 +6,10 @@ controller-manager, which the tool never needs. Clusters are independent (own et
 own identity) but share one CA, so a context re-pointed at another sandbox cluster still
 authenticates: exactly the situation the identity check must catch.
 
+With ``apiservers=2`` (``sandbox up --apiservers 2``) each cluster is highly available:
+two kube-apiservers on its etcd behind a front proxy on the cluster's address
+(:mod:`coordinator.sandbox.frontproxy`), one of which may answer with shifted times.
+
     sb = up(3, "/tmp/sb")          # contexts sandbox-1..3 in /tmp/sb/kubeconfig
     sb.pause(1); sb.resume(1)      # cluster 1 accepts connections but never answers
     sb.kill(2); sb.start(2)        # cluster 2's API server goes away and comes back

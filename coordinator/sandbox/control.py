@@ -8,6 +8,7 @@ A sandbox is a directory. Everything a later command (in another process) needs 
     DIR/pki/                     CA, serving and client certificates, token file, SA keys
     DIR/cluster-I/etcd/          etcd data of cluster I
     DIR/logs/cluster-I-*.log     output of etcd and kube-apiserver of cluster I
+    DIR/cluster-I/proxy.json     HA clusters (--apiservers N): the front proxy's configuration
     DIR/users/                   kubeconfigs minted for RBAC tests
 
 Every mutating command takes ``DIR/.sandbox.lock`` so two commands never interleave.
@@ -689,10 +690,11 @@ def up(
     interrupted, whatever was started is stopped again and the logs are kept.
 
     ``apiservers`` > 1 makes every cluster highly available: that many kube-apiservers
-    on its one etcd, behind a front proxy on the cluster's address that sends each
-    request to the next one in turn. ``date_offset`` (seconds, may be negative) makes
-    kube-apiserver ``skewed_apiserver`` of every cluster answer as if its clock were
-    that far off (see :mod:`coordinator.sandbox.frontproxy` for what is shifted).
+    on its one etcd, behind a front proxy on the cluster's address that sends every
+    request to one of them, picked at random. ``date_offset`` (seconds, may be
+    negative) makes kube-apiserver ``skewed_apiserver`` of every cluster answer as if
+    its clock were that far off (see :mod:`coordinator.sandbox.frontproxy` for what is
+    shifted).
     """
     if isinstance(apiservers, bool) or not isinstance(apiservers, int) or not 1 <= apiservers <= MAX_APISERVERS:
         raise UsageError(f"--apiservers must be a whole number from 1 to {MAX_APISERVERS}, not {apiservers!r}.")
