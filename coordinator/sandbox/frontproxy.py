@@ -17,7 +17,8 @@ Spreading requests
     discovery, then the call; a contender: read, then write), and strict alternation
     locks onto them — every write of a client may land on the same server. A backend
     that refuses the connection is skipped for that request (nothing was sent yet), as
-    a load balancer with health checks would.
+    a load balancer with health checks would; a paused one (SIGSTOP) is not noticed,
+    and the requests sent to it hang until the client gives up.
     A watch is one request: it stays on the backend it started on.
 
 Authentication
