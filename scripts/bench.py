@@ -1312,7 +1312,7 @@ def forwarded_config(r: Rig, fw: CountingForwarders, dest: Path) -> Path:
     """A copy of the rig's kubeconfig and local config whose clusters are reached
     through the forwarders (same contexts, so identities still match)."""
     doc = yaml.safe_load(r.kubeconfig.read_text())
-    by_port = {p.port: fw.ports[i] for i, p in enumerate(r.proxies)}
+    by_port = {p.port: port for p, port in zip(r.proxies, fw.ports, strict=False)}
     for entry in doc.get("clusters") or []:
         server = entry["cluster"]["server"]
         port = int(server.rsplit(":", 1)[1])
@@ -1812,6 +1812,20 @@ def plot(rep: Report, path: Path) -> None:
 # ---------------------------------------------------------------------------- main
 
 
+def guarded(fig: str, fn: Callable[..., None], r: Rig, rep: Report, *args: Any, **kwargs: Any) -> None:
+    """Run one figure; if it raises, say so as a failed row and go on with the others."""
+    try:
+        fn(r, rep, *args, **kwargs)
+    except Exception as err:
+        import traceback
+
+        traceback.print_exc()
+        r.clear()
+        rep.add(
+            Row(f"{fig}.error", f"{fig} could not be measured", f"{type(err).__name__}: {err}", "", None, "runs", False)
+        )
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Interrupted()
 
@@ -1861,9 +1875,11 @@ def main(argv: list[str] | None = None) -> int:
         with rig(n, sandbox_dir=args.sandbox_dir) as r:
             # the fleet rows first: the fleet view shows every deployment on the clusters
             if wanted("B8"):
-                bench_b8(r, rep, deployments=20, clusters=5, reps=4 if quick else 12, warmup=1)
+                guarded("B8", bench_b8, r, rep, deployments=20, clusters=5, reps=4 if quick else 12, warmup=1)
             if wanted("B11"):
-                bench_b11(
+                guarded(
+                    "B11",
+                    bench_b11,
                     r,
                     rep,
                     deployments=20,
@@ -1874,24 +1890,31 @@ def main(argv: list[str] | None = None) -> int:
             if wanted("B10"):
                 bench_b10(r, rep)
             if wanted("B4"):
-                bench_b4(r, rep, reps=6 if quick else 15, warmup=1 if quick else 2)
+                guarded("B4", bench_b4, r, rep, reps=6 if quick else 15, warmup=1 if quick else 2)
             if wanted("B1"):
-                bench_b1(r, rep, sizes=sizes, reps=5 if quick else 15, warmup=1 if quick else 2)
+                guarded("B1", bench_b1, r, rep, sizes=sizes, reps=5 if quick else 15, warmup=1 if quick else 2)
             if wanted("B5"):
-                bench_b5(r, rep, reps=5 if quick else 15, warmup=1 if quick else 2)
+                guarded("B5", bench_b5, r, rep, reps=5 if quick else 15, warmup=1 if quick else 2)
             if wanted("B2"):
-                bench_b2(
-                    r, rep, reps=4 if quick else 10, warmup=1, fail_reps=1 if quick else 3, cli_reps=2 if quick else 4
+                guarded(
+                    "B2",
+                    bench_b2,
+                    r,
+                    rep,
+                    reps=4 if quick else 10,
+                    warmup=1,
+                    fail_reps=1 if quick else 3,
+                    cli_reps=2 if quick else 4,
                 )
             if wanted("B9"):
-                bench_b9(r, rep, reps=4 if quick else 15, warmup=1 if quick else 2)
+                guarded("B9", bench_b9, r, rep, reps=4 if quick else 15, warmup=1 if quick else 2)
             if wanted("B3"):
-                bench_b3(r, rep, count=10 if quick else 100)
+                guarded("B3", bench_b3, r, rep, count=10 if quick else 100)
             if wanted("B7"):
                 sizes_kib = [1, 16, 128, 512] if quick else [1, 4, 16, 64, 128, 256, 512]
-                bench_b7(r, rep, sizes_kib=sizes_kib, reps=3 if quick else 7, warmup=1)
+                guarded("B7", bench_b7, r, rep, sizes_kib=sizes_kib, reps=3 if quick else 7, warmup=1)
             if wanted("B6"):
-                bench_b6(r, rep, duration=40 if quick else 120)
+                guarded("B6", bench_b6, r, rep, duration=40 if quick else 120)
     except (KeyboardInterrupt, Interrupted):
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
