@@ -1652,8 +1652,16 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
     after = [kib for t, kib in rss if t >= warmup]
     growth_mb = (max(after) - after[0]) * 1024 / 1e6 if after else math.nan
     missed = sum(1 for x in lags if x == math.inf)
+    missed_at = [round(c[0] - t_start) for c, lag in zip(changes, lags, strict=True) if lag == math.inf]
     finite = [x for x in lags if x != math.inf]
-    rep.raw["B11"] = {"lags": lags, "rss": rss, "changes": len(changes), "duration": duration, "warmup": warmup}
+    rep.raw["B11"] = {
+        "lags": lags,
+        "rss": rss,
+        "changes": len(changes),
+        "never_shown_at_s": missed_at,
+        "duration": duration,
+        "warmup": warmup,
+    }
     rep.add(
         Row(
             "B11a",
@@ -1671,7 +1679,7 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
             "B11b",
             f"each change shown after it happened: worst of {len(changes)} (median, never shown)",
             f"{ms(worst) if worst != math.inf else 'never'} (median {ms(median(finite)) if finite else '-'}; "
-            f"{missed} never shown)",
+            f"{missed} never shown{': at ' + ', '.join(f'{x} s' for x in missed_at[:8]) if missed_at else ''})",
             "",
             worst,
             f"<= {TARGETS['B11lag'] * 1000:.0f} ms",
