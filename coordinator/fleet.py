@@ -11,22 +11,35 @@ otherwise the member set the leases store (``coordinator.io/membership``, by clu
 identity), mapped onto the connected clusters by identity. A member that could not be
 listed, or is not connected here, is named as unseen; it is never taken as free.
 
+With ``--watch`` (:class:`FleetWatch`): one LIST per cluster, then one watch per cluster
+from the LIST's ``resourceVersion``, with the same label selector across namespaces. A
+watch that the server ends after its timeout is opened again from the last
+``resourceVersion`` seen (bookmarks included), without listing; a watch answered
+``410 Gone`` (the version was compacted away) or broken (connection lost, an error) is
+followed by a new LIST. Between events, expiry hints move on with the clock: each lease
+is judged against the server's time estimated from the LIST's ``Date`` header.
+
 Read-only, and a view: decisions (take, release, break) stay with ``lock.py``.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import anyio
 
 from coordinator import quorum
 from coordinator.clusters import ClusterSet, outcome_of
 from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, TurnClaim
+from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.models import LocalConfig
 from coordinator.outcome import Outcome
@@ -34,6 +47,10 @@ from coordinator.outcome import Outcome
 LEASE_PREFIX = "coordinator-lock-"
 ALL_LEASES = "/apis/coordination.k8s.io/v1/leases"
 SELECTOR = "coordinator.io/managed-by=coordinator"
+WATCH_S = 60.0  # one watch request runs this long, then is resumed (a silent server shows within it)
+RETRY_S = (0.5, 10.0)  # backoff before listing again after an error: first, most
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -78,6 +95,10 @@ class Fleet:
         return sorted(c for c, why in self.clusters.items() if why != "ok")
 
 
+def _is_lock_lease(obj: Any) -> bool:
+    return isinstance(obj, dict) and str((obj.get("metadata") or {}).get("name", "")).startswith(LEASE_PREFIX)
+
+
 async def list_leases(clusters: ClusterSet, names: list[str]) -> dict[str, ClusterResult[list[LeaseView]]]:
     """One LIST per cluster, across namespaces: coordinator's lock leases, parsed."""
 
@@ -88,11 +109,7 @@ async def list_leases(clusters: ClusterSet, names: list[str]) -> dict[str, Clust
         except KubeError as err:
             return ClusterResult(name, outcome_of(err), detail=err.detail)
         items = resp.body.get("items") or []
-        views = [
-            LeaseView.parse(obj, resp.server_time)
-            for obj in items
-            if isinstance(obj, dict) and str((obj.get("metadata") or {}).get("name", "")).startswith(LEASE_PREFIX)
-        ]
+        views = [LeaseView.parse(obj, resp.server_time) for obj in items if _is_lock_lease(obj)]
         return ClusterResult(name, Outcome.OK, views)
 
     return await fan_out(names, one, timeout=clusters.timeout)
@@ -283,3 +300,153 @@ def fleet_document(fleet: Fleet, to_claim: Callable[[Any], Any]) -> dict[str, An
             for e in fleet.deployments
         ],
     }
+
+
+# ------------------------------------------------------------------ --watch
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+def _object_key(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def _resource_version(obj: Any) -> str | None:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return rv if isinstance(rv, str) and rv else None
+
+
+@dataclass
+class _Mirror:
+    """What one cluster's LIST and watch events say now."""
+
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    outcome: Outcome | None = None  # of the last LIST or watch; None before the first answer
+    detail: str = ""
+    offset: timedelta | None = None  # server time minus local time, from the LIST's Date header
+
+
+class FleetWatch:
+    """The fleet kept current by one watch per connected cluster (see the module's doc).
+
+    ``run()`` follows every cluster until cancelled; ``changed`` is set (and replaced)
+    whenever anything a cluster says changes; ``ready`` once every cluster has answered
+    its first LIST or failed it. ``fleet()`` builds the view from what is mirrored, with
+    no request."""
+
+    def __init__(self, config: LocalConfig, clusters: ClusterSet, *, watch_s: float = WATCH_S) -> None:
+        self.config = config
+        self.clusters = clusters
+        self.watch_s = watch_s
+        self.names = list(config.clusters)
+        self.mirrors = {name: _Mirror() for name in self.names}
+        self.ready = anyio.Event()
+        self.changed = anyio.Event()
+
+    def _tell(self) -> None:
+        if all(m.outcome is not None for m in self.mirrors.values()):
+            self.ready.set()
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    def fleet(self) -> Fleet:
+        now = datetime.now(UTC)
+        listed: dict[str, ClusterResult[list[LeaseView]]] = {}
+        for name, m in self.mirrors.items():
+            if m.outcome is not Outcome.OK:
+                listed[name] = ClusterResult(name, m.outcome or Outcome.UNREACHABLE, detail=m.detail or "no answer yet")
+                continue
+            server_now = now + m.offset if m.offset is not None else None
+            listed[name] = ClusterResult(
+                name, Outcome.OK, [LeaseView.parse(obj, server_now) for obj in m.objects.values()]
+            )
+        return build_fleet(self.config, listed)
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for name in self.names:
+                tg.start_soon(self._follow, name)
+
+    async def _list(self, name: str) -> str | None:
+        """LIST once; mirror what it says; return its resourceVersion."""
+        await self.clusters.check_identity(name)
+        with anyio.fail_after(self.clusters.timeout + 1):
+            resp = await self.clusters.client(name).request("GET", ALL_LEASES, query={"labelSelector": SELECTOR})
+        m = self.mirrors[name]
+        items = resp.body.get("items") or []
+        m.objects = {_object_key(obj): obj for obj in items if _is_lock_lease(obj)}
+        m.offset = resp.server_time - datetime.now(UTC) if resp.server_time is not None else None
+        m.outcome, m.detail = Outcome.OK, ""
+        self._tell()
+        return _resource_version(resp.body)
+
+    async def _watch(self, name: str, rv: str | None) -> str | None:
+        """One watch request from ``rv``; returns the last resourceVersion seen when the
+        server ends it. Raises _Gone on 410, KubeError when it breaks."""
+        query: dict[str, Any] = {"labelSelector": SELECTOR, "allowWatchBookmarks": "true"}
+        if rv is not None:
+            query["resourceVersion"] = rv
+        m = self.mirrors[name]
+        try:
+            async for ev in self.clusters.client(name).watch(ALL_LEASES, query=query, timeout=self.watch_s):
+                kind, obj = ev.get("type"), ev.get("object")
+                if kind == "ERROR":
+                    code = obj.get("code") if isinstance(obj, dict) else None
+                    if code == 410:
+                        raise _Gone()
+                    message = obj.get("message") if isinstance(obj, dict) else None
+                    raise KubeError(kube.ERROR, f"watch error {code}: {message}")
+                rv = _resource_version(obj) or rv
+                if kind == "BOOKMARK" or not _is_lock_lease(obj):
+                    continue
+                assert isinstance(obj, dict)
+                if kind in ("ADDED", "MODIFIED"):
+                    m.objects[_object_key(obj)] = obj
+                elif kind == "DELETED":
+                    m.objects.pop(_object_key(obj), None)
+                self._tell()
+        except KubeError as err:
+            if err.status == 410:
+                raise _Gone() from err
+            raise
+        return rv
+
+    def _unseen(self, name: str, err: Exception) -> None:
+        m = self.mirrors[name]
+        if isinstance(err, KubeError):
+            outcome, detail = outcome_of(err), err.detail
+        else:
+            outcome, detail = Outcome.UNREACHABLE, f"no answer within {self.clusters.timeout:g}s"
+        if (m.outcome, m.detail) != (outcome, detail):
+            # Not seen now: nothing it said before is shown as current.
+            m.outcome, m.detail, m.objects = outcome, detail, {}
+            self._tell()
+
+    async def _follow(self, name: str) -> None:
+        backoff = RETRY_S[0]
+        while True:
+            try:
+                rv = await self._list(name)
+            except (KubeError, TimeoutError) as err:
+                self._unseen(name, err)
+                log.info("fleet watch: cannot list; trying again", cluster=name, error=str(err), wait_s=backoff)
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_S[1])
+                continue
+            backoff = RETRY_S[0]
+            try:
+                while True:  # a watch the server ended normally goes on from where it was
+                    started = time.monotonic()
+                    rv = await self._watch(name, rv)
+                    if time.monotonic() - started < 1.0:
+                        await anyio.sleep(1.0)  # a server ending watches at once: do not spin
+            except _Gone:
+                log.info("fleet watch: resourceVersion gone, listing again", cluster=name)
+            except (KubeError, TimeoutError) as err:
+                # What was mirrored stays shown until the LIST that follows says otherwise.
+                log.info("fleet watch broke; listing again", cluster=name, error=str(err))
+                await anyio.sleep(RETRY_S[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ import pytest
 from coordinator.admin import connect_cluster, create_deployment
 from coordinator.clusters import ClusterSet
 from coordinator.config import ConfigStore
-from coordinator.fleet import ALL_LEASES, survey
-from coordinator.kube.client import KubeClient
+from coordinator.fleet import ALL_LEASES, FleetWatch, survey
+from coordinator.kube.client import KubeClient, KubeError
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +156,140 @@ def test_fleet_names_the_clusters_it_could_not_see(fleet20: Any) -> None:
 
     text = env.cli("--timeout", "2s", "lock", "status")
     assert "Could not list: c4 (unreachable" in text.stdout
+
+
+# --- --watch: one LIST, then one watch per cluster --------------------------------------------
+
+
+class _Traffic:
+    """Requests and watches sent by the clients of one ClusterSet, counted per cluster."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sent: Counter[tuple[str, str, str]] = Counter()
+        self.watches: Counter[str] = Counter()
+        self.clients: set[int] = set()  # ids of the clients counted (the watcher's own)
+        self.faults: dict[str, list[str]] = {}  # cluster -> faults for its next watches
+        request, watch = KubeClient.request, KubeClient.watch
+        traffic = self
+
+        async def counting(self: KubeClient, method: str, path: str, **kw: Any) -> Any:
+            if id(self) in traffic.clients:
+                traffic.sent[(self.endpoint.name, method, path)] += 1
+            return await request(self, method, path, **kw)
+
+        async def watching(self: KubeClient, path: str, **kw: Any) -> Any:
+            name = self.endpoint.name
+            if id(self) in traffic.clients:
+                traffic.watches[name] += 1
+            fault = traffic.faults.get(name, [None]).pop(0) if traffic.faults.get(name) else None
+            if fault == "broken":
+                raise KubeError("unreachable", "watch broke: connection reset (injected)")
+            if fault == "gone-event":
+                # how the API server refuses a resourceVersion compacted away: a 410 Status event
+                status = {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410}
+                yield {"type": "ERROR", "object": {**status, "message": "too old resource version"}}
+                return
+            if fault == "gone-http":  # the same, as the response's status
+                raise KubeError("error", "HTTP 410: too old resource version", status=410)
+            async for event in watch(self, path, **kw):
+                yield event
+
+        monkeypatch.setattr(KubeClient, "request", counting)
+        monkeypatch.setattr(KubeClient, "watch", watching)
+
+    def lists(self) -> dict[str, int]:
+        return {k[0]: n for k, n in self.sent.items() if k[1] == "GET" and k[2] == ALL_LEASES}
+
+
+async def _until(watch: FleetWatch, ok: Callable[[Any], bool], what: str) -> Any:
+    """The fleet as soon as ``ok`` says so; waits on the watches' events (a deadline of
+    60 s only guards the test against hanging)."""
+    with anyio.fail_after(60):
+        while True:
+            changed = watch.changed
+            fleet = watch.fleet()
+            if ok(fleet):
+                return fleet
+            await changed.wait()
+    raise AssertionError(what)  # pragma: no cover
+
+
+def _entry(fleet: Any, name: str, env: Any) -> Any:
+    # The sandbox is shared by the session: other tests' deployments are there too.
+    return next(e for e in fleet.deployments if e.deployment == name and e.namespace in env.spaces)
+
+
+def _watch_scenario(env: Any, traffic: _Traffic) -> Any:
+    async def go() -> Any:
+        async with env.api() as watcher, env.api() as actor:
+            for name in env.clusters:
+                traffic.clients.add(id(watcher.clusters.client(name)))
+            watch = FleetWatch(watcher.config, watcher.clusters, watch_s=600)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch.run)
+                await watch.ready.wait()
+                first = watch.fleet()
+                assert _entry(first, "web", env).holder == "alice" and first.unseen_clusters == []
+                # Changes made by another client arrive as watch events.
+                await actor.release("web", None, "alice")
+                await _until(watch, lambda f: _entry(f, "web", env).status == "free", "web released")
+                taken = await actor.acquire("app05", ttl=120, holder="dave", reason="canary")
+                fleet = await _until(watch, lambda f: _entry(f, "app05", env).holder == "dave", "app05 taken")
+                tg.cancel_scope.cancel()
+            return taken, fleet
+
+    return anyio.run(go)
+
+
+def test_fleet_watch_is_one_list_and_one_watch_per_cluster(fleet20: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = fleet20
+    traffic = _Traffic(monkeypatch)
+    taken, fleet = _watch_scenario(env, traffic)
+    app05 = _entry(fleet, "app05", env)
+    assert (app05.status, app05.lock_id, app05.reason) == ("held", taken.lock_id, "canary")
+    assert app05.expires_in_s is not None and app05.expires_in_s > 0  # judged by the server's time
+    assert _entry(fleet, "web", env).status == "free" and _entry(fleet, "app01", env).holder == "bob"
+    assert traffic.lists() == {c: 1 for c in env.clusters}, traffic.sent
+    assert traffic.watches == {c: 1 for c in env.clusters}, traffic.watches
+    # Nothing per deployment: besides the LIST, only the identity check (one per cluster).
+    assert sum(traffic.sent.values()) <= 2 * len(env.clusters), traffic.sent
+
+
+def test_fleet_watch_lists_again_after_410_gone_or_a_broken_watch(
+    fleet20: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = fleet20
+    traffic = _Traffic(monkeypatch)
+    traffic.faults = {"c1": ["gone-event"], "c2": ["broken"], "c3": ["gone-http"]}
+    taken, fleet = _watch_scenario(env, traffic)
+    assert _entry(fleet, "app05", env).lock_id == taken.lock_id and _entry(fleet, "web", env).status == "free"
+    assert fleet.unseen_clusters == []
+    # c1's and c3's watches were answered 410 Gone, c2's broke: each listed once more, then
+    # watched again from the new LIST; the others were never listed again.
+    assert traffic.lists() == {"c1": 2, "c2": 2, "c3": 2, "c4": 1, "c5": 1}, traffic.sent
+    assert traffic.watches == {"c1": 2, "c2": 2, "c3": 2, "c4": 1, "c5": 1}, traffic.watches
+
+
+def test_fleet_watch_cli_prints_changes_and_ends_on_sigterm(fleet20: Any) -> None:
+    import signal
+    import subprocess
+
+    env = fleet20
+    proc = env.popen("lock", "status", "--all", "--watch", "-o", "json", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert _ours(first, env)["web"]["holder"] == "alice"
+        released = env.cli("lock", "release", "web", "--holder", "alice")
+        assert released.returncode == 0, released.stderr
+        while True:  # rounds are printed when something changes; the release is one
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else ""
+            if _ours(json.loads(line), env)["web"]["status"] == "free":
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

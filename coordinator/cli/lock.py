@@ -406,19 +406,28 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
     async def follow() -> None:
         import anyio
 
+        from coordinator.fleet import FleetWatch
+
+        # One LIST and then one watch per cluster; between events, the view is rebuilt
+        # from what the watches mirror every --interval (expiry moves on with the clock).
+        watch = FleetWatch(c.config, c.clusters)
         last: str | None = None
-        while True:
-            fleet = await survey(c.config, c.clusters)
-            doc = doc_of(fleet)
-            stable = {
-                **doc,
-                "deployments": [{k: v for k, v in d.items() if k != "expires_in_s"} for d in doc["deployments"]],
-            }
-            key = dump_document(stable, "json")
-            if key != last:
-                last = key
-                _print_watch_round(fmt, doc, functools.partial(_fleet_text, fleet))
-            await anyio.sleep(every)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch.run)
+            await watch.ready.wait()
+            while True:
+                fleet = watch.fleet()
+                doc = doc_of(fleet)
+                stable = {
+                    **doc,
+                    "deployments": [{k: v for k, v in d.items() if k != "expires_in_s"} for d in doc["deployments"]],
+                }
+                key = dump_document(stable, "json")
+                if key != last:
+                    last = key
+                    _print_watch_round(fmt, doc, functools.partial(_fleet_text, fleet))
+                with anyio.move_on_after(every):
+                    await watch.changed.wait()
 
     _run_watch(c, follow)
 
