@@ -164,7 +164,8 @@ def _copy(env: Any, index: int) -> list[dict[str, Any]]:
 
 
 def _history(env: Any, *args: str) -> dict[str, Any]:
-    return _json(env.cli("-o", "json", "lock", "history", env.deployment, *args))
+    found: dict[str, Any] = _json(env.cli("-o", "json", "lock", "history", env.deployment, *args))
+    return found
 
 
 @pytest.mark.integration

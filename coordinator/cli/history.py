@@ -44,7 +44,7 @@ def _ended(t: Any) -> str:
         return f"broken by {t.by or '?'}"
     if t.ended == "lost":
         return "lost (taken over or broken)"
-    return t.ended
+    return str(t.ended)
 
 
 def _time(value: datetime | None) -> str:
