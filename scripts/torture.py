@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 """Safety under faults: contenders take the lock and write the state while faults are injected.
 
-    python scripts/torture.py --quick                 # CI: a few minutes at most
-    python scripts/torture.py --minutes 20            # soak
+    python scripts/torture.py --quick                 # CI: a few minutes, every fault kind once
+    python scripts/torture.py --minutes 60            # soak: every kind at least 20 times
     python scripts/torture.py --quick --clusters 5 --seed 7
+    python scripts/torture.py --quick --kinds delete-lease-all,sigkill-lock-run --min-each 3
 
 Starts its own sandbox clusters (etcd + kube-apiserver, in a temporary directory) with a
 toxiproxy proxy in front of each API server, its own local config, and a deployment; runs
-command-line and Python-API contenders (some under faketime, minutes off) while API
-servers are paused, killed, slowed down and cut off and holders are SIGKILLed and
-SIGSTOPped inside their critical sections; then checks mutual exclusion of the lock
-(no overlap, fencing tokens rising) and linearizability of the state (no lost
-acknowledged write). See coordinator/testing/workload.py for what exactly is recorded.
+command-line and Python-API contenders (some under faketime, minutes off), `lock run`
+contenders whose critical section is a process tree, and unfenced readers, while API
+servers are paused, killed, slowed down and cut off, holders are SIGKILLed and SIGSTOPped
+inside their critical sections, other clients edit the Lease, objects and a namespace are
+deleted, an admission policy rejects state writes, an operator breaks the lock and
+`lock run` is SIGKILLed; then checks mutual exclusion of the lock (no overlap, fencing
+tokens rising) and linearizability of the state (no lost acknowledged write). See
+coordinator/testing/workload.py for what exactly is recorded.
 
 The last line of the output is always
 
-    N lock sections, M state ops, F faults injected, V violations
+    N lock sections, M state ops, F faults injected (KIND n, ...), V violations
 
 and the exit status is 0 only when V is 0 and every check could decide. On failure
 the work directory (logs of every process, the histories as JSON) is kept and named.
@@ -33,13 +37,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coordinator.testing.workload import (
+    FAULT_KINDS,
     TortureOptions,
     default_contenders,
+    extra_contenders,
     run_torture,
     sigterm_as_interrupt,
 )
 
-QUICK_SECONDS = 120.0
+QUICK_SECONDS = 60.0
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -48,11 +54,26 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         description="Run contenders against a sandbox deployment under injected faults and check the histories.",
     )
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--quick", action="store_true", help=f"{QUICK_SECONDS:g}s, short faults (default)")
+    length.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_SECONDS:g}s and on until every kind ran once, short faults (default)",
+    )
     length.add_argument("--minutes", type=float, help="minutes of workload (a soak)")
     parser.add_argument("--clusters", type=int, choices=(3, 5), default=3, help="member clusters (default 3)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault schedule (default: random)")
-    parser.add_argument("--contenders", type=int, default=4, help="contender processes (default 4)")
+    parser.add_argument("--contenders", type=int, default=4, help="CLI and API contender processes (default 4)")
+    parser.add_argument("--runners", type=int, default=1, help="`lock run` contenders, process trees (default 1)")
+    parser.add_argument("--readers", type=int, default=2, help="unfenced reader processes (default 2)")
+    parser.add_argument(
+        "--kinds", default=None, help=f"comma-separated fault kinds (default: all): {', '.join(FAULT_KINDS)}"
+    )
+    parser.add_argument(
+        "--min-each",
+        type=int,
+        default=None,
+        help="go on until every kind ran this often (default: 1 for --quick, a third of the minutes for a soak)",
+    )
     parser.add_argument("--timeout", type=float, default=2.0, help="per-cluster request timeout, s (default 2)")
     parser.add_argument("--dir", type=Path, default=None, help="work directory to use and keep (default: temporary)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
@@ -61,6 +82,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         parser.error("--minutes must be positive")
     if args.contenders < 2:
         parser.error("--contenders must be at least 2")
+    if args.runners < 0 or args.readers < 0:
+        parser.error("--runners and --readers must not be negative")
+    if args.kinds is not None:
+        args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        unknown = sorted(set(args.kinds) - set(FAULT_KINDS))
+        if unknown or not args.kinds:
+            parser.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
+    if args.min_each is not None and args.min_each < 0:
+        parser.error("--min-each must not be negative")
     return args
 
 
@@ -77,14 +107,24 @@ def main(argv: list[str] | None = None) -> int:
         clusters=args.clusters,
         seconds=seconds,
         seed=seed,
-        contenders=default_contenders(args.contenders),
+        contenders=default_contenders(args.contenders) + extra_contenders(args.runners, args.readers),
         request_timeout=args.timeout,
         workdir=args.dir,
         progress=progress,
     )
+    if args.kinds:
+        options.kinds = args.kinds
     if args.minutes is None:
-        # Quick: shorter faults and gaps, so that every kind of fault fits in.
-        options.fault_gap, options.fault_length = (1.5, 3.5), (2.0, 4.0)
+        # Quick: shorter faults and gaps, and on past the time until every kind ran once.
+        options.fault_gap, options.fault_length = (0.3, 1.0), (1.2, 2.5)
+        options.min_each, options.overtime = 1, 240.0
+        options.long_stop = 12.0  # long SIGSTOPs of API holders only (TTL 8 s)
+    else:
+        # A soak: every kind at least 20 times an hour (rounds of every kind, shuffled,
+        # take about 3 minutes; the run goes on for up to a sixth longer if needed).
+        options.min_each, options.overtime = max(1, int(args.minutes // 3)), max(120.0, seconds / 6)
+    if args.min_each is not None:
+        options.min_each = args.min_each
     try:
         with sigterm_as_interrupt():
             report = run_torture(options)

@@ -14,11 +14,12 @@ import pytest
 
 from coordinator.errors import LockHeldError, StateConflictError
 from coordinator.testing.toxiproxy import ToxiproxyNotFoundError, find_toxiproxy_binary
+from coordinator.testing.workload import FAULT_KINDS
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(r"(\d+) lock sections, (\d+) state ops, (\d+) faults injected, (\d+) violations")
+SUMMARY = re.compile(r"(\d+) lock sections, (\d+) state ops, (\d+) faults injected \(([^()]*)\), (\d+) violations")
 
 
 def _toxiproxy_built() -> bool:
@@ -58,14 +59,33 @@ def test_quick_torture_run_finds_no_violation(tmp_path: Path) -> None:
     assert lines, f"no output; progress:\n{err[-4000:]}"
     found = SUMMARY.fullmatch(lines[-1])
     assert found, f"last line is not the summary: {lines[-1]!r}\n{out}\n{err[-4000:]}"
-    sections, ops, faults, violations = map(int, found.groups())
+    sections, ops, faults, violations = (int(found.group(i)) for i in (1, 2, 3, 5))
+    per_kind = {k: int(n) for k, n in (item.rsplit(" ", 1) for item in found.group(4).split(", "))}
     assert violations == 0, out
     assert code == 0, out + err[-4000:]
+    # Every kind of fault, once at least: a kind that never ran proves nothing.
+    assert sorted(per_kind) == sorted(FAULT_KINDS), out
+    assert all(n >= 1 for n in per_kind.values()), out
+    assert sum(per_kind.values()) == faults, out
     # A run that did next to nothing proves nothing.
     assert sections >= 8, out
     assert ops >= 15, out
-    assert faults >= 8, out
     assert "mutual exclusion: ok" in out and "linearizability: ok" in out and "no lost writes: ok" in out
+    # Process trees were judged, and reads overlapped writes.
+    assert re.search(r"run tree of [3-9] processes \d+", out), out
+    overlapped = re.search(r"(\d+) reads overlapped a write", out)
+    assert overlapped and int(overlapped.group(1)) >= 1, out
+
+
+def test_unknown_fault_kind_is_refused_before_anything_starts() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "torture.py"), "--kinds", "pause-minority,no-such-fault"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no-such-fault" in proc.stderr and "starting" not in proc.stderr
 
 
 # What the torture run found in the Python API: the documented errors arrived wrapped in

@@ -11,8 +11,15 @@ Python API (``Coordinator.lock`` and ``state().set`` / ``get``); some run under
 pauses and resumes API servers (a minority, and a majority), kills and restarts them,
 adds latency, cuts connections, black-holes requests or responses (a write whose answer
 is lost has an unknown outcome), and SIGKILLs or SIGSTOPs holders inside their critical
-section. At the end every fault is undone, the contenders stop, a final read is taken,
-and the histories are judged by :mod:`coordinator.testing.checkers`.
+section. It also acts as other clients and operators would: edits the Lease under other
+field managers (annotations, labels, a server-side apply, managedFields stripped,
+leaseDurationSeconds cut), deletes the Lease (on one member or all), the state object or
+the whole namespace, rejects state writes with a ValidatingAdmissionPolicy (on a minority
+or a majority), breaks the lock of a live holder, and SIGKILLs ``lock run`` while its
+process tree runs. A ``lock run`` contender's critical section is a process tree, and
+readers read the state without the lock all the time. At the end every fault is undone,
+the contenders stop, a final read is taken, and the histories are judged by
+:mod:`coordinator.testing.checkers`.
 
 One clock
 ---------
@@ -32,7 +39,11 @@ product's own count, so never longer). The section ends when the holder leaves i
 when its validity ends, whichever comes first: a holder frozen past its validity is no
 longer protected by the lock, only by fencing, and what it writes then is judged by the
 register checks. A holder killed inside its section is out of it when it died (or when
-its validity ended, if that came first). So the lock check asks exactly what the lock
+its validity ended, if that came first). A ``lock run`` section is the life of its process tree, from
+the first mark one of its processes wrote to the last (no clipping: ``lock run`` promises
+that the whole tree is stopped before the lock can pass on). An operator's ``lock break``
+ends the broken holder's section, for the check, where the break began
+(:func:`coordinator.testing.checkers.apply_breaks`). So the lock check asks exactly what the lock
 promises: no two holders ever believe, on their own clocks, that they hold it at the
 same time, and fencing tokens rise.
 
@@ -50,6 +61,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import inspect
 import json
 import os
 import platform
@@ -75,15 +87,17 @@ if TYPE_CHECKING:
     from coordinator.api import Coordinator, HeldLock
     from coordinator.sandbox import Sandbox
     from coordinator.state import StateClient
-    from coordinator.testing.checkers import CheckResult
+    from coordinator.testing.checkers import CheckResult, HistoryStats
     from coordinator.testing.toxiproxy import Proxy, ToxiproxyServer
 
 __all__ = [
     "DEPLOYMENT",
+    "FAULT_KINDS",
     "ContenderSpec",
     "Report",
     "TortureOptions",
     "default_contenders",
+    "extra_contenders",
     "machine_clock",
     "run_torture",
 ]
@@ -94,7 +108,8 @@ STATE_KEY = "v"
 # a step of a command-line holder starts a process, which takes seconds.
 STEP_MARGIN_S = {"api": 0.5, "cli": 3.0}
 
-Mode = Literal["cli", "api"]
+Mode = Literal["cli", "api", "run", "reader"]
+MODES = ("cli", "api", "run", "reader")
 Progress = Callable[[str], None]
 
 
@@ -171,13 +186,13 @@ class ContenderSpec:
     """One contender process: how it talks to the tool, its lease TTL, its clock."""
 
     name: str
-    mode: Mode
+    mode: Mode  # cli | api | run (``lock run`` around a process tree) | reader (no lock)
     ttl: float
     faketime: str | None = None  # e.g. "+7m": run under faketime this far off
 
     def __post_init__(self) -> None:
-        if self.mode not in ("cli", "api"):
-            raise ValueError(f"contender mode must be 'cli' or 'api', not {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"contender mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.ttl < 2:
             raise ValueError("a contender's TTL must be at least 2 s")
 
@@ -196,10 +211,18 @@ def default_contenders(count: int = 4) -> list[ContenderSpec]:
             ContenderSpec(
                 name=f"{mode}{i // 2 + 1}",
                 mode=mode,
-                ttl=8.0 if mode == "api" else 30.0,
+                ttl=8.0 if mode == "api" else 15.0,
                 faketime=offsets[i % len(offsets)],
             )
         )
+    return specs
+
+
+def extra_contenders(runners: int = 1, readers: int = 2) -> list[ContenderSpec]:
+    """``lock run`` contenders (a process tree as the critical section) and unfenced
+    readers (``state get`` in a loop, no lock), which make register operations overlap."""
+    specs = [ContenderSpec(name=f"run{i + 1}", mode="run", ttl=8.0) for i in range(runners)]
+    specs += [ContenderSpec(name=f"read{i + 1}", mode="reader", ttl=8.0) for i in range(readers)]
     return specs
 
 
@@ -242,7 +265,7 @@ class _Contender:
         self.rng = random.Random(f"{args.seed}:{self.instance}")
         self.values = 0
         self.ops = 0
-        self.margin = STEP_MARGIN_S[args.mode]
+        self.margin = STEP_MARGIN_S.get(args.mode, 0.5)
 
     def stopping(self) -> bool:
         return os.path.exists(self.args.stop_file) or machine_clock() > self.args.deadline
@@ -267,7 +290,7 @@ class _Contender:
         self.emit("stat", name=f"{self.args.mode} {name}")
 
     def steps(self) -> int:
-        return self.rng.randint(1, 3)
+        return self.rng.randint(1, 3) if self.args.mode == "cli" else self.rng.randint(1, 4)
 
 
 class _CliContender(_Contender):
@@ -398,7 +421,7 @@ class _ApiContender(_Contender):
             while not self.stopping():
                 await self.iteration(c, state)
                 # In-process contenders are quick to come back: give the others a chance.
-                await anyio.sleep(self.rng.uniform(0.5, 4.0))
+                await anyio.sleep(self.rng.uniform(0.2, 1.2))
 
     async def iteration(self, c: Coordinator, state: StateClient) -> None:
         from coordinator.errors import CoordinatorError, LockHeldError, NoQuorumError
@@ -454,13 +477,19 @@ class _ApiContender(_Contender):
                     for _ in range(self.steps()):
                         if self.stopping() or not held.valid or machine_clock() >= valid_until() - self.margin:
                             break
-                        action = self.rng.choices(("write", "read", "hold"), weights=(6, 2, 2))[0]
+                        action = self.rng.choices(("write", "burst", "read", "hold"), weights=(5, 2, 2, 1))[0]
                         if action == "write":
                             await self.write(state, held)
+                        elif action == "burst":
+                            # Several writes of one holder at once: the register must
+                            # order them, and they overlap each other and the readers.
+                            async with anyio.create_task_group() as burst:
+                                for _ in range(self.rng.randint(2, 3)):
+                                    burst.start_soon(self.write, state, held)
                         elif action == "read":
                             await self.read(state)
                         else:
-                            hold = min(self.rng.uniform(0.2, 2.0), valid_until() - machine_clock())
+                            hold = min(self.rng.uniform(0.05, 0.6), valid_until() - machine_clock())
                             await anyio.sleep(max(0.0, hold))
                 finally:
                     tg.cancel_scope.cancel()
@@ -524,12 +553,126 @@ class _ApiContender(_Contender):
         self.end(op, "ok", data.get(STATE_KEY))
 
 
+class _ReaderContender(_ApiContender):
+    """Reads the state in a loop, without the lock: reads overlap every kind of write."""
+
+    async def run(self) -> None:
+        import anyio
+
+        from coordinator.api import Coordinator
+
+        async with Coordinator.from_config(timeout=self.args.timeout) as c:
+            state = c.state(self.args.deployment)
+            while not self.stopping():
+                await self.read(state)
+                await anyio.sleep(self.rng.uniform(0.2, 1.0))
+
+
+# The critical section of a `lock run` contender: a shell that starts children, one of
+# them left running when the shell exits (nobody waits for it). Every process appends
+# marks "PID start|tick|end READING" (the machine clock, from /proc/uptime, which is
+# CLOCK_BOOTTIME in centiseconds) and the shell the fencing token it was given; the
+# section is judged from the first mark to the last (checkers.section_from_marks).
+TREE_SCRIPT = r"""#!/bin/sh
+m=$1; n=$2; role=${3:-top}
+mark() { read -r up _rest < /proc/uptime; echo "$$ $1 $up" >> "$m"; }
+if [ "$role" = top ]; then
+  echo "$$ token ${COORDINATOR_FENCING_TOKEN:-none}" >> "$m"
+fi
+mark start
+if [ "$role" = top ]; then
+  sh "$0" "$m" "$n" child &
+  sh "$0" "$m" $(( n / 2 + 1 )) child &
+  ( sh "$0" "$m" $(( n + 10 )) child & )
+fi
+i=0
+while [ "$i" -lt "$n" ]; do sleep 0.2; mark tick; i=$((i + 1)); done
+if [ "$role" = top ]; then wait; fi
+mark end
+"""
+TREE_TICK_S = 0.2
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (an orphan's zombie may linger
+    where nothing reaps orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
+class _RunContender(_Contender):
+    """``coordinator lock run`` around a process tree; the section is the tree's life."""
+
+    def run(self) -> None:
+        script = Path("tree.sh").resolve()
+        script.write_text(TREE_SCRIPT)
+        while not self.stopping():
+            self.iteration(script)
+            time.sleep(self.rng.uniform(0.1, 1.0))
+
+    def iteration(self, script: Path) -> None:
+        a = self.args
+        self.values += 1
+        marks = Path(f"marks-{self.values}.txt").resolve()
+        marks.write_text("")
+        # Mostly short trees; some outlive several renewals (and a SIGKILL of lock run).
+        long = self.rng.random() < 0.25
+        ticks = self.rng.randint(45, 65) if long else self.rng.randint(2, 10)
+        wait = self.rng.choice((2.0, 5.0, 10.0))
+        errors = Path(f"lockrun-{self.values}.err").resolve()
+        command = [
+            sys.executable, "-m", "coordinator", "lock", "run", a.deployment,
+            "--ttl", f"{a.ttl:g}s", "--wait", f"{wait:g}s", "--holder", self.instance,
+            "--reason", "torture", "--grace", "1s",
+            "--", "sh", str(script), str(marks), str(ticks),
+        ]  # fmt: skip
+        with errors.open("w") as err:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        self.emit("lrun", pid=proc.pid, marks=str(marks), ticks=ticks)
+        try:
+            rc = proc.wait(timeout=wait + ticks * TREE_TICK_S * 3 + 180)
+        except subprocess.TimeoutExpired:
+            self.problem("hung", f"`lock run` did not finish ({' '.join(command[2:])})")
+            proc.kill()
+            rc = proc.wait()
+        self.emit("lrun_end", pid=proc.pid, rc=rc)
+        text = errors.read_text(errors="replace")
+        if rc not in (0, 3, 4, 7, -signal.SIGKILL):
+            self.problem(f"exit {rc}", f"`lock run`: {_tail(text)}")
+        elif "Traceback (most recent call last)" in text:
+            self.problem("traceback", f"`lock run` (exit {rc}): {_tail(text)}")
+        self.stat(f"lock run exit {rc}")
+        # The section lasts until the last process of the tree is gone.
+        until = machine_clock() + ticks * TREE_TICK_S + 60
+        while True:
+            pids = {int(line.split()[0]) for line in marks.read_text().splitlines() if line.split()[:1] != []
+                    and line.split()[0].isdigit()}  # fmt: skip
+            if not any(_alive(pid) for pid in pids) or machine_clock() > until:
+                break
+            time.sleep(0.1)
+        if any(_alive(pid) for pid in pids):
+            self.problem("tree outlived", f"processes of a `lock run` tree still ran a minute after it: {sorted(pids)}")
+        from coordinator.testing.checkers import section_from_marks
+
+        tree = section_from_marks(marks.read_text().splitlines())
+        if tree is None:
+            return
+        if tree.token is None:
+            self.problem("no token", "the child of `lock run` had no COORDINATOR_FENCING_TOKEN")
+            return
+        self.emit("tree", token=tree.token, enter=tree.enter, exit=tree.exit, processes=tree.processes, rc=rc)
+
+
 def worker_main(argv: Sequence[str]) -> int:
     """Entry point of one contender process (``python -m coordinator.testing.workload worker``)."""
     parser = argparse.ArgumentParser(prog="workload worker")
     parser.add_argument("--name", required=True)
     parser.add_argument("--generation", type=int, default=0)
-    parser.add_argument("--mode", choices=("cli", "api"), required=True)
+    parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--ttl", type=float, required=True)
     parser.add_argument("--wait", type=float, default=20.0)
     parser.add_argument("--deployment", default=DEPLOYMENT)
@@ -544,6 +687,12 @@ def worker_main(argv: Sequence[str]) -> int:
     try:
         if args.mode == "cli":
             _CliContender(args, emit).run()
+        elif args.mode == "run":
+            _RunContender(args, emit).run()
+        elif args.mode == "reader":
+            import anyio
+
+            anyio.run(_ReaderContender(args, emit).run)
         else:
             import anyio
 
@@ -566,7 +715,7 @@ class _Section:
     enter: float
     valid_until: float
     exit: float | None = None
-    how: str = ""  # left | clipped (stayed past validity) | killed | vanished
+    how: str = ""  # left | clipped (stayed past validity) | killed | vanished | tree | broken
 
 
 class Recorder:
@@ -585,6 +734,8 @@ class Recorder:
         self.problems: list[str] = []
         self.stats: Counter[str] = Counter()
         self.modes: dict[str, str] = {}
+        self.lruns: dict[str, dict[str, Any]] = {}  # instance -> the `lock run` it is in
+        self.breaks: list[tuple[float, float]] = []  # successful `lock break`s: (invoked, completed)
 
     def handle(self, instance: str, event: dict[str, Any]) -> None:
         kind = event.get("ev")
@@ -638,6 +789,19 @@ class Recorder:
                 op["value"] = event.get("value")
             self.in_flight.get(instance, set()).discard(op_id)
             self.stats[f"{self.modes.get(instance, '?')} {op['kind']} {op['status']}"] += 1
+        elif kind == "tree":
+            t_in, t_out = float(event["enter"]), float(event["exit"])
+            tree = _Section(instance, "run", int(event["token"]), t_in, t_out, max(t_in, t_out), "tree")
+            self.sections.append(tree)
+            self.stats[f"run tree of {int(event['processes'])} processes"] += 1
+        elif kind == "lrun":
+            self.lruns[instance] = {
+                "pid": int(event["pid"]),
+                "marks": str(event["marks"]),
+                "ticks": int(event["ticks"]),
+            }
+        elif kind == "lrun_end":
+            self.lruns.pop(instance, None)
         elif kind == "problem":
             self.problems.append(f"{instance}: {event.get('what')}: {event.get('detail')}")
         elif kind == "stat":
@@ -663,6 +827,21 @@ class Recorder:
     def holders_inside(self) -> list[str]:
         with self._lock:
             return list(self.inside)
+
+    def trees_running(self) -> dict[str, dict[str, Any]]:
+        """``lock run``s whose tree has started (it wrote a mark): the lock is held."""
+        with self._lock:
+            runs = dict(self.lruns)
+        started = {}
+        for instance, run in runs.items():
+            with contextlib.suppress(OSError):
+                if " start " in Path(run["marks"]).read_text():
+                    started[instance] = run
+        return started
+
+    def add_break(self, invoked: float, completed: float) -> None:
+        with self._lock:
+            self.breaks.append((invoked, completed))
 
     def problem(self, text: str) -> None:
         with self._lock:
@@ -692,6 +871,20 @@ class Report:
     seed: int = 0
     clusters: int = 0
     workdir: Path | None = None
+    kinds: Sequence[str] = ()
+    min_each: int = 0
+    breaks: int = 0
+    workload_seconds: float = 0.0
+
+    @property
+    def kinds_short(self) -> list[str]:
+        """Fault kinds injected fewer times than asked for."""
+        return [k for k in self.kinds if self.faults[k] < self.min_each]
+
+    def history(self) -> HistoryStats:
+        from coordinator.testing.checkers import history_stats
+
+        return history_stats(self.operations)
 
     @property
     def violations(self) -> list[str]:
@@ -704,12 +897,14 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return not self.violations and not self.undecided
+        return not self.violations and not self.undecided and not self.kinds_short
 
     def summary_line(self) -> str:
+        kinds = list(self.kinds) or sorted(self.faults)
+        per_kind = ", ".join(f"{k} {self.faults[k]}" for k in kinds)
         return (
             f"{len(self.sections)} lock sections, {len(self.operations)} state ops, "
-            f"{sum(self.faults.values())} faults injected, {len(self.violations)} violations"
+            f"{sum(self.faults.values())} faults injected ({per_kind}), {len(self.violations)} violations"
         )
 
     def render(self) -> str:
@@ -725,7 +920,16 @@ class Report:
             "state ops: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())),
             "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())),
             "contender outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items())),
+            self.history().summary(),
         ]
+        if self.workload_seconds > 0:
+            per_minute = len(self.sections) / (self.workload_seconds / 60.0)
+            lines.append(
+                f"throughput: {per_minute:.1f} lock sections per minute over {self.workload_seconds:.0f}s "
+                f"(about {per_minute * 60:.0f} an hour); {self.breaks} broken by an operator"
+            )
+        if self.kinds_short:
+            lines.append(f"INCOMPLETE: injected fewer than {self.min_each} times: {', '.join(self.kinds_short)}")
         for check in self.checks:
             extra = f" ({check.states_explored} states, {check.segments} segments)" if check.segments else ""
             lines.append(check.summary() + extra)
@@ -756,6 +960,14 @@ class TortureOptions:
     fault_gap: tuple[float, float] = (1.0, 3.0)  # quiet time between fault episodes, s
     fault_length: tuple[float, float] = (2.0, 6.0)  # how long most faults last, s
     progress: Progress | None = None
+    kinds: Sequence[str] | None = None  # fault kinds to inject (default: every one, FAULT_KINDS)
+    min_each: int = 1  # the run goes on past ``seconds`` until every kind ran this often...
+    overtime: float = 300.0  # ...for at most this long
+    max_ttl: float = 15.0  # the deployment's --max-ttl: how long a deleted Lease blocks
+    long_stop: float = 60.0  # the longest SIGSTOP of a holder (a long one is its TTL + 3 s)
+    # API servers per cluster. More than one needs an HA sandbox (several kube-apiservers
+    # on one etcd behind a proxy); until it exists only 1 is accepted.
+    apiservers: int = 1
 
 
 def _say(progress: Progress | None, started: float) -> Progress:
@@ -772,9 +984,10 @@ def _say(progress: Progress | None, started: float) -> Progress:
 class _Rig:
     """Sandbox clusters behind toxiproxy, and a local config that reaches them."""
 
-    def __init__(self, workdir: Path, n: int, say: Progress) -> None:
+    def __init__(self, workdir: Path, n: int, say: Progress, max_ttl: float = 15.0) -> None:
         self.workdir = workdir
         self.n = n
+        self.max_ttl = max_ttl
         self.say = say
         self.sandbox: Sandbox | None = None
         self.toxiproxy: ToxiproxyServer | None = None
@@ -820,12 +1033,16 @@ class _Rig:
         store = ConfigStore(self.config)
         names = [f"c{i}" for i in range(1, self.n + 1)]
 
+        extra: dict[str, Any] = {}
+        if "max_ttl_s" in inspect.signature(create_deployment).parameters:
+            extra["max_ttl_s"] = self.max_ttl  # how long a vanished Lease blocks the lock
+
         async def setup() -> None:
             for i, name in enumerate(names, start=1):
                 await connect_cluster(store, name, f"sandbox-{i}", str(self.kubeconfig), timeout=15)
             cs = ClusterSet(store.load(), timeout=15)
             try:
-                await create_deployment(store, cs, DEPLOYMENT, self.namespace, names, "configmap")
+                await create_deployment(store, cs, DEPLOYMENT, self.namespace, names, "configmap", **extra)
             finally:
                 await cs.aclose()
 
@@ -1067,7 +1284,28 @@ FAULT_KINDS = (
     "drop-requests",
     "sigkill-holder",
     "sigstop-holder",
+    # Other clients of the Lease, while someone holds it.
+    "annotate-lease",
+    "apply-lease",
+    "strip-managed-fields",
+    "edit-lease-duration",
+    # Objects deleted.
+    "delete-lease-one",
+    "delete-lease-all",
+    "delete-state-one",
+    "recreate-namespace",
+    # Writes of the state rejected by an admission policy.
+    "reject-writes-minority",
+    "reject-writes-majority",
+    # The operator and `lock run`.
+    "break-holder",
+    "sigkill-lock-run",
 )
+OTHER_MANAGER = "torture-other-client"
+
+
+_OTHER_CLIENT_FAULTS = ("annotate-lease", "apply-lease", "strip-managed-fields", "edit-lease-duration")
+_DELETION_FAULTS = ("delete-lease-one", "delete-lease-all", "delete-state-one", "recreate-namespace")
 
 
 class _Faults:
@@ -1080,9 +1318,14 @@ class _Faults:
         self.say = say
         self.gap = opts.fault_gap
         self.length = opts.fault_length
+        self.kinds = tuple(opts.kinds) if opts.kinds else FAULT_KINDS
+        self.min_each = opts.min_each
+        self.long_stop = opts.long_stop
+        self.collectors: list[threading.Thread] = []
         self.count: Counter[str] = Counter()
         self.n = rig.n
         self.q = quorum_size(rig.n)
+        self.serial = 0
 
     @property
     def sandbox(self) -> Sandbox:
@@ -1107,17 +1350,29 @@ class _Faults:
             time.sleep(min(left, 0.5))
             self.workers.check(replace=True)
 
-    def run(self, end: float) -> None:
+    def short(self) -> list[str]:
+        """Kinds injected fewer than ``min_each`` times so far."""
+        return [k for k in self.kinds if self.count[k] < self.min_each]
+
+    def run(self, end: float, overtime: float) -> None:
+        """Episodes in shuffled rounds (every kind once per round) until ``end``; then
+        on, up to ``overtime`` more seconds, until every kind ran ``min_each`` times
+        (an episode that found nobody to act on does not count)."""
         bag: list[str] = []
-        while machine_clock() < end:
+        hard_end = end + overtime
+        while True:
+            now = machine_clock()
+            if now >= hard_end or (now >= end and not self.short()):
+                return
             if not bag:
-                bag = list(FAULT_KINDS)
+                bag = list(self.kinds) if now < end else self.short()
                 self.rng.shuffle(bag)
             kind = bag.pop()
-            room = max(1.0, end - machine_clock())
+            limit = end if now < end else hard_end
+            room = max(1.0, limit - machine_clock())
             self.episode(kind, room)
             self.workers.check(replace=True)
-            self._sleep(min(self.rng.uniform(*self.gap), max(0.0, end - machine_clock())))
+            self._sleep(min(self.rng.uniform(*self.gap), max(0.0, limit - machine_clock())))
 
     def episode(self, kind: str, room: float) -> None:
         d = min(room, self.rng.uniform(*self.length))
@@ -1194,6 +1449,8 @@ class _Faults:
             # Short: it wakes up still valid. Long: its leases expire meanwhile and others
             # take over; it must notice before acting, and fencing must refuse its writes.
             d = self.rng.uniform(0.5, 2.5) if self.rng.random() < 0.4 else worker.spec.ttl + 3.0
+            if d > self.long_stop:
+                d = self.rng.uniform(0.5, 2.5)
             self.say(f"fault: SIGSTOP {worker.instance} inside its critical section for {d:.1f}s")
             self.count[kind] += 1
             self.workers.pause(worker)
@@ -1201,8 +1458,395 @@ class _Faults:
                 self._sleep(d)
             finally:
                 self.workers.resume(worker)
+        elif kind in _OTHER_CLIENT_FAULTS:
+            self._other_client(kind, d, room)
+        elif kind in _DELETION_FAULTS:
+            self._delete(kind, room)
+        elif kind in ("reject-writes-minority", "reject-writes-majority"):
+            self._reject_writes(kind, d)
+        elif kind == "break-holder":
+            self._break_holder(room)
+        elif kind == "sigkill-lock-run":
+            self._sigkill_lock_run(room)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
+
+    # -- other clients of the Lease ------------------------------------------------
+
+    def _kubectl(self, index: int, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """The real kubectl, straight to the API server (not through the proxy)."""
+        exe = shutil.which("kubectl")
+        assert exe is not None
+        return subprocess.run(
+            [exe, "--kubeconfig", str(self.sandbox.kubeconfig), "--context", f"sandbox-{index}",
+             "-n", self.rig.namespace, "--request-timeout=10s", *args],
+            input=stdin, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    def _lease(self) -> str:
+        from coordinator.kube.resources import lease_name
+
+        return lease_name(DEPLOYMENT)
+
+    def _held(self, within: float) -> bool:
+        """Wait up to ``within`` for someone to hold the lock (inside its section)."""
+        until = machine_clock() + within
+        while machine_clock() < until:
+            if self.workers.recorder.holders_inside() or self.workers.recorder.trees_running():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _other_client(self, kind: str, d: float, room: float) -> None:
+        """Another client edits the Lease of a live holder, again and again for ``d``
+        seconds: annotations and labels under its own field manager, a server-side apply
+        of a label, managedFields stripped, or leaseDurationSeconds cut to 1 s."""
+        if shutil.which("kubectl") is None:
+            self.say(f"fault: {kind} needs kubectl, which is not installed")
+            return
+        self._held(min(room, 10.0))
+        targets = self._majority() if kind in ("strip-managed-fields", "edit-lease-duration") else self._minority()
+        if self.rng.random() < 0.5:
+            targets = self._clusters(self.rng.randint(1, self.n))
+        lease = self._lease()
+        self.say(f"fault: {kind} on the Lease of {targets} for {d:.1f}s")
+        self.count[kind] += 1
+        until = machine_clock() + d
+        problems: list[str] = []
+        while True:
+            for i in targets:
+                self.serial += 1
+                n = str(self.serial)
+                if kind == "annotate-lease":
+                    runs = [
+                        self._kubectl(i, "annotate", "lease", lease, f"torture.example/seen={n}", "--overwrite",
+                                      f"--field-manager={OTHER_MANAGER}"),
+                        self._kubectl(i, "label", "lease", lease, f"torture.example/round={n}", "--overwrite",
+                                      f"--field-manager={OTHER_MANAGER}"),
+                    ]  # fmt: skip
+                elif kind == "apply-lease":
+                    manifest = json.dumps(
+                        {
+                            "apiVersion": "coordination.k8s.io/v1",
+                            "kind": "Lease",
+                            "metadata": {"name": lease, "labels": {"torture.example/applied": n}},
+                        }
+                    )
+                    runs = [self._kubectl(i, "apply", "--server-side", "--field-manager=torture-apply", "-f", "-",
+                                          stdin=manifest)]  # fmt: skip
+                elif kind == "strip-managed-fields":
+                    runs = [self._kubectl(i, "patch", "lease", lease, "--type=merge",
+                                          "-p", '{"metadata":{"managedFields":[{}]}}',
+                                          f"--field-manager={OTHER_MANAGER}")]  # fmt: skip
+                else:
+                    runs = [self._kubectl(i, "patch", "lease", lease, "--type=merge",
+                                          "-p", '{"spec":{"leaseDurationSeconds":1}}',
+                                          f"--field-manager={OTHER_MANAGER}")]  # fmt: skip
+                # A missing Lease (deleted, or a namespace being recreated) is not a problem here.
+                problems += [_tail(r.stderr, 2) for r in runs if r.returncode != 0 and "NotFound" not in r.stderr]
+            if machine_clock() >= until:
+                break
+            self._sleep(min(0.5, max(0.0, until - machine_clock())))
+        if problems:
+            self.say(f"fault: {kind}: kubectl failed {len(problems)} times, e.g. {problems[0]}")
+
+    # -- deletions -------------------------------------------------------------------
+
+    def _delete(self, kind: str, room: float) -> None:
+        from coordinator.kube.resources import configmaps_path, lease_path, state_name
+
+        self._held(min(room, 10.0))
+        ns = self.rig.namespace
+        if kind == "delete-lease-all":
+            targets = list(range(1, self.n + 1))
+        else:
+            targets = self._clusters(1)
+        if kind in ("delete-lease-one", "delete-lease-all"):
+            self.say(f"fault: delete the Lease on {targets}")
+            self.count[kind] += 1
+            for i in targets:
+                self.sandbox.admin(i).delete(lease_path(ns, self._lease()))
+        elif kind == "delete-state-one":
+            self.say(f"fault: delete the state object on {targets}")
+            self.count[kind] += 1
+            for i in targets:
+                self.sandbox.admin(i).delete(f"{configmaps_path(ns)}/{state_name(DEPLOYMENT)}")
+        else:
+            (i,) = targets
+            self.say(f"fault: delete namespace {ns} on cluster {i} and create it again, empty")
+            self.count[kind] += 1
+            self._recreate_namespace(i)
+
+    def _recreate_namespace(self, index: int) -> None:
+        """Delete the namespace and create it again, empty. The sandbox runs no
+        controller-manager, so nothing would empty and finalize a deleted namespace:
+        do its work here. Deleting first makes the namespace Terminating, which turns
+        away creations in it; then its objects go, then the finalizer, then it is gone."""
+        from coordinator.kube.resources import configmaps_path, leases_path, namespace_path, secrets_path
+
+        admin = self.sandbox.admin(index, timeout=15)
+        ns = self.rig.namespace
+        admin.delete(namespace_path(ns))
+        for collection in (
+            leases_path(ns),
+            configmaps_path(ns),
+            secrets_path(ns),
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+        ):
+            reply = admin.request("DELETE", collection)
+            if reply.status not in (200, 404):
+                self.workers.recorder.problem(f"recreate-namespace: DELETE {collection} answered {reply.status}")
+        obj = admin.get(namespace_path(ns))
+        if obj is not None:
+            obj.setdefault("spec", {})["finalizers"] = []
+            reply = admin.request("PUT", f"{namespace_path(ns)}/finalize", obj)
+            if reply.status != 200:
+                self.workers.recorder.problem(f"recreate-namespace: finalize answered {reply.status}")
+        until = machine_clock() + 30
+        while admin.get(namespace_path(ns)) is not None and machine_clock() < until:
+            time.sleep(0.1)
+        admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+    # -- admission -------------------------------------------------------------------
+
+    def _reject_writes(self, kind: str, d: float) -> None:
+        """A ValidatingAdmissionPolicy turns away every CREATE and UPDATE of the state
+        object (and of a probe, to see when it is in force) on a minority or a majority,
+        as a policy engine, a quota or a webhook outage would; then it is removed."""
+        from coordinator.kube.resources import state_name
+
+        targets = self._minority() if kind == "reject-writes-minority" else self._majority()
+        # All writes, or only those that change the data (the rest of a write, e.g. a
+        # promise in the metadata, goes through): partial writes either way.
+        data_only = self.rng.random() < 0.5
+        what = "data changes of the state" if data_only else "state writes"
+        self.say(f"fault: an admission policy rejects {what} on {targets} for {d:.1f}s")
+        self.count[kind] += 1
+        added: list[int] = []
+        try:
+            for i in targets:
+                self._policy(i, state_name(DEPLOYMENT), create=True, data_only=data_only)
+                added.append(i)
+            for i in added:
+                self._probe(i, rejected=True)
+            self._sleep(d)
+        finally:
+            for i in added:
+                self._policy(i, state_name(DEPLOYMENT), create=False)
+            for i in added:
+                self._probe(i, rejected=False)
+        rest = [i for i in range(1, self.n + 1) if i not in targets]
+        if kind == "reject-writes-majority" and rest:
+            # The members that took the rejected writes now miss the next ones: their
+            # replicas differ from the majority's, which reads must never return.
+            self.say(f"fault: then pause API servers {rest} for {d:.1f}s")
+            paused: list[int] = []
+            try:
+                for i in rest:
+                    self.sandbox.pause(i)
+                    paused.append(i)
+                self._sleep(d)
+            finally:
+                for i in paused:
+                    self.sandbox.resume(i)
+
+    def _policy_name(self) -> str:
+        return f"{self.rig.namespace}-reject-state"
+
+    def _policy(self, index: int, target: str, *, create: bool, data_only: bool = False) -> None:
+        vap = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+        binding = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+        admin = self.sandbox.admin(index, timeout=15)
+        name = self._policy_name()
+        if not create:
+            admin.delete(f"{binding}/{name}")
+            admin.delete(f"{vap}/{name}")
+            return
+        ns = self.rig.namespace
+        allowed = f"object.metadata.namespace != '{ns}' || !(object.metadata.name in ['{target}', '{name}'])"
+        if data_only:
+            allowed += (
+                " || (oldObject != null && (has(object.data) ? (has(oldObject.data) && object.data == oldObject.data)"
+                " : !has(oldObject.data)))"
+            )
+        admin.create(
+            vap,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "operations": ["CREATE", "UPDATE"],
+                                "resources": ["configmaps"],
+                            }
+                        ]
+                    },
+                    "validations": [{"expression": allowed, "message": "state writes rejected by the fault suite"}],
+                },
+            },
+        )
+        admin.create(
+            binding,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {"policyName": name, "validationActions": ["Deny"]},
+            },
+        )
+
+    def _probe(self, index: int, *, rejected: bool) -> None:
+        """Policies take effect a moment after they change: write a probe ConfigMap
+        (which the policy also rejects) until the answer says it is (no longer) in force."""
+        from coordinator.kube.resources import configmaps_path
+
+        admin = self.sandbox.admin(index, timeout=15)
+        name = self._policy_name()
+        path = f"{configmaps_path(self.rig.namespace)}/{name}"
+        until = machine_clock() + 20
+        status = 0
+        while machine_clock() < until:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name},
+                "data": {"n": str(time.time())},
+            }
+            reply = admin.request("PUT", path, body)
+            if reply.status == 404:
+                reply = admin.request("POST", configmaps_path(self.rig.namespace), body)
+            status = reply.status
+            if (status >= 400) == rejected and status not in (404, 409):
+                return
+            time.sleep(0.2)
+        self.say(f"fault: the admission policy on cluster {index} did not {'take' if rejected else 'stop taking'} "
+                 f"effect within 20 s (last answer {status})")  # fmt: skip
+
+    # -- the operator and `lock run` ---------------------------------------------------
+
+    def _break_holder(self, room: float) -> None:
+        """An operator breaks the lock of a live holder (``lock break --yes``). From then
+        on the holder no longer holds it: its section ends there for the check
+        (checkers.apply_breaks), and fencing must refuse whatever it writes later."""
+        if not self._held(min(room, 15.0)):
+            self.say("fault: nobody holds the lock to break")
+            return
+        home = self.rig.workdir / "operator"
+        config = home / "config.yaml"
+        if not config.exists():
+            home.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.rig.config, config)
+        env = self.workers._environ("operator", config)
+        self.say("fault: an operator breaks the lock of its live holder")
+        self.count["break-holder"] += 1
+        invoked = machine_clock()
+        proc = subprocess.run(
+            [sys.executable, "-m", "coordinator", "lock", "break", DEPLOYMENT, "--yes", "--reason", "torture operator"],
+            capture_output=True, text=True, env=env, cwd=home, stdin=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+        completed = machine_clock()
+        self.say(f"fault: `lock break` exit {proc.returncode} after {completed - invoked:.1f}s")
+        if proc.returncode == 0:
+            self.workers.recorder.add_break(invoked, completed)
+        elif proc.returncode == 4:
+            # Not known to have reached a majority: it may still have cleared some leases.
+            self.workers.recorder.add_break(invoked, completed)
+            self.say("fault: the break did not reach a majority")
+        else:
+            self.workers.recorder.problem(f"operator: `lock break` exit {proc.returncode}: {_tail(proc.stderr)}")
+
+    def _sigkill_lock_run(self, room: float) -> None:
+        """An operator's ``lock run`` of a long process tree; once the tree runs,
+        ``lock run`` itself (not its child) is SIGKILLed. What it started must still be
+        stopped before the lock can pass on: the tree's marks are judged like any other
+        section (collected in the background once its last process is gone)."""
+        self.serial += 1
+        instance = f"killedrun{self.serial}"
+        home = self.rig.workdir / "killed-runs"
+        home.mkdir(parents=True, exist_ok=True)
+        script = home / "tree.sh"
+        script.write_text(TREE_SCRIPT)
+        config = home / "config.yaml"
+        if not config.exists():
+            shutil.copyfile(self.rig.config, config)
+        marks = home / f"marks-{self.serial}.txt"
+        marks.write_text("")
+        ticks = 50
+        wait = max(5.0, min(room, 40.0))
+        command = [
+            sys.executable, "-m", "coordinator", "lock", "run", DEPLOYMENT, "--ttl", "6s", "--wait", f"{wait:g}s",
+            "--holder", instance, "--reason", "torture", "--grace", "1s",
+            "--", "sh", str(script), str(marks), str(ticks),
+        ]  # fmt: skip
+        with (self.rig.workdir / "logs" / f"{instance}.log").open("w") as err:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=self.workers._environ(instance, config),
+                cwd=home,
+                start_new_session=True,
+            )
+        until = machine_clock() + wait + 30
+        started = False
+        while machine_clock() < until and proc.poll() is None:
+            if " start " in marks.read_text():
+                started = True
+                break
+            time.sleep(0.05)
+        if started:
+            self.say(f"fault: SIGKILL `lock run` (pid {proc.pid}) while its tree runs")
+            self.count["sigkill-lock-run"] += 1
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+        else:
+            self.say("fault: the `lock run` to SIGKILL did not get the lock")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        collector = threading.Thread(
+            target=self._collect_tree, args=(instance, marks, ticks), name=f"tree-{instance}", daemon=True
+        )
+        collector.start()
+        self.collectors.append(collector)
+
+    def _collect_tree(self, instance: str, marks: Path, ticks: int) -> None:
+        from coordinator.testing.checkers import section_from_marks
+
+        until = machine_clock() + ticks * TREE_TICK_S * 3 + 60
+        pids: set[int] = set()
+        while machine_clock() < until:
+            pids = {int(p) for p, *_ in (line.split() for line in marks.read_text().splitlines()) if p.isdigit()}
+            if not any(_alive(pid) for pid in pids):
+                break
+            time.sleep(0.1)
+        recorder = self.workers.recorder
+        if any(_alive(pid) for pid in pids):
+            recorder.problem(f"{instance}: processes of its tree still ran long after `lock run` was killed")
+        tree = section_from_marks(marks.read_text().splitlines())
+        if tree is None:
+            return
+        if tree.token is None:
+            recorder.problem(f"{instance}: the child of `lock run` had no COORDINATOR_FENCING_TOKEN")
+            return
+        event = {"ev": "tree", "token": tree.token, "enter": tree.enter, "exit": tree.exit}
+        recorder.handle(instance, {**event, "processes": tree.processes})
+
+    def wait_collectors(self, timeout: float) -> None:
+        until = machine_clock() + timeout
+        for collector in self.collectors:
+            collector.join(timeout=max(0.0, until - machine_clock()))
+            if collector.is_alive():
+                self.workers.recorder.problem(f"{collector.name}: the tree was not collected in time")
 
     def _with_toxic(self, targets: list[int], seconds: float, add: Callable[[Proxy], str]) -> None:
         added: list[tuple[Proxy, str]] = []
@@ -1257,12 +1901,13 @@ def _final_read(rig: _Rig, recorder: Recorder, say: Progress) -> None:
 
 def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[CheckResult]]:
     from coordinator.testing.checkers import (
+        apply_breaks,
         check_linearizable_register,
         check_mutual_exclusion,
         check_no_lost_writes,
     )
 
-    sections = [
+    recorded = [
         {
             "process": s.process,
             "mode": s.mode,
@@ -1275,6 +1920,8 @@ def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any
         for s in recorder.sections
         if s.exit is not None
     ]
+    # An operator's break ends the broken holder's section (see apply_breaks).
+    sections = apply_breaks(recorded, recorder.breaks)
     ops = list(recorder.ops.values())
     checks = [
         check_mutual_exclusion([{k: s[k] for k in ("process", "token", "enter", "exit")} for s in sections]),
@@ -1289,6 +1936,12 @@ def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any
 # ------------------------------------------------------------------------------- run
 
 
+def _check_kinds(kinds: Sequence[str]) -> None:
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown:
+        raise ValueError(f"unknown fault kinds: {', '.join(unknown)} (known: {', '.join(FAULT_KINDS)})")
+
+
 def run_torture(opts: TortureOptions) -> Report:
     """Set everything up, run the workload under faults, tear it all down, judge.
 
@@ -1297,6 +1950,10 @@ def run_torture(opts: TortureOptions) -> Report:
     """
     if opts.clusters < 3:
         raise ValueError("the torture run needs at least 3 clusters (a minority must be able to fail)")
+    if opts.apiservers != 1:
+        raise ValueError("more than one API server per cluster needs an HA sandbox, which the run cannot start yet")
+    if opts.kinds:
+        _check_kinds(opts.kinds)
     started = machine_clock()
     say = _say(opts.progress, started)
     owned = opts.workdir is None
@@ -1304,9 +1961,12 @@ def run_torture(opts: TortureOptions) -> Report:
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(opts.seed)
     recorder = Recorder(workdir / "events.jsonl")
-    rig = _Rig(workdir, opts.clusters, say)
+    if opts.max_ttl < max(s.ttl for s in opts.contenders):
+        raise ValueError("max_ttl must be at least every contender's TTL")
+    rig = _Rig(workdir, opts.clusters, say, opts.max_ttl)
     workers: _Workers | None = None
     faults: _Faults | None = None
+    workload_seconds = 0.0
     try:
         rig.start()
         end = machine_clock() + opts.seconds
@@ -1315,11 +1975,14 @@ def run_torture(opts: TortureOptions) -> Report:
         workers.start_all()
         faults = _Faults(rig, workers, rng, say, opts)
         say(f"workload and faults for {opts.seconds:.0f}s (seed {opts.seed})")
+        began = machine_clock()
         try:
-            faults.run(end)
+            faults.run(end, overtime=opts.overtime)
         finally:
+            workload_seconds = machine_clock() - began
             say("undoing every fault")
             rig.heal()
+        faults.wait_collectors(120)
         grace = max(s.ttl for s in opts.contenders) + opts.wait + 90
         say("stopping the contenders")
         workers.stop_all(grace)
@@ -1344,6 +2007,10 @@ def run_torture(opts: TortureOptions) -> Report:
         seconds=opts.seconds,
         seed=opts.seed,
         clusters=opts.clusters,
+        kinds=faults.kinds if faults is not None else (),
+        min_each=opts.min_each,
+        breaks=len(recorder.breaks),
+        workload_seconds=workload_seconds,
     )
     if report.passed and owned:
         shutil.rmtree(workdir, ignore_errors=True)
