@@ -548,3 +548,26 @@ def test_a_token_at_the_conversion_limit_is_refused_not_a_crash(dep3: Env) -> No
     got = dep3.cli("--timeout", "3s", "lock", "acquire", "web", "--holder", "after")
     assert "Internal error" not in got.stderr, got.stderr
     assert got.returncode != 1, got.stderr
+
+
+# -- files
+
+
+def test_a_backup_written_over_a_planted_symlink_does_not_write_through_it(dep3: Env, tmp_path: Path) -> None:
+    """Someone who can write the folder the user backs up into plants the backup's name as a
+    symlink to a file of the user's: the backup replaces the link, readable by the user
+    alone, and the file it pointed at is untouched."""
+    lock = json.loads(_ok(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "w", "--ttl", "60s")).stdout)
+    _ok(dep3.cli("state", "set", "web", "secret=s3cr3t", "--lock-id", lock["lock_id"]))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    victim.chmod(0o644)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    link = shared / "web-state.json"
+    link.symlink_to(victim)
+    _ok(dep3.cli("state", "backup", "web", "-f", str(link)))
+    assert victim.read_text() == "keep me\n"
+    assert not link.is_symlink()
+    assert (link.stat().st_mode & 0o777) == 0o600
+    assert json.loads(link.read_text())["data"]["secret"] == "s3cr3t"
