@@ -921,7 +921,7 @@ def bench_b5(r: Rig, rep: Report, *, reps: int, warmup: int) -> None:
     async def take() -> None:
         async with r.coordinator(5.0) as c:
             for n, dep in deps.items():
-                locks[n] = (await c.acquire(dep, ttl=3600, holder=HOLDER)).lock_id
+                locks[n] = (await c.acquire(dep, ttl=600, holder=HOLDER)).lock_id
                 await c.state(dep).set({"replicas": 0}, lock=locks[n])
 
     anyio.run(take)
@@ -1197,7 +1197,7 @@ def bench_b7(r: Rig, rep: Report, *, sizes_kib: Sequence[int], reps: int, warmup
     async def take() -> None:
         c = r.coordinator(5.0)
         async with c:
-            lock["id"] = (await c.acquire(dep, ttl=3600, holder=HOLDER)).lock_id
+            lock["id"] = (await c.acquire(dep, ttl=600, holder=HOLDER)).lock_id
 
     anyio.run(take)
     series: dict[int, dict[str, list[float]]] = {}
