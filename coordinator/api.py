@@ -8,6 +8,7 @@ async with Coordinator.from_config() as c:
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,14 @@ from anyio.abc import TaskGroup
 
 from coordinator.clusters import ClusterSet
 from coordinator.config import ConfigStore
-from coordinator.errors import CoordinatorError, LockLostError, NoQuorumError, StateConflictError, UsageError
+from coordinator.errors import (
+    CoordinatorError,
+    LockLostError,
+    MembershipError,
+    NoQuorumError,
+    StateConflictError,
+    UsageError,
+)
 from coordinator.history import Tenure, tenures
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
 from coordinator.lock import (
@@ -65,6 +73,11 @@ class HeldLock:
 
     def expires_in(self) -> float:
         return self.result.expires_in()
+
+
+# How long a waiting acquire that finds the member set changed waits for this machine's
+# record to follow (a change made here) before it reports the record as stale.
+RECORD_FOLLOW_S = 10.0
 
 
 class Coordinator:
@@ -149,9 +162,27 @@ class Coordinator:
         # The local record must be writable before any lease is taken: a lock taken and
         # then not recorded would be left behind, held until its TTL.
         self._check_record_writable()
-        result = await engine.acquire(
-            ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait, on_wait=on_wait
-        )
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                result = await engine.acquire(
+                    ttl_s=ttl,
+                    holder=who,
+                    reason=reason,
+                    command=current_command(),
+                    wait_s=max(0.0, deadline - time.monotonic()),
+                    on_wait=on_wait,
+                )
+                break
+            except MembershipError:
+                # While this call waited, the member set changed (a change runs under
+                # the lock, so it is one of the holders waited for). When this machine
+                # made it, its record was updated: wait on under the new set, which the
+                # next attempt checks against the clusters again. Otherwise the error
+                # stands (the record is stale: `deployment import`).
+                if not await self._record_follows(deployment, engine.dep, deadline):
+                    raise
+                engine = self.lock_engine(deployment)
         try:
             self._remember(result)
         except Exception as err:
@@ -168,6 +199,37 @@ class Coordinator:
                 payload=result,
             ) from err
         return result
+
+    async def _record_follows(self, deployment: str, used: DeploymentRecord, deadline: float) -> bool:
+        """Whether this machine's record of ``deployment`` moves on from ``used`` before
+        ``deadline`` (a change made here writes the clusters first and its record right
+        after, so a waiter may see the stored set change a moment before the record
+        does); at most ``RECORD_FOLLOW_S``."""
+        until = min(deadline, time.monotonic() + RECORD_FOLLOW_S)
+        while True:
+            if self._reload_record(deployment, used):
+                return True
+            if time.monotonic() >= until:
+                return False
+            await anyio.sleep(0.25)
+
+    def _reload_record(self, deployment: str, used: DeploymentRecord) -> bool:
+        """Take up this machine's record of ``deployment`` again if it changed since
+        ``used`` was read (another command here changed the member set); True if so."""
+        if self.store is None:
+            return False
+        fresh = self.store.load()
+        now = fresh.deployments.get(deployment)
+        if now is None or (now.epoch, now.clusters, now.joint) == (used.epoch, used.clusters, used.joint):
+            return False
+        for name in now.clusters + (now.joint or []):
+            if name not in self.config.clusters and name in fresh.clusters:
+                self.config.clusters[name] = fresh.clusters[name]
+        self.config.deployments[deployment] = now
+        from coordinator.logs import get_logger
+
+        get_logger(__name__).info("member set changed while waiting", deployment=deployment, epoch=now.epoch)
+        return True
 
     def _check_record_writable(self) -> None:
         if self.store is None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +122,88 @@ def test_replace_a_rebuilt_member(dep5: Env) -> None:
 
 def _acquire(env: Env) -> subprocess.CompletedProcess[str]:
     return env.cli("-o", "json", "--timeout", "3s", "lock", "acquire", "pay", "--holder", "x", "--ttl", "30s")
+
+
+def test_members_change_while_contenders_hold_wait_and_write(dep5: Env) -> None:
+    """Add c4 and then remove c1 while two contenders take turns with `--wait`, write the
+    state inside their turns, and a reader reads it without the lock. The fault suite's
+    checkers judge what they saw: no two turns overlap, tokens rise, and the reads and
+    writes form a linearizable register."""
+    from coordinator.testing.checkers import check_linearizable_register, check_mutual_exclusion
+
+    _pay(dep5, "c1", "c2", "c3")
+    _ok(dep5.cli("state", "set", "pay", "k=w0", "--lock-id", _hold(dep5, "setup")))
+    _ok(dep5.cli("lock", "release", "pay", "--holder", "setup"))
+    sections: list[dict[str, Any]] = []
+    ops: list[dict[str, Any]] = []
+    problems: list[str] = []
+    done = threading.Event()
+    guard = threading.Lock()
+
+    def contender(name: str) -> None:
+        n = 0
+        while not done.is_set():
+            taken = dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", name, "--ttl", "60s", "--wait", "90s")
+            if taken.returncode != 0:
+                if taken.returncode not in (3, 4):
+                    problems.append(f"{name}: acquire exit {taken.returncode}: {taken.stderr}")
+                continue
+            doc = json.loads(taken.stdout)
+            enter = time.monotonic()
+            for _ in range(2):
+                n += 1
+                value = f"{name}-{n}"
+                invoke = time.monotonic()
+                wrote = dep5.cli("state", "set", "pay", f"k={value}", "--lock-id", doc["lock_id"])
+                status = "ok" if wrote.returncode == 0 else "unknown"
+                with guard:
+                    ops.append({"process": name, "kind": "write", "value": value, "invoke": invoke,
+                                "complete": time.monotonic(), "status": status})  # fmt: skip
+            leave = time.monotonic()
+            with guard:
+                sections.append({"process": name, "token": doc["fencing_token"], "enter": enter, "exit": leave})
+            released = dep5.cli("lock", "release", "pay", "--holder", name, "--lock-id", doc["lock_id"])
+            if released.returncode != 0:
+                problems.append(f"{name}: release exit {released.returncode}: {released.stderr}")
+
+    def reader() -> None:
+        while not done.is_set():
+            invoke = time.monotonic()
+            got = dep5.cli("-o", "json", "state", "get", "pay", "k")
+            if got.returncode == 0:
+                with guard:
+                    ops.append({"process": "reader", "kind": "read", "value": json.loads(got.stdout),
+                                "invoke": invoke, "complete": time.monotonic()})  # fmt: skip
+
+    threads = [threading.Thread(target=contender, args=(f"h{i}",)) for i in (1, 2)]
+    threads.append(threading.Thread(target=reader))
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(5)
+        # The changes take the lock themselves, so they wait their turn like the contenders.
+        _ok(dep5.cli("deployment", "add-cluster", "pay", "c4", "--wait", "120s"))
+        time.sleep(5)
+        _ok(dep5.cli("deployment", "remove-cluster", "pay", "c1", "--wait", "120s"))
+        time.sleep(5)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=300)
+    assert not problems, problems
+    assert len(sections) >= 4 and len({s["process"] for s in sections}) == 2, sections
+    assert sum(1 for o in ops if o["kind"] == "read") >= 5 and sum(1 for o in ops if o["kind"] == "write") >= 8
+    check_mutual_exclusion(sections).assert_ok()
+    for i in (2, 3, 4):
+        assert _stored(dep5, i).epoch == 5 and set(_stored(dep5, i).members) == _identities(dep5, "c2", "c3", "c4")
+    dep5.sandbox.pause(1)  # the removed member is not needed any more: the last read is without it
+    invoke = time.monotonic()
+    final = _ok(dep5.cli("--timeout", "2s", "-o", "json", "state", "get", "pay", "k"))
+    ops.append({"process": "reader", "kind": "read", "value": json.loads(final.stdout), "invoke": invoke,
+                "complete": time.monotonic()})  # fmt: skip
+    check_linearizable_register(ops, initial="w0", timeout=60).assert_ok()
+
+
+def _hold(env: Env, holder: str) -> str:
+    taken = _ok(env.cli("-o", "json", "lock", "acquire", "pay", "--holder", holder, "--ttl", "30s"))
+    return str(json.loads(taken.stdout)["lock_id"])
