@@ -677,9 +677,12 @@ class LockEngine:
             await self.history.record(events, timeout=self.timeout)
 
         if self.background is not None:
-            self.background.start_soon(record)
-        else:
-            await record()
+            try:
+                self.background.start_soon(record)
+                return
+            except RuntimeError:  # the task group has already closed: record here
+                pass
+        await record()
 
     async def _remember_take(self, result: AcquireResult, reason: str) -> AcquireResult:
         lapsed = {
