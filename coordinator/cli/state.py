@@ -92,7 +92,24 @@ def parse_assignment(text: str) -> Assignment:
             f'{key}:={raw} is not a JSON value ({err}). KEY:=JSON takes JSON: 3, 1.5, true, null, "text", '
             f'[1, 2] or {{"a": 1}}; KEY=VALUE stores VALUE as a string. Nothing was written.'
         ) from None
+    # Within the limits of a whole document, where the key puts it (what `state get -o
+    # json` prints must be taken back by `state apply`).
+    placed: Any = value
+    for part in reversed(key.split(".")):
+        placed = {part: placed}
+    _check_tree(placed, f"The value of {key}")
     return Assignment(key, value, raw)
+
+
+def _number_too_long(source: str) -> UsageError:
+    return UsageError(
+        f"{source} holds an integer of more than {sys.get_int_max_str_digits():,} digits, which cannot be "
+        "converted; store such a number as a string. Nothing was written."
+    )
+
+
+def _is_digits_limit(err: ValueError) -> bool:
+    return "integer string conversion" in str(err)
 
 
 def _write_text(report: Any) -> None:
@@ -357,8 +374,10 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
             doc, parsed = json.loads(text), True
         except RecursionError:
             raise _too_big(source, f"is nested more than {DOCUMENT_DEPTH} levels deep") from None
-        except ValueError:
-            pass  # maybe YAML flow style; YAML says what is wrong
+        except ValueError as err:
+            if _is_digits_limit(err):
+                raise _number_too_long(source) from None
+            # maybe YAML flow style; YAML says what is wrong
         if parsed:
             _check_tree(doc, source)
     if not parsed:
@@ -377,6 +396,10 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
             ) from err
         except RecursionError:
             raise _too_big(source, f"is nested more than {DOCUMENT_DEPTH} levels deep") from None
+        except ValueError as err:
+            if _is_digits_limit(err):
+                raise _number_too_long(source) from None
+            raise
         finally:
             loader.dispose()
     if not isinstance(doc, dict):
@@ -385,6 +408,11 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
         )
     from coordinator.state import plain_data_problem
 
+    try:
+        json.dumps(doc)  # what is stored is JSON text: an integer too long for it is refused here
+    except ValueError as err:
+        if _is_digits_limit(err):
+            raise _number_too_long(source) from None
     problem = plain_data_problem(doc)
     if problem and "finite" not in problem:  # NaN and infinities are refused when written, saying so
         raise UsageError(
