@@ -619,8 +619,9 @@ class _RunContender(_Contender):
         self.values += 1
         marks = Path(f"marks-{self.values}.txt").resolve()
         marks.write_text("")
-        # Mostly short trees; some outlive several renewals (and a SIGKILL of lock run).
-        long = self.rng.random() < 0.25
+        # Mostly short trees (the lock is busy while they run); a few outlive several
+        # renewals. The sigkill-lock-run fault starts a long one of its own.
+        long = self.rng.random() < 0.1
         ticks = self.rng.randint(45, 65) if long else self.rng.randint(2, 10)
         wait = self.rng.choice((2.0, 5.0, 10.0))
         errors = Path(f"lockrun-{self.values}.err").resolve()
