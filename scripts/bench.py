@@ -1778,9 +1778,8 @@ def plot(rep: Report, path: Path) -> None:
         ax.legend()
         ax.grid(alpha=0.3)
     ax = axes[3]
-    ratios = [
-        (row.id, row.value, row.passed) for row in rep.rows if row.id in ("B4'a", "B8a", "B9", "B1a", "B5a", "B5b")
-    ]
+    shown = ("B1a", "B4'a", "B5.set", "B5.get", "B8a", "B9")
+    ratios = [(row.id, row.value, row.passed) for row in rep.rows if row.id in shown]
     if ratios:
         ax.bar(
             [r_[0] for r_ in ratios],
