@@ -1,19 +1,28 @@
-"""``deployment import``: rebuild a local deployment record from what a member stores."""
+"""``deployment import``: rebuild a local deployment record from what a member stores.
+
+A member set read from one cluster is evidence only when coordinator wrote it (a
+coordinator field manager owns the annotation in the lease's managedFields) and when a
+majority of the set's own members store the same set: anyone allowed to write or create
+a lease in the namespace can put any set on one cluster, and importing it would let them
+choose the members a majority is counted over."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from coordinator.admin import valid_name
-from coordinator.clusters import ClusterSet
+from coordinator.clusters import ClusterSet, failed
 from coordinator.config import ConfigStore
-from coordinator.errors import NoQuorumError, UsageError
+from coordinator.errors import MembershipError, NoQuorumError, UsageError
+from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, state_name
-from coordinator.membership import A_MEMBERSHIP, Membership
+from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, lease_path, state_name
+from coordinator.membership import A_MEMBERSHIP, LEGACY, Membership, Stored, in_lease_object
 from coordinator.models import MAX_DEPLOYMENT_NAME, DeploymentRecord
+from coordinator.outcome import Outcome
 from coordinator.state import decode_replica
+from coordinator.text import printable
 
 
 async def _list(cs: ClusterSet, cluster: str, path: str, selector: str, name: str) -> list[dict[str, Any]]:
@@ -34,46 +43,52 @@ async def import_deployment(
     if name in cfg.deployments:
         raise UsageError(f"Deployment {name!r} already exists locally; delete it first to re-import.")
     cs = ClusterSet(cfg, timeout=timeout)
-    selector = f"{LABEL_DEPLOYMENT}={name}"
     try:
-        cs.record(source)
-        try:
-            await cs.check_identity(source)
-            found: list[tuple[str, dict[str, Any]]] = []
-            for kind, base in (("configmap", "configmaps"), ("secret", "secrets")):
-                path = f"/api/v1/namespaces/{namespace}/{base}" if namespace else f"/api/v1/{base}"
-                try:
-                    found += [
-                        (kind, o)
-                        for o in await _list(cs, source, path, selector, state_name(name))
-                        if (o.get("metadata") or {}).get("name") == state_name(name)
-                    ]
-                except KubeError as err:
-                    if err.kind != kube.FORBIDDEN:
-                        raise
-            path = (
-                f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-                if namespace
-                else "/apis/coordination.k8s.io/v1/leases"
-            )
-            leases: list[dict[str, Any]] = []
+        return await _import(store, cfg, cs, name, source, namespace)
+    finally:
+        await cs.aclose()
+
+
+async def _import(
+    store: ConfigStore, cfg: Any, cs: ClusterSet, name: str, source: str, namespace: str | None
+) -> tuple[DeploymentRecord, str]:
+    selector = f"{LABEL_DEPLOYMENT}={name}"
+    cs.record(source)
+    try:
+        await cs.check_identity(source)
+        found: list[tuple[str, dict[str, Any]]] = []
+        for kind, base in (("configmap", "configmaps"), ("secret", "secrets")):
+            path = f"/api/v1/namespaces/{namespace}/{base}" if namespace else f"/api/v1/{base}"
             try:
-                leases = [
-                    o
-                    for o in await _list(cs, source, path, selector, lease_name(name))
-                    if (o.get("metadata") or {}).get("name") == lease_name(name)
+                found += [
+                    (kind, o)
+                    for o in await _list(cs, source, path, selector, state_name(name))
+                    if (o.get("metadata") or {}).get("name") == state_name(name)
                 ]
             except KubeError as err:
                 if err.kind != kube.FORBIDDEN:
                     raise
+        path = (
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+            if namespace
+            else "/apis/coordination.k8s.io/v1/leases"
+        )
+        leases: list[dict[str, Any]] = []
+        try:
+            leases = [
+                o
+                for o in await _list(cs, source, path, selector, lease_name(name))
+                if (o.get("metadata") or {}).get("name") == lease_name(name)
+            ]
         except KubeError as err:
-            if err.kind == "identity-mismatch":
-                from coordinator.errors import IdentityMismatchError
+            if err.kind != kube.FORBIDDEN:
+                raise
+    except KubeError as err:
+        if err.kind == "identity-mismatch":
+            from coordinator.errors import IdentityMismatchError
 
-                raise IdentityMismatchError(f"Cluster {source!r}: {err.detail}") from err
-            raise NoQuorumError(f"Cannot read deployment {name!r} from {source!r}: {err.kind}: {err.detail}.") from err
-    finally:
-        await cs.aclose()
+            raise IdentityMismatchError(f"Cluster {source!r}: {err.detail}") from err
+        raise NoQuorumError(f"Cannot read deployment {name!r} from {source!r}: {err.kind}: {err.detail}.") from err
     # Deployment names are unique per namespace only: never pick one of several at random.
     namespaces = sorted({str(o["metadata"]["namespace"]) for o in [*(obj for _, obj in found), *leases]})
     if len(namespaces) > 1:
@@ -84,12 +99,24 @@ async def import_deployment(
     # The member set a lease stores (by identity, with its epoch) is the newest word on
     # membership: state envelopes name the members of their last write only.
     for lease in leases:
-        stored = Membership.parse(((lease.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP))
-        if stored is None:
+        stored = in_lease_object(lease)
+        if not isinstance(stored, Membership):
             continue
         ns = str(lease["metadata"]["namespace"])
+        if not stored.written_by_us:
+            raise MembershipError(
+                f"The member set of deployment {name!r} on {source!r} (namespace {ns!r}, epoch {stored.epoch}) was "
+                f"not written by coordinator: the annotation {A_MEMBERSHIP} there is owned by "
+                f"{stored.writer_text()}. It may have been planted or edited by hand, so it is no evidence of the "
+                "deployment's members. Nothing was imported. Import from another member of the deployment, or "
+                "find out who wrote it."
+            )
         members = _map_identities(cfg, stored.members)
         joint = _map_identities(cfg, stored.joint) if stored.joint is not None else None
+        # One cluster's word is not enough: anyone who may write that lease could have
+        # set it. A majority of the set's own members (of both sets, during a change)
+        # must store it, as every change that coordinator commits leaves it.
+        await _confirm_elsewhere(cs, cfg, name, ns, stored, members, joint)
         kind_found = next((k for k, o in found if str(o["metadata"]["namespace"]) == ns), "configmap")
         storage_kind: Literal["configmap", "secret"] = "secret" if kind_found == "secret" else "configmap"
         max_ttl = _positive(((lease.get("metadata") or {}).get("annotations") or {}).get("coordinator.io/max-ttl"))
@@ -121,6 +148,93 @@ async def import_deployment(
         f"No state or lock of deployment {name!r} was found on {source!r} in {where}. Check the "
         "name, or pass --namespace if the cluster does not let you list across namespaces."
     )
+
+
+async def _confirm_elsewhere(
+    cs: ClusterSet,
+    cfg: Any,
+    name: str,
+    ns: str,
+    stored: Membership,
+    members: list[str],
+    joint: list[str] | None,
+) -> None:
+    """Read the deployment's lease on every cluster connected here and refuse unless a
+    majority of ``stored``'s members (and of its new set, during a change) store exactly
+    ``stored``, written by coordinator, and no other set written by coordinator that
+    shares members with it is stored by a majority of its own members."""
+    path = lease_path(ns, lease_name(name))
+
+    async def one(cluster: str) -> ClusterResult[Stored]:
+        try:
+            await cs.check_identity(cluster)
+            resp = await cs.client(cluster).request("GET", path)
+        except KubeError as err:
+            if err.kind == kube.NOT_FOUND:
+                return ClusterResult(cluster, Outcome.OK, None)
+            return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(cluster, Outcome.OK, in_lease_object(resp.body))
+
+    results = await fan_out(list(cfg.clusters), one, timeout=cs.timeout)
+    found = {k: r.value for k, r in results.items() if r.ok}
+    by_identity = {c.identity: c.name for c in cfg.clusters.values()}
+
+    def confirmed(value: Membership) -> bool:
+        groups = [value.members, *([value.joint] if value.joint is not None else [])]
+        for group in groups:
+            named = [by_identity.get(i) for i in group]
+            agree = [n for n in named if n is not None and _ours_and_equal(found.get(n), value)]
+            if len(agree) < len(group) // 2 + 1:
+                return False
+        return True
+
+    rivals = {
+        v
+        for v in found.values()
+        if isinstance(v, Membership)
+        and v != stored
+        and v.written_by_us
+        and set(v.members).intersection(stored.members)
+        and confirmed(v)
+    }
+    if confirmed(stored) and not rivals:
+        return
+
+    def said(cluster: str) -> str:
+        r = results.get(cluster)
+        if r is None or not r.ok:
+            return f"not read ({r.outcome if r else 'no answer'})"
+        v = r.value
+        if v is None:
+            return "no lease or no member set"
+        if v is LEGACY or not isinstance(v, Membership):
+            return "a lease from before stored member sets"
+        names = ", ".join(by_identity.get(i, f"identity {printable(i)}") for i in v.members)
+        change = (
+            "; changing to " + ", ".join(by_identity.get(i, f"identity {printable(i)}") for i in v.joint)
+            if v.joint
+            else ""
+        )
+        who = "" if v.written_by_us else f" (not written by coordinator: {v.writer_text()})"
+        return f"epoch {v.epoch}: {names}{change}{who}"
+
+    listing = "; ".join(f"{k}: {said(k)}" for k in cfg.clusters)
+    wanted = ", ".join(dict.fromkeys([*members, *(joint or [])]))
+    why = (
+        "another member set that shares members with it is stored by a majority of its own members"
+        if rivals and confirmed(stored)
+        else f"fewer than a majority of its members ({wanted}) store it"
+    )
+    raise MembershipError(
+        f"Deployment {name!r} in namespace {ns!r}: the member set found on the lease (epoch {stored.epoch}) is "
+        f"not confirmed: {why}. What each cluster connected here stores: {listing}. Nothing was imported: a set "
+        "that one cluster alone stores may have been planted there. Import from a member where a majority of "
+        "the members store the same set, or retry when the members that could not be read answer."
+    )
+
+
+def _ours_and_equal(found: Stored, value: Membership) -> bool:
+    return isinstance(found, Membership) and found == value and found.written_by_us
 
 
 def _positive(raw: Any) -> float | None:

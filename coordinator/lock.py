@@ -132,7 +132,16 @@ from coordinator.lease import (
     token_taken,
 )
 from coordinator.logs import get_logger
-from coordinator.membership import A_MEMBERSHIP, Check, Membership, Stored, Verdict, stored_in_lease
+from coordinator.membership import (
+    A_MEMBERSHIP,
+    Check,
+    Membership,
+    Stored,
+    Verdict,
+    explain_existing,
+    foreign_set,
+    stored_in_lease,
+)
 from coordinator.membership import check as check_membership
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
@@ -464,10 +473,7 @@ class LockEngine:
         stored = {k: self.stored_membership(r.value.view) for k, r in results.items() if r.value and r.value.view}
         verdict = self.check_members(stored)
         if verdict.verdict is Verdict.CONFLICT:
-            raise MembershipError(
-                f"Deployment {self.dep.name!r} already exists in namespace {self.dep.namespace!r} with a "
-                "different member set: " + verdict.explain(self.dep.name, self._identity_names())
-            )
+            raise MembershipError(explain_existing(verdict, self.dep.name, self.dep.namespace, self._identity_names()))
         return results
 
     def _identity_names(self) -> dict[str, str]:
@@ -1306,6 +1312,15 @@ class LockEngine:
                     return ClusterResult(
                         cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "not ours"), detail="no longer ours"
                     )
+                if foreign_set(self.stored_membership(view), self.membership):
+                    # another deployment of this name and namespace lives there (or
+                    # someone planted a set): seeding would take it over
+                    return ClusterResult(
+                        cluster,
+                        Outcome.CONFLICT,
+                        ClusterLease(view, "another member set"),
+                        detail="its lease stores another member set",
+                    )
                 if view.held and view.expired(self.max_ttl_s) is not True:
                     return ClusterResult(
                         cluster,
@@ -1327,6 +1342,13 @@ class LockEngine:
 
         results = await fan_out(self.members, one, timeout=self.timeout)
         self._raise_on_mismatch(results)
+        taken = [k for k, r in results.items() if r.value is not None and r.value.action == "another member set"]
+        if taken:
+            raise MembershipError(
+                f"The lease of deployment {self.dep.name!r} on {', '.join(sorted(taken))} stores another member "
+                "set (another deployment of this name and namespace lives there, or the set was planted); it "
+                "was left as it is. Remove that cluster from the change, or free it first."
+            )
         return results
 
     async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
@@ -1432,7 +1454,8 @@ class LockEngine:
             else:
                 joint = f"; changing to {listed(stored.joint)}" if stored.joint else ""
                 same = " (as recorded here)" if stored == self.membership else ""
-                out[member] = f"epoch {stored.epoch}: {listed(stored.members)}{joint}{same}"
+                who = "" if stored.written_by_us else f" (not written by coordinator: {stored.writer_text()})"
+                out[member] = f"epoch {stored.epoch}: {listed(stored.members)}{joint}{same}{who}"
         return out
 
     async def _read_everywhere(self) -> dict[str, ClusterResult[ClusterLease]]:

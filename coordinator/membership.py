@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from coordinator.kube.resources import ANNOTATION_PREFIX
+from coordinator.kube.resources import ANNOTATION_PREFIX, FIELD_MANAGER
+from coordinator.text import printable
 
 A_MEMBERSHIP = ANNOTATION_PREFIX + "membership"
+# Where annotations are listed in a managedFields entry's fieldsV1.
+_F_ANNOTATIONS = "f:annotations"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,21 @@ class Membership:
     members: tuple[str, ...]
     # While the set changes: the new set. Decisions then need a majority of both.
     joint: tuple[str, ...] | None = None
+    # Read from a lease: the field manager(s) that own the annotation there ("" when no
+    # managedFields entry does). None when not known (parsed from text, or from a state
+    # envelope). Not part of the value: two equal sets are equal whoever wrote them.
+    writers: tuple[str, ...] | None = field(default=None, compare=False)
+
+    @property
+    def written_by_us(self) -> bool:
+        """False when read from a lease where no coordinator field manager owns the
+        annotation: someone else (``kubectl annotate``, a planted lease) set it, so it is
+        no evidence of what any coordinator decided."""
+        return self.writers is None or any(is_ours(w) for w in self.writers)
+
+    def writer_text(self) -> str:
+        named = [printable(w) for w in self.writers or () if w]
+        return "field manager " + ", ".join(named) if named else "no field manager (managedFields removed)"
 
     @classmethod
     def of(cls, identities: Iterable[str], epoch: int = 1, joint: Iterable[str] | None = None) -> Membership:
@@ -72,6 +90,26 @@ class Membership:
     @property
     def quorum(self) -> int:
         return len(self.members) // 2 + 1
+
+
+def is_ours(manager: str) -> bool:
+    """A field manager some coordinator write uses (``coordinator``, ``coordinator-release``...)."""
+    return manager == FIELD_MANAGER or manager.startswith(FIELD_MANAGER + "-")
+
+
+def annotation_writers(obj: dict[str, Any], annotation: str = A_MEMBERSHIP) -> tuple[str, ...]:
+    """The field managers that own ``annotation`` on ``obj`` per its managedFields, e.g.
+    ``{"manager": "coordinator", "fieldsV1": {"f:metadata": {"f:annotations":
+    {"f:coordinator.io/membership": {}}}}}``."""
+    owners = []
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        if not isinstance(entry, dict):
+            continue
+        meta = (entry.get("fieldsV1") or {}).get("f:metadata")
+        anns = meta.get(_F_ANNOTATIONS) if isinstance(meta, dict) else None
+        if isinstance(anns, dict) and "f:" + annotation in anns:
+            owners.append(str(entry.get("manager") or ""))
+    return tuple(dict.fromkeys(owners))
 
 
 class _Legacy:
@@ -128,12 +166,21 @@ class Check:
                 parts.append("members this machine's record has and it lacks: " + ", ".join(removed))
             if stored.epoch != self.local.epoch:
                 parts.append(f"configuration epoch {stored.epoch} there, {self.local.epoch} here")
-            return (
+            head = (
                 f"The member set of deployment {deployment!r} stored on {where} differs from this machine's "
                 f"record ({'; '.join(parts) or 'different members'}). Nothing was done: a majority counted "
-                f"over the wrong members would not be a majority. Adopt the stored set with `coordinator "
-                f"deployment delete {deployment}` and `coordinator deployment import {deployment} --cluster "
-                f"{where.split(', ')[0]}` (connect any missing cluster first)."
+                "over the wrong members would not be a majority."
+            )
+            if not stored.written_by_us:
+                return head + (
+                    f" No coordinator wrote that set there (the annotation {A_MEMBERSHIP} is owned by "
+                    f"{stored.writer_text()}): it may have been planted or edited by hand. Find out who changed "
+                    f"it; if it is not a member change you know of, remove that annotation on {where} and retry."
+                )
+            return head + (
+                f" Adopt the stored set with `coordinator deployment delete {deployment}` and `coordinator "
+                f"deployment import {deployment} --cluster {where.split(', ')[0]}` (connect any missing cluster "
+                "first; the import checks that a majority of the stored set's members store it)."
             )
         told = []
         if self.silent:
@@ -149,6 +196,51 @@ class Check:
             + f". Nothing was done. If the deployment was changed elsewhere, re-import it with `coordinator "
             f"deployment import {deployment} --cluster NAME`; if members are unreachable, retry when they answer."
         )
+
+
+def explain_existing(result: Check, deployment: str, namespace: str, names: Mapping[str, str]) -> str:
+    """Why ``deployment create`` stops when a member already stores another set, and what
+    to do. The import advice is given only for a set that a coordinator wrote and that a
+    majority of its own members (among those read here) store: a set found on one
+    cluster alone may have been planted by anyone allowed to create leases there, and
+    importing it would let them choose the members."""
+    stored = max(result.conflicting.values(), key=lambda m: m.epoch)
+    where = sorted(c for c, m in result.conflicting.items() if m == stored)
+    listed = ", ".join(names.get(i, f"identity {printable(i)}") for i in stored.members)
+    found = f"epoch {stored.epoch}, members {listed}, found on {', '.join(where)}"
+    confirming = [c for c in where if any(names.get(i) == c for i in stored.members)]
+    head = f"Deployment {deployment!r} already exists in namespace {namespace!r} with a different member set ({found})."
+    if not stored.written_by_us:
+        return head + (
+            f" No coordinator wrote that set (the annotation {A_MEMBERSHIP} is owned by {stored.writer_text()}): "
+            "it may have been planted by someone allowed to create leases in this namespace, so do not import it. "
+            f"Nothing was recorded. If no deployment {deployment!r} of yours lives there, delete that lease "
+            f"(coordinator-lock-{deployment} in namespace {namespace!r} on {', '.join(where)}) and create again, "
+            "or choose another name."
+        )
+    if len(confirming) < len(stored.members) // 2 + 1:
+        return head + (
+            f" Only {len(confirming)} of its {len(stored.members)} members were found storing it here, fewer than a "
+            "majority: it may be left over from a removed deployment, or planted. Nothing was recorded. Find out "
+            "whose it is; `coordinator deployment import` adopts a set only where a majority of its members store it."
+        )
+    return head + (
+        f" Nothing was recorded. If it is yours, adopt it with `coordinator deployment import {deployment} "
+        f"--cluster {confirming[0]}`; otherwise choose another name."
+    )
+
+
+def foreign_set(stored: Stored, ours: Membership) -> bool:
+    """Whether a lease about to become a member of ``ours`` stores a member set that is
+    not this deployment's: one no coordinator wrote, one at our epoch or newer that is not
+    ours, or one that shares no member with our current set (another deployment of the
+    same name and namespace, made elsewhere). An older set of ours (a cluster that was a
+    member before) shares members with ours and may be replaced."""
+    if not isinstance(stored, Membership) or stored == ours:
+        return False
+    if not stored.written_by_us or stored.epoch >= ours.epoch:
+        return True
+    return not set(stored.members).intersection(ours.members)
 
 
 def check(
@@ -216,7 +308,15 @@ def stored_in_lease(view: Any) -> Stored:
     proves nothing), LEGACY for a lease from before stored member sets."""
     if view is None or not view.exists or view.vanished:
         return None
-    raw = ((view.obj.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP)
+    return in_lease_object(view.obj)
+
+
+def in_lease_object(obj: dict[str, Any]) -> Stored:
+    """The member set a lease object stores, with who wrote it (see ``written_by_us``)."""
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP)
     if raw is None:
         return LEGACY
-    return Membership.parse(raw)
+    parsed = Membership.parse(raw)
+    if parsed is None:
+        return None
+    return replace(parsed, writers=annotation_writers(obj) or ("",))

@@ -18,7 +18,16 @@ from coord_fixtures import Env, make_env
 
 from coordinator.config import ConfigStore
 from coordinator.kube.resources import lease_path
-from coordinator.membership import A_MEMBERSHIP, LEGACY, Membership, Verdict, check
+from coordinator.membership import (
+    A_MEMBERSHIP,
+    LEGACY,
+    Membership,
+    Verdict,
+    check,
+    explain_existing,
+    foreign_set,
+    in_lease_object,
+)
 from coordinator.models import DeploymentRecord
 
 pytestmark = pytest.mark.integration
@@ -40,8 +49,9 @@ def _acquire(env: Env, deployment: str, holder: str, *extra: str) -> subprocess.
 
 
 def test_a_record_with_fewer_members_is_refused(dep5: Env, tmp_path: Path) -> None:
-    made = dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2",
-                    "--cluster", "c3")
+    made = dep5.cli(
+        "deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2", "--cluster", "c3"
+    )
     assert made.returncode == 0, made.stderr
     lone = _second_machine(dep5, tmp_path, "pay", ["c1"])
     refused = _acquire(lone, "pay", "x")
@@ -60,8 +70,9 @@ def test_a_record_with_fewer_members_is_refused(dep5: Env, tmp_path: Path) -> No
 def test_disjoint_majorities_cannot_both_hold(dep5: Env, tmp_path: Path) -> None:
     """{c1,c2,c3} stored; a machine that replaced c2,c3 by c4,c5 on its own is refused,
     whether or not it can reach the member they share."""
-    made = dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2",
-                    "--cluster", "c3")
+    made = dep5.cli(
+        "deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2", "--cluster", "c3"
+    )
     assert made.returncode == 0, made.stderr
     first = _acquire(dep5, "pay", "y", "--ttl", "60s")
     assert first.returncode == 0, first.stderr
@@ -113,9 +124,57 @@ def test_check_rules() -> None:
     assert Membership.parse(local.dump()) == local
 
 
+def _lease_with(stored: Membership, *owners: str) -> dict[str, Any]:
+    """A lease object as the API server returns it: the annotation owned by ``owners``."""
+    owning = {"f:metadata": {"f:annotations": {".": {}, "f:" + A_MEMBERSHIP: {}}}}
+    entries = [{"manager": m, "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": owning} for m in owners]
+    entries.append({"manager": "coordinator", "operation": "Update", "fieldsV1": {"f:spec": {"f:holderIdentity": {}}}})
+    return {"metadata": {"annotations": {A_MEMBERSHIP: stored.dump()}, "managedFields": entries}}
+
+
+def test_a_stored_set_counts_only_when_coordinator_wrote_it() -> None:
+    value = Membership.of(["a"], epoch=5)
+    planted = in_lease_object(_lease_with(value, "kubectl-annotate"))
+    assert isinstance(planted, Membership) and planted == value  # who wrote it is not part of the value
+    assert not planted.written_by_us and "kubectl-annotate" in planted.writer_text()
+    stripped = in_lease_object(_lease_with(value))  # no entry owns the annotation
+    assert isinstance(stripped, Membership) and not stripped.written_by_us
+    for manager in ("coordinator", "coordinator-release"):
+        ours = in_lease_object(_lease_with(value, manager))
+        assert isinstance(ours, Membership) and ours.written_by_us, manager
+    assert Membership.parse(value.dump()).written_by_us  # type: ignore[union-attr]  # not read from a lease
+
+    # `deployment create` finding a set no coordinator wrote: no import advice
+    local = Membership.of(["a", "b", "c"])
+    found = check(local, {"A": planted, "B": None, "C": None}, ["A", "B", "C"])
+    assert found.verdict is Verdict.CONFLICT
+    text = explain_existing(found, "ledger", "ns", {"a": "A", "b": "B", "c": "C"})
+    assert "planted" in text and "kubectl-annotate" in text and "deployment import" not in text
+    # written by coordinator and stored by a majority of its own members: import is the advice
+    theirs = in_lease_object(_lease_with(Membership.of(["a"], epoch=5), "coordinator"))
+    found = check(local, {"A": theirs, "B": None, "C": None}, ["A", "B", "C"])
+    assert "deployment import ledger --cluster A" in explain_existing(found, "ledger", "ns", {"a": "A"})
+
+
+def test_a_new_member_storing_another_set_is_not_taken_over() -> None:
+    joint = Membership.of(["a", "b", "c"], epoch=2, joint=["a", "b", "c", "d"])
+    by_us = "coordinator"
+    other_deployment = in_lease_object(_lease_with(Membership.of(["d", "e"], epoch=1), by_us))
+    assert foreign_set(other_deployment, joint)
+    newer = in_lease_object(_lease_with(Membership.of(["a", "d"], epoch=4), by_us))
+    assert foreign_set(newer, joint)
+    planted = in_lease_object(_lease_with(Membership.of(["a", "b"], epoch=1), "planter"))
+    assert foreign_set(planted, joint)
+    # an older set of this deployment (d was a member before) may be replaced
+    ours_before = in_lease_object(_lease_with(Membership.of(["a", "b"], epoch=1), by_us))
+    assert not foreign_set(ours_before, joint)
+    assert not foreign_set(joint, joint) and not foreign_set(None, joint) and not foreign_set(LEGACY, joint)
+
+
 def test_state_commands_check_the_member_set_too(dep5: Env, tmp_path: Path) -> None:
-    made = dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2",
-                    "--cluster", "c3")
+    made = dep5.cli(
+        "deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2", "--cluster", "c3"
+    )
     assert made.returncode == 0, made.stderr
     lock = json.loads(_acquire(dep5, "pay", "y", "--ttl", "60s").stdout)
     wrote = dep5.cli("state", "set", "pay", "release=1.2.0", "--lock-id", lock["lock_id"])
