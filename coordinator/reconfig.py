@@ -14,28 +14,44 @@ before, during or after the change. Step by step, all under the deployment's loc
 5. release the lock (unless it was given with ``--lock-id``).
 
 An interrupted change leaves the joint configuration stored, which is safe: running the
-same command again finishes it. Machines whose record predates the change are refused
-(the members store a newer epoch) until they run ``deployment import``.
+same command again finishes it, also when the run was killed after the members stored
+the joint set (or the commit) and before this machine's record followed — the members
+then store this very change (the joint set of this record's set and the target, or the
+commit that follows it), which the run recognises. Machines whose record predates the
+change are refused (the members store a newer epoch) for every other command until they
+run ``deployment import``.
 
-``--force-dead`` removes members that are gone for good without asking them: the new
-set must then have a majority of its own reachable, and a lock or a state write that
-reached only the dead members and fewer than a majority of the others can be lost.
+A new member whose lease stores another member set (another deployment of the same name
+and namespace lives there, or someone planted one) is not taken over: the change stops
+before writing anything.
+
+``--force-dead`` removes members that are gone for good without asking them (one that
+answers is refused): the lock is taken under the configuration in force on a majority of
+the remaining members, then the new set is committed there (epoch + 2). A lock or a
+state write that reached the dead members and fewer than a majority of the others can
+be lost; the report says so.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from coordinator.api import Coordinator, check_ttl
-from coordinator.errors import NoQuorumError, StateConflictError, UsageError
-from coordinator.fanout import ClusterResult
+from coordinator.clusters import failed
+from coordinator.errors import MembershipError, NoQuorumError, StateConflictError, UsageError
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube.client import KubeError
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
+from coordinator.membership import Check, Membership, Stored, foreign_set
 from coordinator.models import DeploymentRecord
+from coordinator.outcome import Outcome
+from coordinator.text import printable
 
 
 @dataclass
@@ -100,6 +116,16 @@ async def change_members(
         return await _remove_dead(c, rec, target, dead, who, ttl, report)
 
     engine = c.lock_engine(name)
+    # The members may already store this very change (the joint configuration, or its
+    # commit) while this machine's record was not updated: a change killed between
+    # writing the leases and saving the record. Recognise it and carry on from there.
+    before = rec if rec.joint is None else rec.model_copy(update={"epoch": rec.epoch - 1, "joint": None})
+    resumed = await _own_change(c, before, target, report)
+    if resumed is not None and resumed.joint is None:
+        return report  # committed already: the record has caught up
+    if resumed is not None:
+        rec = resumed
+        engine = _Resuming(c, resumed)
     held: AcquireResult
     if lock_id:
         token = await _token_of(engine, lock_id)
@@ -141,6 +167,7 @@ async def change_members(
             )
             joint = LockEngine(c.clusters, joint_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
             seed = [m for m in target if m not in rec.clusters]
+            await _refuse_foreign(joint, seed, getattr(engine, "accepted", ()))
             _confirm(
                 joint,
                 await joint.adopt_membership(held.lock_id, token, ttl, who, seed=seed),
@@ -196,6 +223,119 @@ async def change_members(
     return report
 
 
+def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
+    """The member sets a change of ``rec`` to ``target`` stores, by identity: before it
+    (epoch E), the joint configuration (E + 1) and the committed new set (E + 2)."""
+    before = LockEngine(c.clusters, rec).membership
+    joint = Membership.of(before.members, rec.epoch + 1, (c.clusters.record(m).identity for m in target))
+    final = Membership.of((c.clusters.record(m).identity for m in target), rec.epoch + 2)
+    return before, joint, final
+
+
+async def _own_change(
+    c: Coordinator, rec: DeploymentRecord, target: list[str], report: ChangeReport
+) -> DeploymentRecord | None:
+    """When members store the joint configuration or the commit of the change from
+    ``rec`` to ``target`` (written by coordinator), bring the local record there: the
+    committed record when a majority of both sets store the commit, the joint one
+    otherwise (the change then continues). None when the members store no trace of it."""
+    _, joint_m, final_m = _configs(c, rec, target)
+    union = rec.model_copy(update={"clusters": list(dict.fromkeys([*rec.clusters, *target])), "joint": None})
+    reader = LockEngine(c.clusters, union)
+    results = await reader._read_everywhere()
+    reader._raise_on_mismatch(results)
+    stored = {
+        k: reader.stored_membership(r.value.view) for k, r in results.items() if r.ok and r.value and r.value.view
+    }
+    ours = {k: v for k, v in stored.items() if isinstance(v, Membership) and v.written_by_us}
+    if not any(v in (joint_m, final_m) for v in ours.values()):
+        return None
+    groups = [list(rec.clusters), list(target)]
+
+    def on_majorities(value: Membership) -> bool:
+        return all(sum(1 for m in g if ours.get(m) == value) >= len(g) // 2 + 1 for g in groups)
+
+    if on_majorities(final_m):
+        final_rec = rec.model_copy(update={"epoch": final_m.epoch, "clusters": list(target), "joint": None})
+        _save(c, final_rec)
+        report.epoch = final_rec.epoch
+        report.steps.append(
+            f"the members already store this change committed (epoch {final_rec.epoch}): an earlier run was "
+            "interrupted before this machine's record followed; the record now has it (the state was copied "
+            "before the commit)"
+        )
+        return final_rec
+    joint_rec = rec.model_copy(update={"epoch": joint_m.epoch, "joint": list(target)})
+    if c.deployment(rec.name) != joint_rec:
+        _save(c, joint_rec)
+        report.steps.append(
+            f"the members store this change in progress (epoch {joint_rec.epoch}): an earlier run was "
+            "interrupted before this machine's record followed; finishing it"
+        )
+    report.epoch = joint_rec.epoch
+    return joint_rec
+
+
+class _Resuming(LockEngine):
+    """The lock engine of a change being finished: a member storing the set from before
+    the change, its joint configuration or its commit counts as agreeing. Any of them
+    may be where the interrupted run left a member, and the lock is taken on majorities
+    of the old and the new set, which meet every majority any of them decides with."""
+
+    def __init__(self, c: Coordinator, joint_rec: DeploymentRecord) -> None:
+        super().__init__(c.clusters, joint_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+        before = joint_rec.model_copy(update={"epoch": joint_rec.epoch - 1, "joint": None})
+        old, _, final = _configs(c, before, list(joint_rec.joint or []))
+        self.accepted = (old, self.membership, final)
+
+    def check_members(self, stored: Mapping[str, Stored]) -> Check:
+        seen = {
+            k: self.membership if isinstance(v, Membership) and v.written_by_us and v in self.accepted else v
+            for k, v in stored.items()
+        }
+        return super().check_members(seen)
+
+
+async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Membership, ...] = ()) -> None:
+    """Before anything is written: a new member whose lease stores another member set
+    (another deployment of this name and namespace lives there, or one was planted) is
+    not taken over."""
+    if not seed:
+        return
+
+    async def one(cluster: str) -> ClusterResult[Stored]:
+        try:
+            view = await engine._checked_read(cluster)
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(cluster, Outcome.OK, engine.stored_membership(view))
+
+    results = await fan_out(seed, one, timeout=engine.timeout)
+    engine._raise_on_mismatch(results)  # type: ignore[arg-type]
+    names = {m.identity: m.name for m in engine.clusters.config.clusters.values()}
+    foreign = {
+        k: r.value
+        for k, r in results.items()
+        if r.ok
+        and foreign_set(r.value, engine.membership)
+        and not (isinstance(r.value, Membership) and r.value.written_by_us and r.value in allow)
+    }
+    if not foreign:
+        return
+    told = []
+    for cluster, value in sorted(foreign.items()):
+        assert isinstance(value, Membership)
+        members = ", ".join(names.get(i, f"identity {printable(i)}") for i in value.members)
+        who = "" if value.written_by_us else f", not written by coordinator ({value.writer_text()})"
+        told.append(f"{cluster} stores epoch {value.epoch}: {members}{who}")
+    raise MembershipError(
+        f"Cannot add {', '.join(sorted(foreign))} to deployment {engine.dep.name!r}: its lease in namespace "
+        f"{engine.dep.namespace!r} belongs to another member set ({'; '.join(told)}) — another deployment of "
+        "this name and namespace lives there, or the set was planted. Nothing was changed. Use another cluster, "
+        "or remove that deployment from it first."
+    )
+
+
 async def _token_of(engine: LockEngine, lock_id: str) -> int:
     status = await engine.status()
     tokens = [row.token for row in status.clusters if row.lock_id == lock_id and row.token is not None]
@@ -217,10 +357,24 @@ async def _remove_dead(
     unknown = [d for d in dead if d not in rec.clusters]
     if unknown or any(d in target for d in dead):
         raise UsageError(f"--force-dead names clusters that are not being removed: {', '.join(unknown or dead)}.")
+    # The lock is taken under the configuration in force (this record's set and epoch,
+    # which the remaining members store), counting a majority of the remaining members
+    # only: the dead ones cannot answer.
+    remaining = LockEngine(
+        c.clusters,
+        rec.model_copy(update={"clusters": list(target), "joint": None}),
+        background=c._tg,
+        max_server_skew_s=c.max_server_skew_s,
+    )
+    remaining.membership = LockEngine(c.clusters, rec).membership
+    await _refuse_if_alive(c, rec, dead)
+    held = await remaining.acquire(ttl_s=ttl, holder=who, reason="remove dead members", command=current_command())
+    report.steps.append(
+        f"took the lock {held.lock_id} on a majority of the remaining members (token {held.fencing_token})"
+    )
     final_rec = rec.model_copy(update={"epoch": rec.epoch + 2, "clusters": list(target), "joint": None})
     final = LockEngine(c.clusters, final_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
-    held = await final.acquire(ttl_s=ttl, holder=who, reason="remove dead members", command=current_command())
-    report.steps.append(f"took the lock {held.lock_id} on the remaining members (token {held.fencing_token})")
+    released_by = remaining
     try:
         _confirm(
             final,
@@ -228,19 +382,35 @@ async def _remove_dead(
             "commit the new member set",
         )
         _save(c, final_rec)
+        released_by = final
         report.epoch = final_rec.epoch
         report.steps.append(
-            f"removed {', '.join(dead)} without asking them (epoch {final_rec.epoch}); a lock or state write "
-            "that reached only them and fewer than a majority of the others is given up"
+            f"removed {', '.join(dead)} without asking them (epoch {final_rec.epoch}). What this gives up: a lock "
+            f"or state write that reached {', '.join(dead)} and fewer than a majority of the others is lost, and "
+            f"if {', '.join(dead)} comes back with the old member set it must not be used by this deployment "
+            "again before it is wiped (remove its lease and state) and added anew"
         )
     finally:
         with anyio.CancelScope(shield=True):
             try:
-                await final.release(held.lock_id)
+                await released_by.release(held.lock_id)
                 report.steps.append("released the lock")
             except Exception as err:
                 report.steps.append(f"release failed: {err}")
     return report
+
+
+async def _refuse_if_alive(c: Coordinator, rec: DeploymentRecord, dead: list[str]) -> None:
+    """--force-dead is for members that are gone: one that answers is removed with the
+    joint configuration instead (which asks it)."""
+    engine = LockEngine(c.clusters, rec.model_copy(update={"clusters": list(dead), "joint": None}))
+    results = await engine._read_everywhere()
+    alive = sorted(k for k, r in results.items() if r.ok)
+    if alive:
+        raise UsageError(
+            f"--force-dead: {', '.join(alive)} answered, so it is not dead. Nothing was changed. Remove it "
+            "without --force-dead (the change then goes through the joint configuration and gives up nothing)."
+        )
 
 
 def _union(a: DeploymentRecord, b: DeploymentRecord) -> list[str]:

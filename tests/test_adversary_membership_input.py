@@ -292,12 +292,6 @@ def test_a_planted_ghost_deployment_in_the_fleet_view_is_escaped(dep3: Env) -> N
 # -- a cluster that already hosts another deployment of the same name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="add-cluster seeds a cluster whose lease belongs to another deployment of the same name and "
-    "namespace (another member set): that lease is taken over and stores this deployment's set (epoch 3), "
-    "so the other deployment's lock conflicts there",
-)
 @pytest.mark.slow
 def test_add_cluster_does_not_take_over_another_deployments_member(dep5: Env, tmp_path: Path) -> None:
     """Deployment `pay` on c1..c3 (this machine) and another `pay` on c4, c5 in the same
@@ -370,12 +364,6 @@ def test_a_stale_machine_is_refused_after_a_change_killed_before_its_record_foll
     assert _replica_data(dep5, 1)["release"] == "1.2.0"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a change SIGKILLed after the members store the joint (or new) set but before the local record "
-    "follows cannot be finished by running the command again: the machine's own record is then stale and the "
-    "change stops with exit 5",
-)
 @pytest.mark.slow
 @pytest.mark.parametrize("after", [1, 2], ids=["joint-written-record-not", "commit-written-record-not"])
 def test_a_change_killed_before_its_record_followed_is_finished_by_running_it_again(
@@ -396,12 +384,6 @@ def test_a_change_killed_before_its_record_followed_is_finished_by_running_it_ag
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="remove-cluster --force-dead never works: it takes the lock with the new set (epoch + 2) as the "
-    "record, and the membership check finds every remaining member storing the old epoch ('store an older "
-    "configuration'), so it stops with exit 5 before writing anything",
-)
 def test_force_dead_removes_a_paused_member_and_the_rest_decide(dep5: Env) -> None:
     """c3 is gone (paused); removing it with --force-dead leaves c1, c2 deciding alone."""
     _pay(dep5, "c1", "c2", "c3")

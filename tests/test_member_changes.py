@@ -207,3 +207,37 @@ def test_members_change_while_contenders_hold_wait_and_write(dep5: Env) -> None:
 def _hold(env: Env, holder: str) -> str:
     taken = _ok(env.cli("-o", "json", "lock", "acquire", "pay", "--holder", holder, "--ttl", "30s"))
     return str(json.loads(taken.stdout)["lock_id"])
+
+
+def test_remove_a_dead_member_with_force_dead(dep5: Env, tmp_path: Path) -> None:
+    """c4 is gone for good (paused): --force-dead removes it with the lock taken on a
+    majority of the remaining members under the configuration in force, says what that
+    gives up, and the rest decide alone. A member that answers is not removed that way."""
+    _pay(dep5, "c1", "c2", "c3", "c4")
+    stale = _second_machine(dep5, tmp_path, "pay", ["c1", "c2", "c3", "c4"])
+    dep5.sandbox.pause(4)
+    alive = dep5.cli("--timeout", "2s", "deployment", "remove-cluster", "pay", "c3", "--force-dead")
+    assert alive.returncode == 2 and "not dead" in alive.stderr, alive.stderr
+    assert all(_stored(dep5, i).epoch == 1 for i in (1, 2, 3))
+
+    removed = _ok(dep5.cli("--timeout", "2s", "deployment", "remove-cluster", "pay", "c4", "--force-dead"))
+    assert "gives up" in removed.stdout, removed.stdout
+    for i in (1, 2, 3):
+        stored = _stored(dep5, i)
+        assert stored.epoch == 3 and set(stored.members) == _identities(dep5, "c1", "c2", "c3")
+    shown = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    assert shown["clusters"] == ["c1", "c2", "c3"] and shown["epoch"] == 3
+
+    lock = json.loads(_ok(dep5.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "pay", "--holder", "n")).stdout)
+    assert {c["name"] for c in lock["clusters"]} == {"c1", "c2", "c3"}
+    assert lock["fencing_token"] > 1
+    _ok(dep5.cli("--timeout", "2s", "state", "set", "pay", "release=2.0", "--lock-id", lock["lock_id"]))
+    _ok(dep5.cli("--timeout", "2s", "lock", "release", "pay", "--holder", "n"))
+
+    # a machine whose record still names c4 is refused, and imports the remaining set
+    refused = stale.cli("--timeout", "2s", "lock", "acquire", "pay", "--holder", "x")
+    assert refused.returncode == 5 and "deployment import pay" in refused.stderr, refused.stderr
+    _ok(stale.cli("deployment", "delete", "pay"))
+    _ok(stale.cli("--timeout", "2s", "deployment", "import", "pay", "--cluster", "c1", "-n", dep5.namespace))
+    assert ConfigStore(stale.config).load().deployments["pay"].clusters == ["c1", "c2", "c3"]
+    assert _ok(stale.cli("--timeout", "2s", "state", "get", "pay", "release")).stdout.strip() == "2.0"
