@@ -126,7 +126,7 @@ def test_check_rules() -> None:
 
 def _lease_with(stored: Membership, *owners: str) -> dict[str, Any]:
     """A lease object as the API server returns it: the annotation owned by ``owners``."""
-    owning = {"f:metadata": {"f:annotations": {".": {}, "f:" + A_MEMBERSHIP: {}}}}
+    owning: dict[str, Any] = {"f:metadata": {"f:annotations": {".": {}, "f:" + A_MEMBERSHIP: {}}}}
     entries = [{"manager": m, "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": owning} for m in owners]
     entries.append({"manager": "coordinator", "operation": "Update", "fieldsV1": {"f:spec": {"f:holderIdentity": {}}}})
     return {"metadata": {"annotations": {A_MEMBERSHIP: stored.dump()}, "managedFields": entries}}
