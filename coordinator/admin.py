@@ -39,7 +39,6 @@ from coordinator.kube.resources import (
     lease_name,
     lease_path,
     namespace_path,
-    owned_metadata,
     secrets_path,
     state_name,
 )
@@ -423,8 +422,10 @@ async def create_deployment(
     # deleted (and is then treated as held by an unknown holder, never as free).
     from coordinator.lock import LockEngine
 
-    leases = await LockEngine(clusters, record).create_leases()
-    seeded = await fan_out(members, lambda c: _seed_state(clusters, record, c), timeout=clusters.timeout)
+    engine = LockEngine(clusters, record)
+    leases = await engine.create_leases()
+    stored = engine.membership.document()
+    seeded = await fan_out(members, lambda c: _seed_state(clusters, record, c, stored), timeout=clusters.timeout)
     for k, seed in seeded.items():
         if not seed.ok and results.get(k) is not None and results[k].ok:
             results[k] = ClusterResult(
@@ -506,25 +507,17 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
         )
 
 
-async def _seed_state(clusters: ClusterSet, record: DeploymentRecord, cluster: str) -> ClusterResult[str]:
+async def _seed_state(
+    clusters: ClusterSet, record: DeploymentRecord, cluster: str, membership: dict[str, Any]
+) -> ClusterResult[str]:
     """Create the member's state object holding the empty state for this deployment, so
     the name is taken before anyone else can create an object under it (one already
-    there is left as it is)."""
-    import base64
-
-    from coordinator.register import DATA_KEY, genesis_text
+    there is left as it is). It stores the member set too, which confirms it when every
+    lease was deleted before the first state write."""
+    from coordinator.lock import genesis_state_object
 
     collection, _ = _state_paths(record)
-    text = genesis_text(record.name)
-    secret = record.storage == "secret"
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Secret" if secret else "ConfigMap",
-        "metadata": owned_metadata(state_name(record.name), record.name),
-        "data": {DATA_KEY: base64.b64encode(text.encode()).decode() if secret else text},
-    }
-    if secret:
-        body["type"] = "Opaque"
+    body = genesis_state_object(record.name, record.storage, membership)
     try:
         await clusters.client(cluster).request("POST", collection, body=body, query={"fieldManager": FIELD_MANAGER})
     except KubeError as err:

@@ -70,6 +70,7 @@ from anyio.abc import TaskGroup
 from coordinator import history, quorum
 from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import (
+    CoordinatorError,
     IdentityMismatchError,
     LockHeldError,
     MembershipError,
@@ -691,6 +692,7 @@ class LockEngine:
         await record()
 
     async def _remember_take(self, result: AcquireResult, reason: str) -> AcquireResult:
+        await self._record_token_floor(result)
         lapsed = {
             name: r.value.previous
             for name, r in result.results.items()
@@ -708,6 +710,71 @@ class LockEngine:
             )
         )
         return result
+
+    # -- the token floor: a granted token outlives the deletion of every lease
+
+    async def _record_token_floor(self, result: AcquireResult) -> None:
+        """Raise the token floor of the state objects of a majority to the new token
+        before the acquisition counts. The leases are the tokens' history, but a holder
+        that never writes the state leaves its token on the leases alone: with every lease
+        deleted, the next acquisition would hand it out again. The floor lives on the
+        state objects (`coordinator.io/token-floor`), whose tokens the next acquisition
+        reads when the leases lost their history. When it cannot be raised on a majority,
+        the lock is given back and the acquisition fails (exit 4)."""
+        token = result.fencing_token
+        if token is None:
+            return
+        results = await fan_out(
+            self.members,
+            lambda c: self._raise_floor(c, token),
+            timeout=self.timeout,
+            until=lambda rs: self.majorities.reached(k for k, r in rs.items() if r.ok),
+        )
+        if self.majorities.reached(k for k, r in results.items() if r.ok):
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.release(result.lock_id)
+                undone = "The leases taken were released."
+            except CoordinatorError as err:
+                undone = f"Releasing the leases taken failed too ({err}); they expire after their TTL."
+        why = "; ".join(f"{k}: {r.detail or r.outcome}" for k, r in sorted(results.items()) if not r.ok)
+        raise NoQuorumError(
+            f"Took the leases of {self.dep.name!r} with fencing token {token}, but could not record that token "
+            f"on the state objects of a majority ({why}). {undone} Without that record a token could be handed "
+            "out twice if every lease were deleted, so the lock is not taken. Retry when the members accept "
+            "writes of the state object again.",
+            payload=result,
+        )
+
+    async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
+        base = configmaps_path if self.dep.storage == "configmap" else secrets_path
+        path = f"{base(self.dep.namespace)}/{state_name(self.dep.name)}"
+        client = self.clusters.client(cluster)
+        query = {"fieldManager": FIELD_MANAGER}
+        for _ in range(4):
+            try:
+                try:
+                    obj = (await client.request("GET", path)).body
+                except KubeError as err:
+                    if err.kind != kube.NOT_FOUND:
+                        raise
+                    obj = None
+                if obj is None:
+                    body = genesis_state_object(self.dep.name, self.dep.storage, self.membership.document())
+                    body["metadata"]["annotations"] = {A_TOKEN_FLOOR: str(token)}
+                    await client.request("POST", base(self.dep.namespace), body=body, query=query)
+                    return ClusterResult(cluster, Outcome.OK, token)
+                if token_floor(obj) >= token:
+                    return ClusterResult(cluster, Outcome.OK, token_floor(obj))
+                meta = dict(obj.get("metadata") or {})
+                meta["annotations"] = dict(meta.get("annotations") or {}) | {A_TOKEN_FLOOR: str(token)}
+                await client.request("PUT", path, body={**obj, "metadata": meta}, query=query)  # resourceVersion: CAS
+                return ClusterResult(cluster, Outcome.OK, token)
+            except KubeError as err:
+                if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
+                    return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
 
     def _mismatch(self, result: AcquireResult) -> bool:
         return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
@@ -1611,11 +1678,40 @@ def _envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Store
     token = doc.get("token") if isinstance(doc, dict) else None
     if not isinstance(token, int) or token < 0:
         return None
+    token = max(token, token_floor(obj))
     stored: Stored = Membership.parse(doc.get("membership"))
     if stored is None and isinstance(doc.get("member_ids"), dict) and doc["member_ids"]:
         # envelopes from before stored epochs name the writer's members by identity
         stored = Membership.of(str(v) for v in doc["member_ids"].values())
     return token, stored
+
+
+A_TOKEN_FLOOR = "coordinator.io/token-floor"
+
+
+def token_floor(obj: dict[str, Any]) -> int:
+    """The token floor a state object carries (0 for none or garbage)."""
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_TOKEN_FLOOR)
+    if isinstance(raw, str) and raw.isdigit() and len(raw) <= 18:
+        return int(raw)
+    return 0
+
+
+def genesis_state_object(deployment: str, storage: str, membership: dict[str, Any]) -> dict[str, Any]:
+    """A state object holding the empty state of ``deployment`` and its member set."""
+    from coordinator.register import DATA_KEY, genesis_text
+
+    text = genesis_text(deployment, membership)
+    secret = storage == "secret"
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret" if secret else "ConfigMap",
+        "metadata": owned_metadata(state_name(deployment), deployment),
+        "data": {DATA_KEY: base64.b64encode(text.encode()).decode() if secret else text},
+    }
+    if secret:
+        body["type"] = "Opaque"
+    return body
 
 
 def _with_claim(obj: dict[str, Any], claim: TurnClaim | None) -> dict[str, Any]:

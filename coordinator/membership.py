@@ -152,7 +152,8 @@ class Check:
         names = dict(names or {})
 
         def name(identity: str) -> str:
-            return names.get(identity, f"identity {identity}")
+            # identities are read from the clusters: anyone who may edit a lease chose them
+            return names.get(identity, f"identity {printable(identity)}")
 
         if self.verdict is Verdict.CONFLICT:
             stored = max(self.conflicting.values(), key=lambda m: m.epoch)

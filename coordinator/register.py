@@ -148,9 +148,9 @@ def encode_envelope(env: StateEnvelope) -> str:
     return json.dumps(env.model_dump(mode="json", by_alias=True), sort_keys=False, separators=(",", ":"))
 
 
-def genesis_text(deployment: str | None = None) -> str:
-    """The envelope of an object created to carry a promise (or with its deployment):
-    the empty state."""
+def genesis_text(deployment: str | None = None, membership: dict[str, Any] | None = None) -> str:
+    """The envelope of an object created to carry a promise (or with its deployment, and
+    the member set it was created with): the empty state."""
     env = StateEnvelope(
         deployment=deployment,
         schema=STATE_SCHEMA,
@@ -163,6 +163,8 @@ def genesis_text(deployment: str | None = None) -> str:
         members=[],
         data={},
     )
+    if membership is not None:
+        setattr(env, "membership", membership)  # noqa: B010 - an extra field of the model
     return encode_envelope(env)
 
 

@@ -52,8 +52,9 @@ What is simulated
   entry then no longer owns that field).
 * **The state register** keeps the highest token written to a majority of state
   replicas. By default a holder writes its token there as it acquires
-  (``STATE_WRITES = "on-acquire"``); ``"by-holder"`` writes it only when a holder
-  chooses to, maybe never, and is what the xfail tests at the end use.
+  (``STATE_WRITES = "on-acquire"``: lock.py's token floor on the state objects);
+  ``"by-holder"`` writes it only when a holder chooses to, maybe never (lock.py before the
+  token floor), and is what the xfail tests at the end use.
 
 Assumptions the model makes (and the design relies on)
 ------------------------------------------------------
@@ -1375,8 +1376,8 @@ ALL_DELETED_STEPS = [
 @pytest.mark.xfail(
     strict=True,
     raises=TokenNotRising,
-    reason="design limit: a token that reached neither the state nor a surviving lease is forgotten when "
-    "every lease is deleted; the next acquisition repeats it",
+    reason="without the token floor (lock.py records each token on the state objects as it acquires), a "
+    "token that reached neither the state nor a surviving lease is forgotten when every lease is deleted",
 )
 def test_lazy_state_all_leases_deleted_repeats_a_token() -> None:
     replay(machine(3, NEW, EVERYTHING, token_check="strict", state_writes="by-holder"), ALL_DELETED_STEPS)

@@ -201,6 +201,31 @@ def test_all_leases_deleted_recover_within_a_max_ttl_with_a_higher_token(short: 
     assert short.cli("state", "get", "web", "replicas").stdout.strip() == "5"
 
 
+def test_all_leases_deleted_a_holder_that_never_wrote_the_state_keeps_its_token(short: Env) -> None:
+    """The token of a holder that never wrote the state lived on the leases alone; with
+    every lease deleted, the next holder still gets a higher one (the token floor the
+    acquisition left on the state objects), and the floor is only raised, never lowered."""
+    a = acquire(short, "alice", "--ttl", "8s")
+    assert a.returncode == 0, a.stderr
+    assert short.cli("lock", "release", "web", "--holder", "alice").returncode == 0
+    b = acquire(short, "bob", "--ttl", "8s")
+    assert b.returncode == 0, b.stderr
+    held = doc(b)["fencing_token"]
+    assert held > doc(a)["fencing_token"]
+    floors = [
+        anyio.run(short.raw, i, "GET", f"/api/v1/namespaces/{short.namespace}/configmaps/coordinator-state-web")[
+            "metadata"
+        ]["annotations"].get("coordinator.io/token-floor")
+        for i in (1, 2, 3)
+    ]
+    assert sum(1 for f in floors if f == str(held)) >= 2, floors
+    for i in (1, 2, 3):
+        kubectl(short, i, "delete", "lease", LEASE)
+    c = acquire(short, "carol", "--ttl", "8s", "--wait", "60s", "--max-server-skew", "0s")
+    assert c.returncode == 0, c.stderr
+    assert doc(c)["fencing_token"] > held
+
+
 # -- 5. renewal returns at quorum
 
 
