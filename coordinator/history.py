@@ -394,11 +394,21 @@ class HistoryStore:
         return await fan_out(self.members, lambda c: self._append_one(c, events), timeout=timeout)
 
     async def record(self, events: list[dict[str, Any]], *, timeout: float) -> None:
-        """Best effort: :meth:`append`, with any failure logged as a warning."""
+        """Best effort: :meth:`append`, with any failure logged as a warning. Once a
+        majority has the events it waits for the other members only as long again as
+        that took, so a paused member does not hold the command up for its whole timeout
+        at exit (reads merge every copy; a member left out misses these events)."""
         if not events:
             return
+        majority = len(self.members) // 2 + 1
         try:
-            results = await self.append(events, timeout=timeout)
+            results = await fan_out(
+                self.members,
+                lambda c: self._append_one(c, events),
+                timeout=timeout,
+                until=lambda rs: sum(1 for r in rs.values() if r.ok) >= majority,
+                grace_factor=1.0,
+            )
         except Exception as err:  # history must never sink the command that made it
             log.warning("lock history not recorded", deployment=self.deployment, error=f"{type(err).__name__}: {err}")
             return
