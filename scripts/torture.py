@@ -5,6 +5,7 @@
     python scripts/torture.py --minutes 60            # soak: every kind at least 20 times
     python scripts/torture.py --quick --clusters 5 --seed 7
     python scripts/torture.py --quick --kinds delete-lease-all,sigkill-lock-run --min-each 3
+    python scripts/torture.py --quick --apiservers 2 --date-offset 2 --kinds pause-minority,latency
 
 Starts its own sandbox clusters (etcd + kube-apiserver, in a temporary directory) with a
 toxiproxy proxy in front of each API server, its own local config, and a deployment; runs
@@ -13,7 +14,8 @@ contenders whose critical section is a process tree, and unfenced readers, while
 servers are paused, killed, slowed down and cut off, holders are SIGKILLed and SIGSTOPped
 inside their critical sections, other clients edit the Lease, objects and a namespace are
 deleted, an admission policy rejects state writes, an operator breaks the lock and
-`lock run` is SIGKILLed; then checks mutual exclusion of the lock (no overlap, fencing
+`lock run` is SIGKILLed, and members are added, removed and replaced (the run starts a
+spare cluster for that); then checks mutual exclusion of the lock (no overlap, fencing
 tokens rising) and linearizability of the state (no lost acknowledged write). See
 coordinator/testing/workload.py for what exactly is recorded.
 
@@ -75,6 +77,25 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="go on until every kind ran this often (default: 1 for --quick, a third of the minutes for a soak)",
     )
     parser.add_argument("--timeout", type=float, default=2.0, help="per-cluster request timeout, s (default 2)")
+    parser.add_argument(
+        "--apiservers",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="kube-apiservers per cluster; 2 starts HA clusters (on one etcd, behind a front proxy)",
+    )
+    parser.add_argument(
+        "--date-offset",
+        type=float,
+        default=0.0,
+        help="with --apiservers 2: one kube-apiserver of every cluster answers this many seconds off",
+    )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=None,
+        help="clusters started besides the members, for the membership kinds (default: 1 if one is chosen, else 0)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="work directory to use and keep (default: temporary)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
@@ -91,6 +112,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             parser.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
     if args.min_each is not None and args.min_each < 0:
         parser.error("--min-each must not be negative")
+    if args.date_offset and args.apiservers < 2:
+        parser.error("--date-offset needs --apiservers 2")
+    if args.spares is not None and args.spares < 0:
+        parser.error("--spares must not be negative")
     return args
 
 
@@ -111,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         request_timeout=args.timeout,
         workdir=args.dir,
         progress=progress,
+        apiservers=args.apiservers,
+        date_offset=args.date_offset,
+        spares=args.spares,
     )
     if args.kinds:
         options.kinds = args.kinds

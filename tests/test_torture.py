@@ -77,6 +77,38 @@ def test_quick_torture_run_finds_no_violation(tmp_path: Path) -> None:
     assert overlapped and int(overlapped.group(1)) >= 1, out
 
 
+HA_KINDS = ("pause-minority", "kill-apiserver", "cut-minority", "lose-responses", "sigstop-holder", "delete-lease-one")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _toxiproxy_built(), reason="toxiproxy-server is not built: run scripts/build-toxiproxy.sh")
+def test_quick_run_on_ha_clusters_with_a_skew_inside_the_bound_finds_no_violation(tmp_path: Path) -> None:
+    """Two kube-apiservers per cluster on one etcd, behind a front proxy that spreads the
+    requests; one of them answers 2 s ahead, inside the default --max-server-skew of 5 s.
+    (A skew far outside the bound is caught: tests/test_sandbox_ha.py.)"""
+    code, out, err = _run_torture(
+        "--quick", "--seed", "20261201", "--apiservers", "2", "--date-offset", "2",
+        "--kinds", ",".join(HA_KINDS), "--dir", str(tmp_path / "run"), limit=900,
+    )  # fmt: skip
+    lines = out.strip().splitlines()
+    assert lines, f"no output; progress:\n{err[-4000:]}"
+    found = SUMMARY.fullmatch(lines[-1])
+    assert found, f"last line is not the summary: {lines[-1]!r}\n{out}\n{err[-4000:]}"
+    sections, violations = int(found.group(1)), int(found.group(5))
+    per_kind = {k: int(n) for k, n in (item.rsplit(" ", 1) for item in found.group(4).split(", "))}
+    assert violations == 0, out
+    assert code == 0, out + err[-4000:]
+    assert sorted(per_kind) == sorted(HA_KINDS) and all(n >= 1 for n in per_kind.values()), out
+    assert sections >= 5, out
+    # Both kube-apiservers of every cluster served the contenders, and the skewed one's
+    # answers were shifted: the run was on HA clusters, with the offset in force.
+    ha = re.search(r"HA: 2 kube-apiservers per cluster, one \+2s off; requests served (.*); (\d+) time stamps", out)
+    assert ha, out
+    served = [[int(n) for n in item.split()[1].split("/")] for item in ha.group(1).split(", ")]
+    assert len(served) == 3 and all(len(s) == 2 and min(s) > 0 for s in served), out
+    assert int(ha.group(2)) > 0, out
+
+
 def test_unknown_fault_kind_is_refused_before_anything_starts() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "torture.py"), "--kinds", "pause-minority,no-such-fault"],

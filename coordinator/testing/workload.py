@@ -15,9 +15,13 @@ section. It also acts as other clients and operators would: edits the Lease unde
 field managers (annotations, labels, a server-side apply, managedFields stripped,
 leaseDurationSeconds cut), deletes the Lease (on one member or all), the state object or
 the whole namespace, rejects state writes with a ValidatingAdmissionPolicy (on a minority
-or a majority), breaks the lock of a live holder, and SIGKILLs ``lock run`` while its
-process tree runs. A ``lock run`` contender's critical section is a process tree, and
-readers read the state without the lock all the time. At the end every fault is undone,
+or a majority), breaks the lock of a live holder, SIGKILLs ``lock run`` while its
+process tree runs, and adds, removes and replaces members (spare clusters are started for
+that; the contenders then share the one local config the changes are made with). With
+``apiservers=2`` every cluster is HA: two kube-apiservers on one etcd behind the sandbox's
+front proxy (toxiproxy sits in front of it), one answering ``date_offset`` seconds off.
+A ``lock run`` contender's critical section is a process tree, and readers read the
+state without the lock all the time. At the end every fault is undone,
 the contenders stop, a final read is taken, and the histories are judged by
 :mod:`coordinator.testing.checkers`.
 
@@ -251,6 +255,10 @@ class _WorkerArgs:
     deadline: float
     seed: int
     timeout: float
+    # The member set may change under the contender (the membership faults): a command
+    # that finds this machine's record out of date (exit 5, before the change made here
+    # is recorded) is then expected, and retried.
+    member_changes: bool = False
 
     @property
     def instance(self) -> str:
@@ -266,6 +274,10 @@ class _Contender:
         self.values = 0
         self.ops = 0
         self.margin = STEP_MARGIN_S.get(args.mode, 0.5)
+        # Exit 5 (this machine's record of the member set is out of date) is expected
+        # only while the member set changes.
+        self.stale = {5} if args.member_changes else set()
+        self.reopen = False
 
     def stopping(self) -> bool:
         return os.path.exists(self.args.stop_file) or machine_clock() > self.args.deadline
@@ -325,7 +337,7 @@ class _CliContender(_Contender):
             "-o", "json", "lock", "acquire", a.deployment,
             "--ttl", f"{a.ttl:g}s", "--wait", f"{wait:g}s",
             "--holder", self.instance, "--reason", "torture",
-            allowed={0, 3, 4}, timeout=wait + 120,
+            allowed={0, 3, 4} | self.stale, timeout=wait + 120,
         )  # fmt: skip
         self.stat(f"acquire exit {rc}")
         if rc != 0:
@@ -342,7 +354,7 @@ class _CliContender(_Contender):
         finally:
             self.cli(
                 "lock", "release", a.deployment, "--lock-id", lock_id, "--holder", self.instance,
-                allowed={0, 4, 6},
+                allowed={0, 4, 6} | self.stale,
             )  # fmt: skip
         if not self.stopping() and self.rng.random() < 0.4:
             self.read()
@@ -367,7 +379,7 @@ class _CliContender(_Contender):
                     rc, _ = self.cli(
                         "-o", "json", "lock", "renew", self.args.deployment,
                         "--lock-id", lock_id, "--holder", self.instance,
-                        allowed={0, 4, 6},
+                        allowed={0, 4, 6} | self.stale,
                     )  # fmt: skip
                     self.stat(f"renew exit {rc}")
                     if rc != 0:
@@ -385,13 +397,16 @@ class _CliContender(_Contender):
         op = self.begin("write", value)
         rc, _ = self.cli(
             "-o", "json", "state", "set", self.args.deployment, f"{STATE_KEY}={value}", "--lock-id", lock_id,
-            allowed={0, 3, 4, 6},
+            allowed={0, 3, 4, 6} | self.stale,
         )  # fmt: skip
+        if rc == 5:
+            self.stat("write exit 5")
+        # Exit 5 counts as unknown: nothing is assumed about what it did not write.
         self.end(op, "ok" if rc == 0 else "fail" if rc in (3, 6) else "unknown")
 
     def read(self) -> None:
         op = self.begin("read", None)
-        rc, out = self.cli("-o", "json", "state", "get", self.args.deployment, allowed={0, 4})
+        rc, out = self.cli("-o", "json", "state", "get", self.args.deployment, allowed={0, 4} | self.stale)
         if rc != 0:
             self.end(op, "fail")
             return
@@ -416,17 +431,32 @@ class _ApiContender(_Contender):
 
         from coordinator.api import Coordinator
 
-        async with Coordinator.from_config(timeout=self.args.timeout) as c:
-            state = c.state(self.args.deployment)
-            while not self.stopping():
-                await self.iteration(c, state)
-                # In-process contenders are quick to come back: give the others a chance.
-                await anyio.sleep(self.rng.uniform(0.2, 1.2))
+        while not self.stopping():
+            # Opened again when this machine's record of the member set went out of date.
+            self.reopen = False
+            async with Coordinator.from_config(timeout=self.args.timeout) as c:
+                while not self.stopping() and not self.reopen:
+                    await self.iteration(c)
+                    # In-process contenders are quick to come back: give the others a chance.
+                    await anyio.sleep(self.rng.uniform(0.2, 1.2))
 
-    async def iteration(self, c: Coordinator, state: StateClient) -> None:
+    def stale_record(self, where: str, err: Exception) -> bool:
+        """Whether ``err`` says this machine's record of the member set is out of date
+        while the member set may change: then the contender reads its config again."""
+        from coordinator.errors import MembershipError
+
+        if not (self.args.member_changes and isinstance(err, MembershipError)):
+            return False
+        self.stat(f"{where} exit 5")
+        self.reopen = True
+        return True
+
+    async def iteration(self, c: Coordinator) -> None:
         from coordinator.errors import CoordinatorError, LockHeldError, NoQuorumError
 
         a = self.args
+        # A new state client each time: the member set may have changed since the last.
+        state = c.state(a.deployment)
         # Mostly short waits: a contender always waiting wins every release, and the
         # command-line ones (a process start per attempt) would hardly ever get a turn.
         wait = self.rng.choice((0.0, 2.0, 5.0, a.wait))
@@ -439,6 +469,8 @@ class _ApiContender(_Contender):
         except NoQuorumError:
             self.stat("acquire exit 4")
         except CoordinatorError as err:
+            if self.stale_record("acquire", err):
+                return
             self.problem(f"exit {int(err.exit_code)}", f"Coordinator.lock: {type(err).__name__}: {err.message[:800]}")
         except Exception as err:
             self.problem("internal", f"Coordinator.lock raised {type(err).__name__}: {_tail(traceback.format_exc())}")
@@ -517,7 +549,9 @@ class _ApiContender(_Contender):
         except TimeoutError:
             self.problem("hung", "state.set did not finish within 120 s")
         except CoordinatorError as err:
-            self.problem(f"exit {int(err.exit_code)}", f"state.set: {type(err).__name__}: {err.message[:800]}")
+            # Out of date: unknown, nothing is assumed about what it did not write.
+            if not self.stale_record("write", err):
+                self.problem(f"exit {int(err.exit_code)}", f"state.set: {type(err).__name__}: {err.message[:800]}")
         except Exception as err:
             self.problem("internal", f"state.set raised {type(err).__name__}: {_tail(traceback.format_exc())}")
         self.end(op, status)
@@ -539,7 +573,8 @@ class _ApiContender(_Contender):
             self.end(op, "fail")
             return
         except CoordinatorError as err:
-            self.problem(f"exit {int(err.exit_code)}", f"state.get: {type(err).__name__}: {err.message[:800]}")
+            if not self.stale_record("read", err):
+                self.problem(f"exit {int(err.exit_code)}", f"state.get: {type(err).__name__}: {err.message[:800]}")
             self.end(op, "fail")
             return
         except Exception as err:
@@ -561,11 +596,13 @@ class _ReaderContender(_ApiContender):
 
         from coordinator.api import Coordinator
 
-        async with Coordinator.from_config(timeout=self.args.timeout) as c:
-            state = c.state(self.args.deployment)
-            while not self.stopping():
-                await self.read(state)
-                await anyio.sleep(self.rng.uniform(0.2, 1.0))
+        while not self.stopping():
+            self.reopen = False
+            async with Coordinator.from_config(timeout=self.args.timeout) as c:
+                state = c.state(self.args.deployment)
+                while not self.stopping() and not self.reopen:
+                    await self.read(state)
+                    await anyio.sleep(self.rng.uniform(0.2, 1.0))
 
 
 # The critical section of a `lock run` contender: a shell that starts children, one of
@@ -642,7 +679,7 @@ class _RunContender(_Contender):
             rc = proc.wait()
         self.emit("lrun_end", pid=proc.pid, rc=rc)
         text = errors.read_text(errors="replace")
-        if rc not in (0, 3, 4, 7, -signal.SIGKILL):
+        if rc not in {0, 3, 4, 7, -signal.SIGKILL} | self.stale:
             self.problem(f"exit {rc}", f"`lock run`: {_tail(text)}")
         elif "Traceback (most recent call last)" in text:
             self.problem("traceback", f"`lock run` (exit {rc}): {_tail(text)}")
@@ -681,6 +718,7 @@ def worker_main(argv: Sequence[str]) -> int:
     parser.add_argument("--deadline", type=float, required=True, help="on the machine clock")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--member-changes", action="store_true")
     ns = parser.parse_args(list(argv))
     args = _WorkerArgs(**vars(ns))
     emit = _Emitter()
@@ -876,6 +914,8 @@ class Report:
     min_each: int = 0
     breaks: int = 0
     workload_seconds: float = 0.0
+    ha: str = ""  # HA clusters: what their front proxies counted
+    members: str = ""  # the member set at the end, when it changed
 
     @property
     def kinds_short(self) -> list[str]:
@@ -929,6 +969,10 @@ class Report:
                 f"throughput: {per_minute:.1f} lock sections per minute over {self.workload_seconds:.0f}s "
                 f"(about {per_minute * 60:.0f} an hour); {self.breaks} broken by an operator"
             )
+        if self.ha:
+            lines.append(self.ha)
+        if self.members:
+            lines.append(self.members)
         if self.kinds_short:
             lines.append(f"INCOMPLETE: injected fewer than {self.min_each} times: {', '.join(self.kinds_short)}")
         for check in self.checks:
@@ -966,9 +1010,23 @@ class TortureOptions:
     overtime: float = 300.0  # ...for at most this long
     max_ttl: float = 15.0  # the deployment's --max-ttl: how long a deleted Lease blocks
     long_stop: float = 60.0  # the longest SIGSTOP of a holder (a long one is its TTL + 3 s)
-    # API servers per cluster. More than one needs an HA sandbox (several kube-apiservers
-    # on one etcd behind a proxy); until it exists only 1 is accepted.
+    # kube-apiservers per cluster: 2 starts the HA sandbox (two on one etcd behind a front
+    # proxy, toxiproxy in front of that), one of which answers ``date_offset`` seconds off.
     apiservers: int = 1
+    date_offset: float = 0.0
+    # Clusters started besides the members, for the membership faults to add (default:
+    # one when a membership kind is in the schedule, else none).
+    spares: int | None = None
+
+    @property
+    def member_changes(self) -> bool:
+        return any(k in _MEMBER_FAULTS for k in (self.kinds or FAULT_KINDS))
+
+    @property
+    def spare_clusters(self) -> int:
+        if self.spares is not None:
+            return self.spares
+        return 1 if self.member_changes else 0
 
 
 def _say(progress: Progress | None, started: float) -> Progress:
@@ -985,9 +1043,25 @@ def _say(progress: Progress | None, started: float) -> Progress:
 class _Rig:
     """Sandbox clusters behind toxiproxy, and a local config that reaches them."""
 
-    def __init__(self, workdir: Path, n: int, say: Progress, max_ttl: float = 15.0) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        n: int,
+        say: Progress,
+        max_ttl: float = 15.0,
+        *,
+        spares: int = 0,
+        apiservers: int = 1,
+        date_offset: float = 0.0,
+    ) -> None:
         self.workdir = workdir
         self.n = n
+        self.spares = spares
+        self.apiservers = apiservers
+        self.date_offset = date_offset
+        # Cluster indices (1-based) of the deployment's members now; the membership
+        # faults change it. Every other cluster started is a spare.
+        self.members = list(range(1, n + 1))
         self.max_ttl = max_ttl
         self.say = say
         self.sandbox: Sandbox | None = None
@@ -1003,8 +1077,20 @@ class _Rig:
 
         sandbox_dir = self.workdir / "sandbox"
         self.sandbox = sb.Sandbox(sandbox_dir)  # known before start-up, to be stopped even if it fails
-        self.say(f"starting {self.n} sandbox clusters in {sandbox_dir}")
-        sb.up(self.n, sandbox_dir, on_progress=lambda msg: self.say(f"sandbox: {msg}"))
+        total = self.n + self.spares
+        ha = (
+            f", {self.apiservers} kube-apiservers each (date offset {self.date_offset:g}s)"
+            if self.apiservers > 1
+            else ""
+        )
+        self.say(f"starting {total} sandbox clusters ({self.spares} spare){ha} in {sandbox_dir}")
+        ha_args: dict[str, Any] = {"apiservers": self.apiservers, "date_offset": self.date_offset}
+        sb.up(
+            total,
+            sandbox_dir,
+            on_progress=lambda msg: self.say(f"sandbox: {msg}"),
+            **(ha_args if self.apiservers > 1 else {}),  # (older sandboxes start one kube-apiserver only)
+        )
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.toxiproxy = ToxiproxyServer.start(log_path=self.workdir / "logs" / "toxiproxy.log")
         for c in self.sandbox.record.clusters:
@@ -1033,13 +1119,14 @@ class _Rig:
 
         store = ConfigStore(self.config)
         names = [f"c{i}" for i in range(1, self.n + 1)]
+        spares = [f"c{i}" for i in range(self.n + 1, self.n + self.spares + 1)]
 
         extra: dict[str, Any] = {}
         if "max_ttl_s" in inspect.signature(create_deployment).parameters:
             extra["max_ttl_s"] = self.max_ttl  # how long a vanished Lease blocks the lock
 
         async def setup() -> None:
-            for i, name in enumerate(names, start=1):
+            for i, name in enumerate(names + spares, start=1):
                 await connect_cluster(store, name, f"sandbox-{i}", str(self.kubeconfig), timeout=15)
             cs = ClusterSet(store.load(), timeout=15)
             try:
@@ -1048,7 +1135,44 @@ class _Rig:
                 await cs.aclose()
 
         anyio.run(setup)
-        self.say(f"deployment {DEPLOYMENT} in namespace {self.namespace} on {', '.join(names)} (through toxiproxy)")
+        # A spare is prepared as an operator would before adding it: the namespace exists.
+        assert self.sandbox is not None
+        for i in range(self.n + 1, self.n + self.spares + 1):
+            self.sandbox.admin(i, timeout=15).create(
+                "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+            )
+        extra_text = f"; spares {', '.join(spares)}" if spares else ""
+        where = f"on {', '.join(names)}{extra_text}"
+        self.say(f"deployment {DEPLOYMENT} in namespace {self.namespace} {where} (through toxiproxy)")
+
+    def read_members(self) -> tuple[list[int], list[int] | None]:
+        """The members (and the joint target, if a change is in progress) that the local
+        config records, as cluster indices."""
+        from coordinator.config import ConfigStore
+
+        rec = ConfigStore(self.config).load().deployments[DEPLOYMENT]
+        members = sorted(int(name[1:]) for name in rec.clusters)
+        joint = sorted(int(name[1:]) for name in rec.joint) if rec.joint is not None else None
+        return members, joint
+
+    def ha_summary(self) -> str:
+        """For HA clusters: the requests each kube-apiserver served through the front
+        proxy, and how many time stamps the skewed one's answers had shifted."""
+        if self.apiservers < 2 or self.sandbox is None:
+            return ""
+        served, shifted = [], 0
+        for i in range(1, self.n + self.spares + 1):
+            try:
+                stats = self.sandbox.proxy_stats(i)
+            except Exception as err:  # the report says so; the run itself is judged elsewhere
+                served.append(f"c{i} unknown ({type(err).__name__})")
+                continue
+            served.append(f"c{i} " + "/".join(str(b["requests"]) for b in stats["backends"]))
+            shifted += int(stats.get("stamps_rewritten", 0))
+        return (
+            f"HA: {self.apiservers} kube-apiservers per cluster, one {self.date_offset:+g}s off; requests served "
+            f"{', '.join(served)}; {shifted} time stamps shifted"
+        )
 
     def heal(self) -> None:
         if self.toxiproxy is not None and self.toxiproxy.running:
@@ -1122,13 +1246,24 @@ class _Workers:
         )
         return env
 
+    def config_for(self, home: Path) -> Path:
+        """The config file a process living in ``home`` uses."""
+        if self.opts.member_changes:
+            return self.rig.config
+        config = home / "config.yaml"
+        if not config.exists():
+            shutil.copyfile(self.rig.config, config)
+        return config
+
     def spawn(self, spec: ContenderSpec, generation: int = 0) -> _Worker:
         instance = f"{spec.name}g{generation}"
         home = self.rig.workdir / "contenders" / instance
         home.mkdir(parents=True, exist_ok=True)
         # Each contender is its own machine: its own copy of the config and lock records.
-        config = home / "config.yaml"
-        shutil.copyfile(self.rig.config, config)
+        # While members change, all of them are one machine, the one that makes the
+        # changes: they share its config, which each change updates (a waiting acquire
+        # follows it; the others read it again when told their record is out of date).
+        config = self.config_for(home)
         prefix: list[str] = []
         if spec.faketime:
             if self.faketime is None:
@@ -1141,6 +1276,7 @@ class _Workers:
             "--ttl", f"{spec.ttl:g}", "--wait", f"{self.opts.wait:g}", "--deployment", DEPLOYMENT,
             "--stop-file", str(self.stop_file), "--deadline", f"{self.deadline:.3f}",
             "--seed", str(self.opts.seed), "--timeout", f"{self.opts.request_timeout:g}",
+            *(["--member-changes"] if self.opts.member_changes else []),
         ]  # fmt: skip
         log = (self.rig.workdir / "logs" / f"{instance}.log").open("ab")
         proc = subprocess.Popen(
@@ -1301,12 +1437,17 @@ FAULT_KINDS = (
     # The operator and `lock run`.
     "break-holder",
     "sigkill-lock-run",
+    # The member set changes (and comes back to its size) while contenders run.
+    "add-member",
+    "remove-member",
+    "replace-member",
 )
 OTHER_MANAGER = "torture-other-client"
 
 
 _OTHER_CLIENT_FAULTS = ("annotate-lease", "apply-lease", "strip-managed-fields", "edit-lease-duration")
 _DELETION_FAULTS = ("delete-lease-one", "delete-lease-all", "delete-state-one", "recreate-namespace")
+_MEMBER_FAULTS = ("add-member", "remove-member", "replace-member")
 
 
 class _Faults:
@@ -1324,8 +1465,6 @@ class _Faults:
         self.long_stop = opts.long_stop
         self.collectors: list[threading.Thread] = []
         self.count: Counter[str] = Counter()
-        self.n = rig.n
-        self.q = quorum_size(rig.n)
         self.serial = 0
 
     @property
@@ -1333,8 +1472,18 @@ class _Faults:
         assert self.rig.sandbox is not None
         return self.rig.sandbox
 
+    @property
+    def n(self) -> int:
+        """Members now (the membership faults change who, not how many, between episodes)."""
+        return len(self.rig.members)
+
+    @property
+    def q(self) -> int:
+        return quorum_size(self.n)
+
     def _clusters(self, k: int) -> list[int]:
-        return sorted(self.rng.sample(range(1, self.n + 1), k))
+        """``k`` of the current members, as cluster indices."""
+        return sorted(self.rng.sample(self.rig.members, k))
 
     def _minority(self) -> list[int]:
         return self._clusters(self.rng.randint(1, self.n - self.q))
@@ -1469,6 +1618,8 @@ class _Faults:
             self._break_holder(room)
         elif kind == "sigkill-lock-run":
             self._sigkill_lock_run(room)
+        elif kind in _MEMBER_FAULTS:
+            self._change_members(kind, room)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
 
@@ -1559,7 +1710,7 @@ class _Faults:
         self._held(min(room, 10.0))
         ns = self.rig.namespace
         if kind == "delete-lease-all":
-            targets = list(range(1, self.n + 1))
+            targets = list(self.rig.members)
         else:
             targets = self._clusters(1)
         if kind in ("delete-lease-one", "delete-lease-all"):
@@ -1637,7 +1788,7 @@ class _Faults:
                 self._policy(i, state_name(DEPLOYMENT), create=False)
             for i in added:
                 self._probe(i, rejected=False)
-        rest = [i for i in range(1, self.n + 1) if i not in targets]
+        rest = [i for i in self.rig.members if i not in targets]
         if kind == "reject-writes-majority" and rest:
             # The members that took the rejected writes now miss the next ones: their
             # replicas differ from the majority's, which reads must never return.
@@ -1730,6 +1881,84 @@ class _Faults:
         self.say(f"fault: the admission policy on cluster {index} did not {'take' if rejected else 'stop taking'} "
                  f"effect within 20 s (last answer {status})")  # fmt: skip
 
+    # -- membership ------------------------------------------------------------------
+
+    def _change_members(self, kind: str, room: float) -> None:
+        """The operator changes the member set while the contenders run, with the CLI
+        (``deployment add-cluster/remove-cluster/replace-cluster --wait``, which takes
+        the lock like any contender), and brings it back to its size: add a spare, then
+        remove a member; remove a member, then add a spare; replace a member by a spare.
+        A removed member becomes a spare (its old Lease and state stay, an older set of
+        ours, which a later add takes over). The checks judge the histories as always."""
+        spares = [i for i in range(1, self.rig.n + self.rig.spares + 1) if i not in self.rig.members]
+        if not spares:
+            self.say(f"fault: {kind} needs a spare cluster, and there is none (--spares)")
+            return
+        spare = self.rng.choice(spares)
+        member = self.rng.choice(self.rig.members)
+        self.count[kind] += 1
+        if kind == "add-member":
+            self._member_command("add-cluster", f"c{spare}", room=room)
+            left = [i for i in self.rig.members if i != spare]
+            if spare in self.rig.members and left:
+                self._member_command("remove-cluster", f"c{self.rng.choice(left)}", room=room)
+        elif kind == "remove-member":
+            self._member_command("remove-cluster", f"c{member}", room=room)
+            if member not in self.rig.members:
+                self._member_command("add-cluster", f"c{spare}", room=room)
+        else:
+            self._member_command("replace-cluster", f"c{member}", f"c{spare}", room=room)
+
+    def _member_command(self, verb: str, *clusters: str, room: float) -> None:
+        """Run one change to its end: again when it could not finish (the lock stayed
+        held, or no quorum; a change in progress is finished by running it again)."""
+        home = self.rig.workdir / "operator"
+        home.mkdir(parents=True, exist_ok=True)
+        env = self.workers._environ("operator", self.workers.config_for(home))
+        wait = max(20.0, min(room, 60.0))
+        give_up = machine_clock() + max(60.0, min(room, 120.0))
+        attempt = 0
+        while True:
+            attempt += 1
+            before = list(self.rig.members)
+            self.say(
+                f"fault: deployment {verb} {' '.join(clusters)} (members {self._names(before)}), attempt {attempt}"
+            )
+            invoked = machine_clock()
+            proc = subprocess.run(
+                [sys.executable, "-m", "coordinator", "deployment", verb, DEPLOYMENT, *clusters,
+                 "--wait", f"{wait:g}s", "--ttl", f"{self.rig.max_ttl:g}s", "--holder", "member-change"],
+                capture_output=True, text=True, env=env, cwd=home, stdin=subprocess.DEVNULL, timeout=wait + 300,
+            )  # fmt: skip
+            members, joint = self.rig.read_members()
+            self.rig.members = members
+            with (self.rig.workdir / "logs" / "member-changes.log").open("a") as log:
+                log.write(f"$ deployment {verb} {' '.join(clusters)}: exit {proc.returncode}\n")
+                log.write(proc.stdout + proc.stderr + "\n")
+            why = f" ({_tail(proc.stderr, 2)})" if proc.returncode != 0 else ""
+            self.say(
+                f"fault: `deployment {verb}` exit {proc.returncode}{why} after {machine_clock() - invoked:.1f}s; "
+                f"members {self._names(members)}" + (f", change to {self._names(joint)} in progress" if joint else "")
+            )
+            if proc.returncode == 0 and joint is None:
+                return
+            if proc.returncode not in (0, 3, 4):
+                self.workers.recorder.problem(
+                    f"operator: `deployment {verb} {' '.join(clusters)}` exit {proc.returncode}: {_tail(proc.stderr)}"
+                )
+                return
+            if machine_clock() >= give_up:
+                break
+            self._sleep(self.rng.uniform(0.5, 2.0))
+        self.workers.recorder.problem(
+            f"operator: `deployment {verb} {' '.join(clusters)}` did not finish in {attempt} runs "
+            f"(see {self.rig.workdir / 'logs' / 'member-changes.log'})"
+        )
+
+    @staticmethod
+    def _names(indices: Sequence[int] | None) -> str:
+        return ", ".join(f"c{i}" for i in indices or ())
+
     # -- the operator and `lock run` ---------------------------------------------------
 
     def _break_holder(self, room: float) -> None:
@@ -1740,11 +1969,8 @@ class _Faults:
             self.say("fault: nobody holds the lock to break")
             return
         home = self.rig.workdir / "operator"
-        config = home / "config.yaml"
-        if not config.exists():
-            home.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.rig.config, config)
-        env = self.workers._environ("operator", config)
+        home.mkdir(parents=True, exist_ok=True)
+        env = self.workers._environ("operator", self.workers.config_for(home))
         self.say("fault: an operator breaks the lock of its live holder")
         self.count["break-holder"] += 1
         invoked = machine_clock()
@@ -1774,9 +2000,7 @@ class _Faults:
         home.mkdir(parents=True, exist_ok=True)
         script = home / "tree.sh"
         script.write_text(TREE_SCRIPT)
-        config = home / "config.yaml"
-        if not config.exists():
-            shutil.copyfile(self.rig.config, config)
+        config = self.workers.config_for(home)
         marks = home / f"marks-{self.serial}.txt"
         marks.write_text("")
         ticks = 50
@@ -1951,8 +2175,10 @@ def run_torture(opts: TortureOptions) -> Report:
     """
     if opts.clusters < 3:
         raise ValueError("the torture run needs at least 3 clusters (a minority must be able to fail)")
-    if opts.apiservers != 1:
-        raise ValueError("more than one API server per cluster needs an HA sandbox, which the run cannot start yet")
+    if opts.apiservers not in (1, 2):
+        raise ValueError("the torture run starts 1 or 2 kube-apiservers per cluster")
+    if opts.date_offset and opts.apiservers < 2:
+        raise ValueError("a date offset needs 2 kube-apiservers per cluster (one answers shifted)")
     if opts.kinds:
         _check_kinds(opts.kinds)
     started = machine_clock()
@@ -1964,10 +2190,19 @@ def run_torture(opts: TortureOptions) -> Report:
     recorder = Recorder(workdir / "events.jsonl")
     if opts.max_ttl < max(s.ttl for s in opts.contenders):
         raise ValueError("max_ttl must be at least every contender's TTL")
-    rig = _Rig(workdir, opts.clusters, say, opts.max_ttl)
+    rig = _Rig(
+        workdir,
+        opts.clusters,
+        say,
+        opts.max_ttl,
+        spares=opts.spare_clusters,
+        apiservers=opts.apiservers,
+        date_offset=opts.date_offset,
+    )
     workers: _Workers | None = None
     faults: _Faults | None = None
     workload_seconds = 0.0
+    ha = ""
     try:
         rig.start()
         end = machine_clock() + opts.seconds
@@ -1988,6 +2223,7 @@ def run_torture(opts: TortureOptions) -> Report:
         say("stopping the contenders")
         workers.stop_all(grace)
         _final_read(rig, recorder, say)
+        ha = rig.ha_summary()
     finally:
         if workers is not None:
             workers.kill_everything()
@@ -2012,6 +2248,12 @@ def run_torture(opts: TortureOptions) -> Report:
         min_each=opts.min_each,
         breaks=len(recorder.breaks),
         workload_seconds=workload_seconds,
+        ha=ha,
+        members=(
+            f"members at the end: {', '.join(f'c{i}' for i in rig.members)}"
+            if rig.members != list(range(1, opts.clusters + 1))
+            else ""
+        ),
     )
     if report.passed and owned:
         shutil.rmtree(workdir, ignore_errors=True)
