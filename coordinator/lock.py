@@ -762,7 +762,7 @@ class LockEngine:
                     obj = None
                 if obj is None:
                     body = genesis_state_object(self.dep.name, self.dep.storage, self.membership.document())
-                    body["metadata"]["annotations"] = {A_TOKEN_FLOOR: str(token)}
+                    body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
                     await client.request("POST", base(self.dep.namespace), body=body, query=query)
                     return ClusterResult(cluster, Outcome.OK, token)
                 if token_floor(obj) >= token:
@@ -1699,14 +1699,14 @@ def token_floor(obj: dict[str, Any]) -> int:
 
 def genesis_state_object(deployment: str, storage: str, membership: dict[str, Any]) -> dict[str, Any]:
     """A state object holding the empty state of ``deployment`` and its member set."""
-    from coordinator.register import DATA_KEY, genesis_text
+    from coordinator.register import DATA_KEY, NOTE, NOTE_ANNOTATION, genesis_text
 
     text = genesis_text(deployment, membership)
     secret = storage == "secret"
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret" if secret else "ConfigMap",
-        "metadata": owned_metadata(state_name(deployment), deployment),
+        "metadata": owned_metadata(state_name(deployment), deployment) | {"annotations": {NOTE_ANNOTATION: NOTE}},
         "data": {DATA_KEY: base64.b64encode(text.encode()).decode() if secret else text},
     }
     if secret:

@@ -57,6 +57,9 @@ from coordinator.kube.resources import ANNOTATION_PREFIX, owned_metadata
 from coordinator.models import HISTORY_LIMIT, STATE_SCHEMA, AuditEntry, StateEnvelope
 
 DATA_KEY = "envelope.json"
+# For whoever finds the object with kubectl.
+NOTE_ANNOTATION = "coordinator.io/note"
+NOTE = "managed by coordinator: do not edit; read and change it with `coordinator state`"
 PROMISE_ANNOTATION = ANNOTATION_PREFIX + "state-promise"
 # A ConfigMap or Secret may hold 1 MiB; keep room for metadata and the history.
 OBJECT_LIMIT = 1024 * 1024
@@ -367,7 +370,8 @@ def build_object(
     else:
         obj = {"apiVersion": "v1", "kind": kind, "metadata": owned_metadata(name, deployment)}
         meta = obj["metadata"]
-    meta["annotations"] = dict(meta.get("annotations") or {}) | {PROMISE_ANNOTATION: str(promise)}
+    ours = {PROMISE_ANNOTATION: str(promise), NOTE_ANNOTATION: NOTE}
+    meta["annotations"] = dict(meta.get("annotations") or {}) | ours
     if envelope_text is None and not rep.exists:
         envelope_text = genesis_text(deployment)
     if envelope_text is not None:

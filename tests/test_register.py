@@ -217,7 +217,11 @@ def test_build_object_keeps_foreign_metadata_and_touches_data_only_when_writing(
     promised = reg.build_object(rep, name="s", deployment="d", storage="configmap", promise=Stamp(1, 2, "cd"))
     assert promised["data"] == rep.obj["data"]
     assert promised["metadata"]["labels"]["team"] == "a"
-    assert promised["metadata"]["annotations"] == {"note": "keep me", reg.PROMISE_ANNOTATION: "1/2/cd"}
+    assert promised["metadata"]["annotations"] == {
+        "note": "keep me",
+        reg.PROMISE_ANNOTATION: "1/2/cd",
+        reg.NOTE_ANNOTATION: reg.NOTE,
+    }
     assert promised["metadata"]["resourceVersion"] == "1"  # the compare-and-swap precondition
     assert rep.obj["metadata"]["annotations"] == {"note": "keep me"}  # the replica read is not changed
 
