@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coordinator.testing.workload import (
     FAULT_KINDS,
+    TARGETED_KINDS,
     TortureOptions,
     default_contenders,
     extra_contenders,
@@ -68,7 +69,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runners", type=int, default=1, help="`lock run` contenders, process trees (default 1)")
     parser.add_argument("--readers", type=int, default=2, help="unfenced reader processes (default 2)")
     parser.add_argument(
-        "--kinds", default=None, help=f"comma-separated fault kinds (default: all): {', '.join(FAULT_KINDS)}"
+        "--kinds",
+        default=None,
+        help=f"comma-separated fault kinds (default: all): {', '.join(FAULT_KINDS)}; "
+        f"targeted schedules, only when named: {', '.join(TARGETED_KINDS)}",
     )
     parser.add_argument(
         "--min-each",
@@ -107,9 +111,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         parser.error("--runners and --readers must not be negative")
     if args.kinds is not None:
         args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-        unknown = sorted(set(args.kinds) - set(FAULT_KINDS))
+        unknown = sorted(set(args.kinds) - set(FAULT_KINDS) - set(TARGETED_KINDS))
         if unknown or not args.kinds:
-            parser.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
+            parser.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS + TARGETED_KINDS)}")
     if args.min_each is not None and args.min_each < 0:
         parser.error("--min-each must not be negative")
     if args.date_offset and args.apiservers < 2:

@@ -75,6 +75,7 @@ def test_quick_torture_run_finds_no_violation(tmp_path: Path) -> None:
     assert re.search(r"run tree of [3-9] processes \d+", out), out
     overlapped = re.search(r"(\d+) reads overlapped a write", out)
     assert overlapped and int(overlapped.group(1)) >= 1, out
+    print(out)  # the report, for -rA
 
 
 HA_KINDS = ("pause-minority", "kill-apiserver", "cut-minority", "lose-responses", "sigstop-holder", "delete-lease-one")
@@ -107,6 +108,7 @@ def test_quick_run_on_ha_clusters_with_a_skew_inside_the_bound_finds_no_violatio
     served = [[int(n) for n in item.split()[1].split("/")] for item in ha.group(1).split(", ")]
     assert len(served) == 3 and all(len(s) == 2 and min(s) > 0 for s in served), out
     assert int(ha.group(2)) > 0, out
+    print(out)  # the report, for -rA
 
 
 def test_unknown_fault_kind_is_refused_before_anything_starts() -> None:

@@ -259,6 +259,9 @@ class _WorkerArgs:
     # that finds this machine's record out of date (exit 5, before the change made here
     # is recorded) is then expected, and retried.
     member_changes: bool = False
+    # While this file exists no new acquisition starts (one already waiting goes on):
+    # a member change, which waits for the lock like anyone, gets a turn.
+    hold_off_file: str = ""
 
     @property
     def instance(self) -> str:
@@ -281,6 +284,10 @@ class _Contender:
 
     def stopping(self) -> bool:
         return os.path.exists(self.args.stop_file) or machine_clock() > self.args.deadline
+
+    def held_off(self) -> bool:
+        """Whether the harness asks for no new acquisition now (see ``hold_off_file``)."""
+        return bool(self.args.hold_off_file) and os.path.exists(self.args.hold_off_file) and not self.stopping()
 
     def next_value(self) -> str:
         self.values += 1
@@ -324,6 +331,9 @@ class _CliContender(_Contender):
 
     def run(self) -> None:
         while not self.stopping():
+            if self.held_off():
+                time.sleep(0.2)
+                continue
             self.iteration()
             time.sleep(self.rng.uniform(0.05, 0.5))
 
@@ -436,6 +446,9 @@ class _ApiContender(_Contender):
             self.reopen = False
             async with Coordinator.from_config(timeout=self.args.timeout) as c:
                 while not self.stopping() and not self.reopen:
+                    if self.held_off():
+                        await anyio.sleep(0.2)
+                        continue
                     await self.iteration(c)
                     # In-process contenders are quick to come back: give the others a chance.
                     await anyio.sleep(self.rng.uniform(0.2, 1.2))
@@ -648,6 +661,9 @@ class _RunContender(_Contender):
         script = Path("tree.sh").resolve()
         script.write_text(TREE_SCRIPT)
         while not self.stopping():
+            if self.held_off():
+                time.sleep(0.2)
+                continue
             self.iteration(script)
             time.sleep(self.rng.uniform(0.1, 1.0))
 
@@ -719,6 +735,7 @@ def worker_main(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--member-changes", action="store_true")
+    parser.add_argument("--hold-off-file", default="")
     ns = parser.parse_args(list(argv))
     args = _WorkerArgs(**vars(ns))
     emit = _Emitter()
@@ -1219,6 +1236,7 @@ class _Workers:
         self.deadline = deadline
         self.say = say
         self.stop_file = rig.workdir / "stop"
+        self.hold_off_file = rig.workdir / "hold-off"
         self.all: list[_Worker] = []
         self.live: dict[str, _Worker] = {}  # spec name -> current worker
         self.faketime = shutil.which("faketime")
@@ -1276,7 +1294,7 @@ class _Workers:
             "--ttl", f"{spec.ttl:g}", "--wait", f"{self.opts.wait:g}", "--deployment", DEPLOYMENT,
             "--stop-file", str(self.stop_file), "--deadline", f"{self.deadline:.3f}",
             "--seed", str(self.opts.seed), "--timeout", f"{self.opts.request_timeout:g}",
-            *(["--member-changes"] if self.opts.member_changes else []),
+            *(["--member-changes", "--hold-off-file", str(self.hold_off_file)] if self.opts.member_changes else []),
         ]  # fmt: skip
         log = (self.rig.workdir / "logs" / f"{instance}.log").open("ab")
         proc = subprocess.Popen(
@@ -1448,6 +1466,8 @@ OTHER_MANAGER = "torture-other-client"
 _OTHER_CLIENT_FAULTS = ("annotate-lease", "apply-lease", "strip-managed-fields", "edit-lease-duration")
 _DELETION_FAULTS = ("delete-lease-one", "delete-lease-all", "delete-state-one", "recreate-namespace")
 _MEMBER_FAULTS = ("add-member", "remove-member", "replace-member")
+# Targeted schedules, not in the default rounds (``--kinds`` names them).
+TARGETED_KINDS = ("split-write",)
 
 
 class _Faults:
@@ -1620,6 +1640,8 @@ class _Faults:
             self._sigkill_lock_run(room)
         elif kind in _MEMBER_FAULTS:
             self._change_members(kind, room)
+        elif kind == "split-write":
+            self._split_write()
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
 
@@ -1881,6 +1903,118 @@ class _Faults:
         self.say(f"fault: the admission policy on cluster {index} did not {'take' if rejected else 'stop taking'} "
                  f"effect within 20 s (last answer {status})")  # fmt: skip
 
+    # -- a targeted schedule -----------------------------------------------------------
+
+    def _split_write(self) -> None:
+        """One holder (the harness, on the lock like anyone) writes twice under one token:
+        first while an admission policy rejects state writes on member A and member B is
+        paused, so the write can land on the third, C, alone (its outcome failed or
+        unknown); then, C paused first, A and B back, a write that succeeds on A and B.
+        C comes back, and the holder reads with A paused, then with B paused: each read
+        sees C's replica next to one holding the confirmed write. C is the middle member
+        by name, so whichever way a tie between equal stamps were broken by name, one of
+        the reads meets it. Every step is recorded like a contender's."""
+        import anyio
+
+        from coordinator.api import Coordinator
+        from coordinator.errors import CoordinatorError, LockHeldError, NoQuorumError, StateConflictError
+        from coordinator.kube.resources import state_name
+
+        if self.n != 3:
+            self.say("fault: split-write needs exactly 3 members")
+            return
+        a, c, b = self.rig.members
+        if self.rng.random() < 0.5:
+            a, b = b, a
+        self.serial += 1
+        instance = f"split{self.serial}"
+        recorder = self.workers.recorder
+        recorder.handle(instance, {"ev": "start", "mode": "api"})
+        self.count["split-write"] += 1
+        self.say(f"fault: split-write: reject state writes on c{a}, pause c{b}, write; then pause c{c}, write")
+        ops = 0
+
+        def record(event: str, **fields: Any) -> None:
+            recorder.handle(instance, {"ev": event, **fields})
+
+        async def write(state: Any, held: Any, value: str) -> None:
+            nonlocal ops
+            ops += 1
+            op = f"{instance}:{ops}"
+            record("invoke", op=op, kind="write", value=value, t=machine_clock())
+            status = "unknown"
+            try:
+                with anyio.fail_after(60):
+                    await state.set({STATE_KEY: value}, lock=held)
+                status = "ok"
+            except NoQuorumError:
+                status = "unknown"
+            except (StateConflictError, LockHeldError):
+                status = "fail"
+            except (CoordinatorError, TimeoutError) as err:
+                self.say(f"fault: split-write: the write of {value} raised {type(err).__name__}")
+            record("complete", op=op, status=status, t=machine_clock())
+            self.say(f"fault: split-write: write {value}: {status}")
+
+        async def read(state: Any) -> None:
+            nonlocal ops
+            ops += 1
+            op = f"{instance}:{ops}"
+            record("invoke", op=op, kind="read", value=None, t=machine_clock())
+            try:
+                with anyio.fail_after(60):
+                    data = await state.get()
+            except (CoordinatorError, TimeoutError):
+                record("complete", op=op, status="fail", t=machine_clock())
+                return
+            value = data.get(STATE_KEY) if isinstance(data, dict) else None
+            record("complete", op=op, status="ok", value=value, t=machine_clock())
+            self.say(f"fault: split-write: read {STATE_KEY}={value!r}")
+
+        def blocking(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+        async def scenario() -> None:
+            async with Coordinator.from_config(str(self.rig.config), timeout=2.0) as coord:
+                state = coord.state(DEPLOYMENT)
+                async with coord.lock(DEPLOYMENT, ttl=self.rig.max_ttl, wait=60, holder=instance) as held:
+                    until = boot_to_machine(held.result.valid_until())
+                    record("enter", t=machine_clock(), token=held.fencing_token, valid_until=until)
+                    try:
+                        await blocking(self._policy, a, state_name(DEPLOYMENT), create=True)
+                        await blocking(self._probe, a, rejected=True)
+                        await blocking(self.sandbox.pause, b)
+                        try:
+                            await write(state, held, f"{instance}x")
+                        finally:
+                            # C goes quiet before A and B are back, so that no reader
+                            # copies what C took onto them in between.
+                            await blocking(self.sandbox.pause, c)
+                            await blocking(self._policy, a, state_name(DEPLOYMENT), create=False)
+                            await blocking(self.sandbox.resume, b)
+                        try:
+                            await blocking(self._probe, a, rejected=False)
+                            await write(state, held, f"{instance}y")
+                        finally:
+                            await blocking(self.sandbox.resume, c)
+                        for quiet in (a, b):
+                            await blocking(self.sandbox.pause, quiet)
+                            try:
+                                await read(state)
+                            finally:
+                                await blocking(self.sandbox.resume, quiet)
+                    finally:
+                        left = machine_clock()
+                        until = boot_to_machine(held.result.valid_until())
+                        record("exit", t=min(left, until), overstay=left > until)
+
+        try:
+            anyio.run(scenario)
+        except CoordinatorError as err:
+            self.say(f"fault: split-write: {type(err).__name__}: {err.message[:300]}")
+        finally:
+            recorder.gone(instance, machine_clock(), "vanished")
+
     # -- membership ------------------------------------------------------------------
 
     def _change_members(self, kind: str, room: float) -> None:
@@ -1925,11 +2059,17 @@ class _Faults:
                 f"fault: deployment {verb} {' '.join(clusters)} (members {self._names(before)}), attempt {attempt}"
             )
             invoked = machine_clock()
-            proc = subprocess.run(
-                [sys.executable, "-m", "coordinator", "deployment", verb, DEPLOYMENT, *clusters,
-                 "--wait", f"{wait:g}s", "--ttl", f"{self.rig.max_ttl:g}s", "--holder", "member-change"],
-                capture_output=True, text=True, env=env, cwd=home, stdin=subprocess.DEVNULL, timeout=wait + 300,
-            )  # fmt: skip
+            # Contenders already waiting for the lock wait on (and follow the change);
+            # new attempts hold off, or the change could wait behind them for minutes.
+            self.workers.hold_off_file.touch()
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "coordinator", "deployment", verb, DEPLOYMENT, *clusters,
+                     "--wait", f"{wait:g}s", "--ttl", f"{self.rig.max_ttl:g}s", "--holder", "member-change"],
+                    capture_output=True, text=True, env=env, cwd=home, stdin=subprocess.DEVNULL, timeout=wait + 300,
+                )  # fmt: skip
+            finally:
+                self.workers.hold_off_file.unlink(missing_ok=True)
             members, joint = self.rig.read_members()
             self.rig.members = members
             with (self.rig.workdir / "logs" / "member-changes.log").open("a") as log:
@@ -2088,6 +2228,29 @@ class _Faults:
 # ----------------------------------------------------------------------------- verdict
 
 
+def _seed_state(rig: _Rig, recorder: Recorder, say: Progress) -> None:
+    """Write a first value before the workload starts (recorded like any write). Runs
+    with membership kinds need it: a member change on a deployment whose state was never
+    written stops at its copy step (``No valid replica of the state ... nothing to sync``,
+    exit 2) and leaves the change unfinishable; see the README's fault suite section."""
+    import anyio
+
+    from coordinator.api import Coordinator
+
+    async def write() -> None:
+        async with Coordinator.from_config(str(rig.config), timeout=10) as c:
+            async with c.lock(DEPLOYMENT, ttl=rig.max_ttl, wait=30, holder="seed") as held:
+                await c.state(DEPLOYMENT).set({STATE_KEY: "seed"}, lock=held)
+
+    invoked = machine_clock()
+    anyio.run(write)
+    recorder.add_op(
+        {"process": "seed", "kind": "write", "value": "seed", "invoke": invoked, "complete": machine_clock(),
+         "status": "ok"}
+    )  # fmt: skip
+    say(f"seeded the state: {STATE_KEY}='seed'")
+
+
 def _final_read(rig: _Rig, recorder: Recorder, say: Progress) -> None:
     """After everything healed and every contender stopped: the value that stayed."""
     import anyio
@@ -2162,9 +2325,10 @@ def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
 
 def _check_kinds(kinds: Sequence[str]) -> None:
-    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    unknown = sorted(set(kinds) - set(FAULT_KINDS) - set(TARGETED_KINDS))
     if unknown:
-        raise ValueError(f"unknown fault kinds: {', '.join(unknown)} (known: {', '.join(FAULT_KINDS)})")
+        known = ", ".join(FAULT_KINDS + TARGETED_KINDS)
+        raise ValueError(f"unknown fault kinds: {', '.join(unknown)} (known: {known})")
 
 
 def run_torture(opts: TortureOptions) -> Report:
@@ -2205,6 +2369,8 @@ def run_torture(opts: TortureOptions) -> Report:
     ha = ""
     try:
         rig.start()
+        if opts.member_changes:
+            _seed_state(rig, recorder, say)
         end = machine_clock() + opts.seconds
         # Contenders stop by themselves well after the schedule, should the harness die.
         workers = _Workers(opts, rig, recorder, deadline=end + 600, say=say)
