@@ -458,6 +458,7 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
     put it there for this deployment's readers to take; or it is left from an earlier
     deployment of that name whose leases were deleted. Members that do not answer are
     not checked (the seeding after the leases closes the name on the others)."""
+    from coordinator.lease import A_UID
     from coordinator.register import decode_replica
 
     _, path = _state_paths(record)
@@ -466,8 +467,12 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
         client = clusters.client(cluster)
         try:
             try:
-                await client.request("GET", lease_path(record.namespace, lease_name(record.name)))
-                return ClusterResult(cluster, Outcome.OK, "")
+                lease = (await client.request("GET", lease_path(record.namespace, lease_name(record.name)))).body
+                meta = lease.get("metadata") or {}
+                if meta.get("uid") and (meta.get("annotations") or {}).get(A_UID) == meta.get("uid"):
+                    return ClusterResult(cluster, Outcome.OK, "")  # a lease coordinator made and named
+                # A lease not named by coordinator (planted by someone who may create
+                # Leases, or from a version before leases were named) vouches for nothing.
             except KubeError as err:
                 if err.kind != kube.NOT_FOUND:
                     raise
@@ -498,7 +503,8 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
         found = "; ".join(f"{k}: {v}" for k, v in sorted(planted.items()))
         raise StateConflictError(
             f"Deployment {record.name!r} was not created: the {kind} {state_name(record.name)} already exists "
-            f"in namespace {record.namespace!r} where no lease of that deployment does ({found}). This "
+            f"in namespace {record.namespace!r} where no lease coordinator made for that deployment does "
+            f"({found}). This "
             "deployment did not write it: someone allowed to create objects in the namespace may have put it "
             "there, or an earlier deployment of that name left it when its leases were deleted. Nothing was "
             f"changed. Look at it (kubectl get {kind.lower()} {state_name(record.name)} -n {record.namespace} "

@@ -220,7 +220,7 @@ def decode(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         return []
     try:
         loaded = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # garbage, or nested too deep to decode
         return []
     if not isinstance(loaded, list):
         return []

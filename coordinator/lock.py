@@ -481,9 +481,13 @@ class LockEngine:
         return {self.clusters.record(m).identity: m for m in self.members}
 
     async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
-        """What a majority of the state replicas say: per member that answered, the
-        fencing token its envelope was written with (0 if there is no state object) and
-        the member set it stores. Returns as soon as a majority answered."""
+        """What a majority of the state replicas say: per member, the fencing token its
+        object records (its envelope's or its token floor, the higher) and the member set
+        it stores. Returns as soon as a majority of state objects answered. A missing
+        state object says nothing (it may have held the floor of the token to beat and
+        been deleted): it counts, as token 0, only when every member answered and too
+        few objects are left to make a majority (a state never recorded anywhere, or
+        deleted on a majority, which no record survives)."""
         base = configmaps_path if self.dep.storage == "configmap" else secrets_path
         path = f"{base(self.dep.namespace)}/{state_name(self.dep.name)}"
 
@@ -492,20 +496,29 @@ class LockEngine:
                 resp = await self.clusters.client(cluster).request("GET", path)
             except KubeError as err:
                 if err.kind == kube.NOT_FOUND:
-                    return ClusterResult(cluster, Outcome.OK, (0, None))
+                    return ClusterResult(cluster, Outcome.OK, (0, None), detail=ABSENT)
                 return failed(cluster, err)  # type: ignore[return-value]
             found = _envelope_evidence(resp.body, secret=self.dep.storage == "secret")
             if found is None:
                 return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
             return ClusterResult(cluster, Outcome.OK, found)
 
+        def present(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> list[str]:
+            return [k for k, r in rs.items() if r.ok and r.detail != ABSENT]
+
+        def everyone(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> bool:
+            return len(rs) == self.n and all(r.ok for r in rs.values())
+
         results = await fan_out(
             self.members,
             one,
             timeout=self.timeout,
-            until=lambda rs: self.majorities.reached(k for k, r in rs.items() if r.ok),
+            until=lambda rs: self.majorities.reached(present(rs)) or everyone(rs),
         )
-        return {k: r.value for k, r in results.items() if r.ok and r.value is not None}
+        counted = present(results)
+        if not self.majorities.reached(counted) and everyone(results):
+            counted = list(results)
+        return {k: v for k in counted if (v := results[k].value) is not None}
 
     # -- writing one lease
 
@@ -721,9 +734,12 @@ class LockEngine:
         state objects (`coordinator.io/token-floor`), whose tokens the next acquisition
         reads when the leases lost their history. When it cannot be raised on a majority,
         the lock is given back and the acquisition fails (exit 4)."""
-        token = result.fencing_token
-        if token is None:
-            return
+        if result.fencing_token is not None:
+            await self.raise_token_floor(result.fencing_token, result.lock_id, payload=result)
+
+    async def raise_token_floor(self, token: int, lock_id: str, *, payload: Any = None) -> None:
+        """Raise the token floor to ``token`` on a majority of every set of this
+        configuration; otherwise give lock ``lock_id`` back and raise NoQuorumError."""
         results = await fan_out(
             self.members,
             lambda c: self._raise_floor(c, token),
@@ -734,7 +750,7 @@ class LockEngine:
             return
         with anyio.CancelScope(shield=True):
             try:
-                await self.release(result.lock_id)
+                await self.release(lock_id)
                 undone = "The leases taken were released."
             except CoordinatorError as err:
                 undone = f"Releasing the leases taken failed too ({err}); they expire after their TTL."
@@ -744,7 +760,7 @@ class LockEngine:
             f"on the state objects of a majority ({why}). {undone} Without that record a token could be handed "
             "out twice if every lease were deleted, so the lock is not taken. Retry when the members accept "
             "writes of the state object again.",
-            payload=result,
+            payload=payload,
         )
 
     async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
@@ -1687,12 +1703,14 @@ def _envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Store
 
 
 A_TOKEN_FLOOR = "coordinator.io/token-floor"
+ABSENT = "no state object"
 
 
 def token_floor(obj: dict[str, Any]) -> int:
-    """The token floor a state object carries (0 for none or garbage)."""
+    """The token floor a state object carries (0 for none or garbage). Any length a
+    lease's token may have is read: a floor read as 0 would let tokens go down."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_TOKEN_FLOOR)
-    if isinstance(raw, str) and raw.isdigit() and len(raw) <= 18:
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 4000:
         return int(raw)
     return 0
 

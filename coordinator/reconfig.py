@@ -187,10 +187,18 @@ async def change_members(
             union = joint_rec.model_copy(update={"clusters": _union(rec, joint_rec), "joint": None})
             c.config.deployments[name] = union
             try:
-                synced = await c.state(name).sync()
+                synced = await c.state(name).sync(empty_ok=True)
+                # The token floor too: tokens granted before the change were recorded on
+                # old majorities only, and the new set must remember them without its
+                # leases (the change's own token is above all of them).
+                await LockEngine(c.clusters, joint_rec, background=c._tg).raise_token_floor(token, held.lock_id)
             finally:
                 c.config.deployments[name] = joint_rec
-            report.steps.append(f"state copied to the members ({_sync_summary(synced)})")
+            report.steps.append(
+                "nothing to copy yet (no state written)"
+                if synced.get("empty")
+                else f"state copied to the members ({_sync_summary(synced)})"
+            )
             final_rec = joint_rec.model_copy(
                 update={"epoch": joint_rec.epoch + 1, "clusters": list(target), "joint": None}
             )

@@ -843,14 +843,18 @@ class StateClient:
             rows.append(row)
         return rows
 
-    async def sync(self, backup_dir: Path | None = None) -> dict[str, Any]:
+    async def sync(self, backup_dir: Path | None = None, *, empty_ok: bool = False) -> dict[str, Any]:
         """Bring every reachable replica to the value a read returns (saving corrupt ones
-        first). Suspect replicas are left alone and listed: `state sync --from` decides."""
+        first). Suspect replicas are left alone and listed: `state sync --from` decides.
+        With ``empty_ok``, a state nobody has written yet (no replica holds anything,
+        none is corrupt or suspect) is nothing to copy rather than an error."""
         results = await self._read_all()
         self._need_quorum(results, "sync")
         choice, _ = self._judge(results)
         self._refuse_conflict(choice, "sync")
         winner = choice.winner
+        if empty_ok and winner is None and not choice.suspect and not choice.corrupt:
+            return {"repaired": [], "empty": True}
         if winner is None or winner.envelope is None:
             more = (
                 f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "

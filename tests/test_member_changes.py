@@ -241,3 +241,20 @@ def test_remove_a_dead_member_with_force_dead(dep5: Env, tmp_path: Path) -> None
     _ok(stale.cli("--timeout", "2s", "deployment", "import", "pay", "--cluster", "c1", "-n", dep5.namespace))
     assert ConfigStore(stale.config).load().deployments["pay"].clusters == ["c1", "c2", "c3"]
     assert _ok(stale.cli("--timeout", "2s", "state", "get", "pay", "release")).stdout.strip() == "2.0"
+
+
+def test_a_member_change_before_any_state_write_and_the_token_floor_follows(dep5: Env) -> None:
+    """A deployment changed before anyone wrote its state: nothing to copy is not an
+    error, and the new member's state object carries the token floor, so the new set
+    remembers the tokens granted before the change even if every lease were deleted."""
+    args = [a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]
+    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, *args))
+    taken = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "w", "--ttl", "30s")).stdout)
+    _ok(dep5.cli("lock", "release", "pay", "--holder", "w"))
+    replaced = _ok(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))
+    assert "nothing to copy" in replaced.stdout, replaced.stdout
+    path = f"{configmaps_path(dep5.namespace)}/coordinator-state-pay"
+    floor = anyio.run(dep5.raw, 4, "GET", path)["metadata"]["annotations"]["coordinator.io/token-floor"]
+    assert int(floor) > taken["fencing_token"]
+    after = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "30s")).stdout)
+    assert after["fencing_token"] > int(floor) and {c["name"] for c in after["clusters"]} == {"c1", "c2", "c4"}
