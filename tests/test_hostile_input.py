@@ -137,8 +137,9 @@ def test_a_server_error_text_is_escaped_on_one_line(dep3: Env, tmp_path: Path) -
     try:
         webhook.install(dep3.namespace, "deny")
         message = f"denied{TITLE}\r\nc9       free   -  forged line\x9b2J"
-        webhook.rules.append(_Rule(lambda k: k[3] == "coordinator-state-web", deny=message))
+        # taken before the rule, since an acquisition records its token on the state object
         assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
+        webhook.rules.append(_Rule(lambda k: k[3] == "coordinator-state-web", deny=message))
         proc = dep3.cli("-v", "-o", "json", "state", "set", "web", "k=v", env={"COORDINATOR_HOLDER": "alice"})
         assert proc.returncode != 0, proc.stderr
         _clean(proc.stderr)
