@@ -87,7 +87,12 @@ class Logger:
         # Until structlog is loaded nobody else can have configured it: our level decides.
         if "structlog" not in sys.modules and _LEVELS[method] < _level:
             return None
-        return getattr(_structlog_logger(self.name), method)(event, *args, **kw)
+        try:
+            return getattr(_structlog_logger(self.name), method)(event, *args, **kw)
+        except (OSError, ValueError):
+            # A closed or broken log stream (a pipe gone, a test's captured stream closed)
+            # must never end what the line was about: a lock decision, a release.
+            return None
 
     def debug(self, event: str, *args: Any, **kw: Any) -> Any:
         return self._log("debug", event, args, kw)
