@@ -35,12 +35,11 @@ from coordinator.kube.resources import (
     IDENTITY_CONFIGMAP,
     LABEL_MANAGED_BY,
     LABEL_VALUE,
-    configmaps_path,
     lease_name,
     lease_path,
     namespace_path,
-    secrets_path,
     state_name,
+    state_paths,
 )
 from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.outcome import Outcome
@@ -446,11 +445,6 @@ async def create_deployment(
     return record, results
 
 
-def _state_paths(record: DeploymentRecord) -> tuple[str, str]:
-    base = secrets_path if record.storage == "secret" else configmaps_path
-    return base(record.namespace), f"{base(record.namespace)}/{state_name(record.name)}"
-
-
 async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) -> None:
     """Stop a create where a member has a state object of this name but no lease: the
     leases come first, so that object was not written by this deployment. Someone allowed
@@ -461,7 +455,7 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
     from coordinator.lease import A_UID
     from coordinator.register import decode_replica
 
-    _, path = _state_paths(record)
+    _, path = state_paths(record.namespace, record.name, record.storage)
 
     async def one(cluster: str) -> ClusterResult[str]:
         client = clusters.client(cluster)
@@ -522,7 +516,7 @@ async def _seed_state(
     lease was deleted before the first state write."""
     from coordinator.lock import genesis_state_object
 
-    collection, _ = _state_paths(record)
+    collection, _ = state_paths(record.namespace, record.name, record.storage)
     body = genesis_state_object(record.name, record.storage, membership)
     try:
         await clusters.client(cluster).request("POST", collection, body=body, query={"fieldManager": FIELD_MANAGER})

@@ -82,14 +82,13 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import (
     FIELD_MANAGER,
-    configmaps_path,
     lease_name,
     lease_path,
     leases_path,
     micro_time,
     owned_metadata,
-    secrets_path,
     state_name,
+    state_paths,
 )
 from coordinator.lease import (
     A_COMMAND,
@@ -488,8 +487,7 @@ class LockEngine:
         been deleted): it counts, as token 0, only when every member answered and too
         few objects are left to make a majority (a state never recorded anywhere, or
         deleted on a majority, which no record survives)."""
-        base = configmaps_path if self.dep.storage == "configmap" else secrets_path
-        path = f"{base(self.dep.namespace)}/{state_name(self.dep.name)}"
+        _, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
 
         async def one(cluster: str) -> ClusterResult[tuple[int, Stored]]:
             try:
@@ -764,8 +762,7 @@ class LockEngine:
         )
 
     async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
-        base = configmaps_path if self.dep.storage == "configmap" else secrets_path
-        path = f"{base(self.dep.namespace)}/{state_name(self.dep.name)}"
+        collection, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
         client = self.clusters.client(cluster)
         query = {"fieldManager": FIELD_MANAGER}
         for _ in range(4):
@@ -779,7 +776,7 @@ class LockEngine:
                 if obj is None:
                     body = genesis_state_object(self.dep.name, self.dep.storage, self.membership.document())
                     body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
-                    await client.request("POST", base(self.dep.namespace), body=body, query=query)
+                    await client.request("POST", collection, body=body, query=query)
                     return ClusterResult(cluster, Outcome.OK, token)
                 if token_floor(obj) >= token:
                     return ClusterResult(cluster, Outcome.OK, token_floor(obj))

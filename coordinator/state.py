@@ -45,11 +45,10 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import (
     FIELD_MANAGER,
-    configmaps_path,
     lease_name,
     lease_path,
-    secrets_path,
     state_name,
+    state_paths,
 )
 from coordinator.lock import LeaseView, default_holder, first_kube_error
 from coordinator.logs import get_logger
@@ -281,9 +280,7 @@ class StateClient:
         )
         self.name = state_name(deployment.name)
         self.storage = deployment.storage
-        base = secrets_path if self.storage == "secret" else configmaps_path
-        self.collection = base(deployment.namespace)
-        self.path = f"{self.collection}/{self.name}"
+        self.collection, self.path = state_paths(deployment.namespace, deployment.name, self.storage)
 
     # -- raw replica I/O
 

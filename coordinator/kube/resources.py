@@ -42,6 +42,13 @@ def secrets_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/secrets"
 
 
+def state_paths(namespace: str, deployment: str, storage: str) -> tuple[str, str]:
+    """The collection and the path of a deployment's state object (a Secret with
+    ``storage`` "secret", a ConfigMap otherwise)."""
+    collection = secrets_path(namespace) if storage == "secret" else configmaps_path(namespace)
+    return collection, f"{collection}/{state_name(deployment)}"
+
+
 def namespace_path(name: str) -> str:
     return f"/api/v1/namespaces/{name}"
 
