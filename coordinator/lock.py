@@ -140,6 +140,7 @@ from coordinator.membership import (
     Verdict,
     explain_existing,
     foreign_set,
+    in_lease_object,
     stored_in_lease,
 )
 from coordinator.membership import check as check_membership
@@ -737,7 +738,9 @@ class LockEngine:
 
     async def raise_token_floor(self, token: int, lock_id: str, *, payload: Any = None) -> None:
         """Raise the token floor to ``token`` on a majority of every set of this
-        configuration; otherwise give lock ``lock_id`` back and raise NoQuorumError."""
+        configuration; otherwise give lock ``lock_id`` back and raise NoQuorumError.
+        The same write stores this configuration's member set on the state objects
+        (annotation ``coordinator.io/membership``) where they carry an older one."""
         results = await fan_out(
             self.members,
             lambda c: self._raise_floor(c, token),
@@ -761,6 +764,13 @@ class LockEngine:
             payload=payload,
         )
 
+    async def store_set_on_state(self, token: int) -> dict[str, ClusterResult[int]]:
+        """Store this configuration's member set (and the floor ``token``) on every
+        member's state object; the results per member. A member change calls it once
+        the new set is committed: the leases are not the only place that set lives, so
+        deleting every lease cannot leave the members unable to confirm it."""
+        return await fan_out(self.members, lambda c: self._raise_floor(c, token), timeout=self.timeout)
+
     async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
         collection, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
         client = self.clusters.client(cluster)
@@ -778,10 +788,15 @@ class LockEngine:
                     body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
                     await client.request("POST", collection, body=body, query=query)
                     return ClusterResult(cluster, Outcome.OK, token)
-                if token_floor(obj) >= token:
+                changes: dict[str, str] = {}
+                if token_floor(obj) < token:
+                    changes[A_TOKEN_FLOOR] = str(token)
+                if _set_on_state_is_behind(obj, self.membership):
+                    changes[A_MEMBERSHIP] = self.membership.dump()
+                if not changes:
                     return ClusterResult(cluster, Outcome.OK, token_floor(obj))
                 meta = dict(obj.get("metadata") or {})
-                meta["annotations"] = dict(meta.get("annotations") or {}) | {A_TOKEN_FLOOR: str(token)}
+                meta["annotations"] = dict(meta.get("annotations") or {}) | changes
                 await client.request("PUT", path, body={**obj, "metadata": meta}, query=query)  # resourceVersion: CAS
                 return ClusterResult(cluster, Outcome.OK, token)
             except KubeError as err:
@@ -1696,7 +1711,26 @@ def _envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Store
     if stored is None and isinstance(doc.get("member_ids"), dict) and doc["member_ids"]:
         # envelopes from before stored epochs name the writer's members by identity
         stored = Membership.of(str(v) for v in doc["member_ids"].values())
+    # The envelope keeps the set of its last write; the annotation, the set of the last
+    # acquisition or member change. The newer of the two speaks for this object.
+    noted = set_on_state(obj)
+    if noted is not None and (not isinstance(stored, Membership) or noted.epoch > stored.epoch):
+        stored = noted
     return token, stored
+
+
+def set_on_state(obj: dict[str, Any]) -> Membership | None:
+    """The member set a state object's annotation stores, when a coordinator field
+    manager wrote it (anyone allowed to edit the object could have put any set there)."""
+    stored = in_lease_object(obj)  # the same annotation, read the same way
+    if not isinstance(stored, Membership) or not stored.written_by_us:
+        return None
+    return stored
+
+
+def _set_on_state_is_behind(obj: dict[str, Any], ours: Membership) -> bool:
+    noted = set_on_state(obj)
+    return noted is None or noted.epoch < ours.epoch
 
 
 A_TOKEN_FLOOR = "coordinator.io/token-floor"

@@ -215,6 +215,15 @@ async def change_members(
             _save(c, final_rec)
             report.epoch = final_rec.epoch
             report.steps.append(f"new member set committed (epoch {final_rec.epoch})")
+            # The state objects carry the committed set too: with every lease deleted
+            # (their tombstones prove nothing) the members still confirm it.
+            noted = await final.store_set_on_state(token)
+            missed = sorted(k for k in final.members if k not in noted or not noted[k].ok)
+            if missed:
+                report.steps.append(
+                    f"the new member set could not be noted on the state objects of {', '.join(missed)} "
+                    "(the next acquisition notes it)"
+                )
     finally:
         if not lock_id:
             with anyio.CancelScope(shield=True):

@@ -258,3 +258,26 @@ def test_a_member_change_before_any_state_write_and_the_token_floor_follows(dep5
     assert int(floor) > taken["fencing_token"]
     after = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "30s")).stdout)
     assert after["fencing_token"] > int(floor) and {c["name"] for c in after["clusters"]} == {"c1", "c2", "c4"}
+
+
+def test_every_lease_deleted_after_a_change_does_not_wedge_the_deployment(dep5: Env) -> None:
+    """After a member change, the state objects of the new set carry that set too. With
+    every lease deleted (and tombstones written by whoever found them missing), the new
+    set is still confirmed by the state objects, so the lock can be taken again; were the
+    set only on the leases, the deployment would refuse every command (exit 5) for good."""
+    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "15s",
+                 *[a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]))  # fmt: skip
+    _ok(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))
+    for i in (1, 2, 4):
+        anyio.run(dep5.raw, i, "DELETE", lease_path(dep5.namespace, "coordinator-lock-pay"))
+    # The first attempt finds the leases missing and leaves tombstones: held by an
+    # unknown holder until a maximum TTL has passed (exit 3), not "nothing stores the
+    # member set" (exit 5), which nothing would ever end.
+    first = dep5.cli("lock", "acquire", "pay", "--holder", "z")  # the TTL: the deployment's 15 s
+    assert first.returncode == 3, first.stderr
+    assert "deleted" in first.stderr and "member set" not in first.stderr
+    _ok(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "40s"))
+    _ok(dep5.cli("lock", "release", "pay", "--holder", "z"))
+    for i in (1, 2, 4):
+        stored = _stored(dep5, i)
+        assert set(stored.members) == _identities(dep5, "c1", "c2", "c4")

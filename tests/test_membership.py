@@ -185,3 +185,29 @@ def test_state_commands_check_the_member_set_too(dep5: Env, tmp_path: Path) -> N
     forged = lone.cli("state", "set", "pay", "release=0.0.1", "--lock-id", lock["lock_id"])
     assert forged.returncode == 5, forged.stderr
     assert dep5.cli("state", "get", "pay", "release").stdout.strip() == "1.2.0"
+
+
+def test_a_state_object_speaks_with_the_newer_of_its_envelope_and_its_annotation() -> None:
+    """The envelope keeps the set of its last write; the annotation the set of the last
+    acquisition or member change. Only an annotation a coordinator wrote counts."""
+    from coordinator.lock import _envelope_evidence
+    from coordinator.register import genesis_text
+
+    old = Membership.of(["a", "b", "c"], epoch=1)
+    new = Membership.of(["a", "b", "d"], epoch=3)
+
+    def state(owner: str | None, noted: Membership | None = new) -> dict[str, Any]:
+        obj = _lease_with(noted, owner) if owner and noted else {"metadata": {"annotations": {}}}
+        if noted is not None and not owner:
+            obj = _lease_with(noted)  # an annotation no field manager owns
+        obj["data"] = {"envelope.json": genesis_text("pay", old.document())}
+        return obj
+
+    assert _envelope_evidence(state("coordinator"), secret=False) == (0, new)
+    for planted in (state("kubectl-annotate"), state(None)):
+        assert _envelope_evidence(planted, secret=False) == (0, old)
+    assert _envelope_evidence(state(None, None), secret=False) == (0, old)
+    # an annotation older than the envelope says nothing new
+    older = state("coordinator", Membership.of(["a"], epoch=1))
+    older["data"] = {"envelope.json": genesis_text("pay", new.document())}
+    assert _envelope_evidence(older, secret=False) == (0, new)
