@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from coordinator.cli.output import app_of, emit, run, say, table
 
@@ -229,6 +230,8 @@ def _change(
     wait_s = parse_duration(wait, what="--wait")
     c = Coordinator.from_config(app.config_path, timeout=app.timeout)
     rec = c.deployment(name)
+    if ctx.get_parameter_source("ttl") is ParameterSource.DEFAULT:
+        ttl_s = min(ttl_s, rec.max_ttl_s)  # a deployment made with a short --max-ttl
     if rec.joint is not None:
         target = list(rec.joint)
         say(f"Finishing the change of {name} to {', '.join(target)} that is in progress.")
@@ -269,7 +272,11 @@ _change_lock_id = click.option(
     help="Run under this lock (held by you) instead of taking it.",
 )
 _change_holder = click.option("--holder", envvar="COORDINATOR_HOLDER", default=None, help="Who takes the lock.")
-_change_ttl = click.option("--ttl", default="60s", show_default=True, help="TTL of the lock held during the change.")
+_change_ttl = click.option(
+    "--ttl",
+    default="60s",
+    help="TTL of the lock held during the change [default: 60s, or the deployment's --max-ttl if shorter].",
+)
 _change_wait = click.option(
     "--wait", default="0s", show_default=True, help="Wait this long for the lock if it is held."
 )

@@ -26,6 +26,19 @@ def _duration(value: str, what: str) -> float:
     return parse_duration(value, what=what)
 
 
+def default_ttl(ctx: click.Context, ttl_s: float, c: Any, deployment: str) -> float:
+    """``--ttl`` as given; left at its default, no longer than the deployment's maximum
+    TTL (a deployment made with ``--max-ttl 2m`` takes the lock without one)."""
+    from click.core import ParameterSource
+
+    if ctx.get_parameter_source("ttl") is not ParameterSource.DEFAULT:
+        return ttl_s
+    try:
+        return min(ttl_s, float(c.deployment(deployment).max_ttl_s))
+    except Exception:  # an unknown deployment is reported by the command itself
+        return ttl_s
+
+
 def claim_document(claim: Any) -> dict[str, Any] | None:
     """A waiter's claim on the next turn, for scripts."""
     if claim is None:
@@ -119,10 +132,16 @@ def _wait_reporter() -> Any:
     def report(result: Any, left: float) -> None:
         from coordinator.durations import format_duration
         from coordinator.outcome import Outcome
+        from coordinator.text import printable
+
+        def holder_of(view: Any) -> str:
+            if view.vanished:
+                return "an unknown holder (deleted lease)"
+            return printable(view.info.get("holder") or "") or "an unnamed holder"
 
         holders = sorted(
             {
-                (r.value.view.info.get("holder") or "?")
+                holder_of(r.value.view)
                 for r in result.results.values()
                 if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view
             }
@@ -135,9 +154,10 @@ def _wait_reporter() -> Any:
             and r.value.view
             and r.value.view.remaining_s() is not None
         ]
-        who = ", ".join(holders) or "unobservable clusters"
+        others = sorted({str(r.outcome) for r in result.results.values() if r.outcome is not Outcome.HELD_BY_OTHER})
+        who = f"held by {', '.join(holders)}" if holders else f"not taken yet ({', '.join(others) or 'no answer'})"
         exp = f"; its lease expires in {format_duration(min(rems))} unless renewed" if rems else ""
-        line = f"waiting for {result.deployment}: held by {who}{exp}; giving up in {format_duration(left)}"
+        line = f"waiting for {result.deployment}: {who}{exp}; giving up in {format_duration(left)}"
         now = time.monotonic()
         if tty:
             live_line(line)
@@ -154,7 +174,10 @@ def lock() -> None:
 
 
 _ttl = click.option(
-    "--ttl", default="180s", show_default=True, help="Lease duration; a crashed holder frees the lock after it."
+    "--ttl",
+    default="180s",
+    help="Lease duration; a crashed holder frees the lock after it "
+    "[default: 180s, or the deployment's --max-ttl if shorter].",
 )
 _wait = click.option("--wait", default="0s", show_default=True, help="Keep trying this long (e.g. 5m) if it is held.")
 _reason = click.option("--reason", default="", help="Why you take it (shown to others).")
@@ -202,6 +225,7 @@ def acquire(
 
     ttl_s, wait_s = _duration(ttl, "--ttl"), _duration(wait, "--wait")
     c = _coordinator(ctx)
+    ttl_s = default_ttl(ctx, ttl_s, c, deployment)
     c.max_server_skew_s = _duration(max_server_skew, "--max-server-skew")
     reporter = _wait_reporter() if wait_s > 0 else None
 
@@ -672,10 +696,11 @@ def run_(
         raise UsageError("--release goes with --lock-id: without it, `lock run` always releases the lock it took.")
     ttl_given = ctx.get_parameter_source("ttl") is not ParameterSource.DEFAULT
     wait_s = _duration(wait, "--wait")
+    c = _coordinator(ctx)
     opts = RunOptions(
         deployment=deployment,
         command=list(command),
-        ttl_s=_duration(ttl, "--ttl") if ttl_given or not lock_id else None,
+        ttl_s=default_ttl(ctx, _duration(ttl, "--ttl"), c, deployment) if ttl_given or not lock_id else None,
         wait_s=wait_s,
         reason=reason,
         holder=holder,
@@ -684,7 +709,7 @@ def run_(
         release=release,
         on_wait=_wait_reporter() if wait_s > 0 and not lock_id else None,
     )
-    code = run_locked(_coordinator(ctx), opts)
+    code = run_locked(c, opts)
     sys.stdout.flush()
     ctx.exit(code)
 
