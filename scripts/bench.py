@@ -76,6 +76,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))  # the fault harness's toxiproxy controller: tests/faults
 
 from coordinator import quorum  # noqa: E402
 from coordinator.admin import connect_cluster, create_deployment  # noqa: E402
@@ -275,8 +277,9 @@ def check_serving_san(sandbox_dir: Path) -> str:
 @contextlib.contextmanager
 def rig(n: int, *, sandbox_dir: Path | None = None) -> Iterator[Rig]:
     """Start everything; stop everything on the way out, whatever happens."""
+    from faults.toxiproxy import ToxiproxyServer
+
     from coordinator import sandbox as sb
-    from coordinator.testing.toxiproxy import ToxiproxyServer
 
     root = Path(tempfile.mkdtemp(prefix="coordinator-bench-"))
     sandbox: Any = None

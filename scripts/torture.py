@@ -17,7 +17,7 @@ deleted, an admission policy rejects state writes, an operator breaks the lock a
 `lock run` is SIGKILLed, and members are added, removed and replaced (the run starts a
 spare cluster for that); then checks mutual exclusion of the lock (no overlap, fencing
 tokens rising) and linearizability of the state (no lost acknowledged write). See
-coordinator/testing/workload.py for what exactly is recorded.
+tests/faults/workload.py for what exactly is recorded.
 
 The last line of the output is always
 
@@ -37,8 +37,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the fault harness: tests/faults
 
-from coordinator.testing.workload import (
+from faults.workload import (
     FAULT_KINDS,
     TARGETED_KINDS,
     TortureOptions,

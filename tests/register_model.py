@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from faults.checkers import Operation
+
 from coordinator import register as reg
 from coordinator.register import Delivery, Kind, Replica, Stamp
-from coordinator.testing.checkers import Operation
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 NAME, DEPLOYMENT, STORAGE = "coordinator-state-sim", "sim", "configmap"

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
-from coordinator.testing.checkers import (
+from faults.checkers import (
     CheckResult,
     CriticalSection,
     Operation,

@@ -129,7 +129,7 @@ def test_members_change_while_contenders_hold_wait_and_write(dep5: Env) -> None:
     state inside their turns, and a reader reads it without the lock. The fault suite's
     checkers judge what they saw: no two turns overlap, tokens rise, and the reads and
     writes form a linearizable register."""
-    from coordinator.testing.checkers import check_linearizable_register, check_mutual_exclusion
+    from faults.checkers import check_linearizable_register, check_mutual_exclusion
 
     _pay(dep5, "c1", "c2", "c3")
     _ok(dep5.cli("state", "set", "pay", "k=w0", "--lock-id", _hold(dep5, "setup")))

@@ -14,12 +14,11 @@ import time
 from typing import Any
 
 import pytest
+from faults.checkers import check_linearizable_register
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 from register_model import DELIVER, DOWN, DROP, FATES, LOSE, REJECT, REJECTS_WRITES, UP, ReadOp, Sim, WriteOp
-
-from coordinator.testing.checkers import check_linearizable_register
 
 PROCESSES = ("p0", "p1", "p2")
 DELIVERY_FATES = (*[DELIVER] * 12, LOSE, LOSE, DROP, REJECT)

@@ -26,12 +26,12 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
+from faults.checkers import CheckResult, CriticalSection, check_mutual_exclusion
 
 from coordinator import sandbox as sb
 from coordinator.api import Coordinator
 from coordinator.errors import CoordinatorError
 from coordinator.sandbox.frontproxy import StampLedger, shift_stamp
-from coordinator.testing.checkers import CheckResult, CriticalSection, check_mutual_exclusion
 
 # The lock's expiry rule: a lease of someone else lapses when probe stamp − our last
 # write > TTL + 1 % + 2 s + max-server-skew (5 s by default).

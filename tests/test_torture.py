@@ -11,10 +11,10 @@ from typing import Any
 
 import anyio
 import pytest
+from faults.toxiproxy import ToxiproxyNotFoundError, find_toxiproxy_binary
+from faults.workload import FAULT_KINDS
 
 from coordinator.errors import LockHeldError, StateConflictError
-from coordinator.testing.toxiproxy import ToxiproxyNotFoundError, find_toxiproxy_binary
-from coordinator.testing.workload import FAULT_KINDS
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from coordinator.testing import toxiproxy as toxiproxy_module
-from coordinator.testing.toxiproxy import (
+from faults import toxiproxy as toxiproxy_module
+from faults.toxiproxy import (
     TOXIPROXY_VERSION,
     Proxy,
     ToxiproxyError,

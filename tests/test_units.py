@@ -252,3 +252,18 @@ def test_a_failed_attempt_giving_back_a_lease_does_not_extend_the_reservation() 
     )
     again = LeaseView.parse(freed.obj, freed.server_now)
     assert not again.reserved_for_other("newcomer")
+
+
+def test_the_installed_package_holds_no_test_tools() -> None:
+    """The fault harness lives under tests/faults: the wheel (every package setuptools
+    finds under the configured include) holds only what a user runs."""
+    import importlib.util
+
+    import setuptools
+
+    root = Path(__file__).resolve().parent.parent
+    found = setuptools.find_packages(where=str(root), include=["coordinator*"])
+    assert "coordinator" in found and "coordinator.kube" in found
+    assert not [p for p in found if "test" in p or "fault" in p], found
+    assert importlib.util.find_spec("coordinator.testing") is None
+    assert importlib.util.find_spec("faults.workload") is not None  # the harness, from tests/

@@ -23,7 +23,7 @@ front proxy (toxiproxy sits in front of it), one answering ``date_offset`` secon
 A ``lock run`` contender's critical section is a process tree, and readers read the
 state without the lock all the time. At the end every fault is undone,
 the contenders stop, a final read is taken, and the histories are judged by
-:mod:`coordinator.testing.checkers`.
+:mod:`faults.checkers`.
 
 One clock
 ---------
@@ -47,7 +47,7 @@ its validity ended, if that came first). A ``lock run`` section is the life of i
 the first mark one of its processes wrote to the last (no clipping: ``lock run`` promises
 that the whole tree is stopped before the lock can pass on). An operator's ``lock break``
 ends the broken holder's section, for the check, where the break began
-(:func:`coordinator.testing.checkers.apply_breaks`). So the lock check asks exactly what the lock
+(:func:`faults.checkers.apply_breaks`). So the lock check asks exactly what the lock
 promises: no two holders ever believe, on their own clocks, that they hold it at the
 same time, and fencing tokens rise.
 
@@ -91,8 +91,8 @@ if TYPE_CHECKING:
     from coordinator.api import Coordinator, HeldLock
     from coordinator.sandbox import Sandbox
     from coordinator.state import StateClient
-    from coordinator.testing.checkers import CheckResult, HistoryStats
-    from coordinator.testing.toxiproxy import Proxy, ToxiproxyServer
+    from faults.checkers import CheckResult, HistoryStats
+    from faults.toxiproxy import Proxy, ToxiproxyServer
 
 __all__ = [
     "DEPLOYMENT",
@@ -107,6 +107,9 @@ __all__ = [
 ]
 
 DEPLOYMENT = "torture"
+# Where this harness lives (tests/, holding the package ``faults``): contender processes
+# import it from there, since it is not part of the installed tool.
+TESTS_DIR = str(Path(__file__).resolve().parent.parent)
 STATE_KEY = "v"
 # A holder enters, and starts each step, only with at least this much validity left:
 # a step of a command-line holder starts a process, which takes seconds.
@@ -710,7 +713,7 @@ class _RunContender(_Contender):
             time.sleep(0.1)
         if any(_alive(pid) for pid in pids):
             self.problem("tree outlived", f"processes of a `lock run` tree still ran a minute after it: {sorted(pids)}")
-        from coordinator.testing.checkers import section_from_marks
+        from faults.checkers import section_from_marks
 
         tree = section_from_marks(marks.read_text().splitlines())
         if tree is None:
@@ -722,7 +725,7 @@ class _RunContender(_Contender):
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    """Entry point of one contender process (``python -m coordinator.testing.workload worker``)."""
+    """Entry point of one contender process (``python -m faults.workload worker``)."""
     parser = argparse.ArgumentParser(prog="workload worker")
     parser.add_argument("--name", required=True)
     parser.add_argument("--generation", type=int, default=0)
@@ -940,7 +943,7 @@ class Report:
         return [k for k in self.kinds if self.faults[k] < self.min_each]
 
     def history(self) -> HistoryStats:
-        from coordinator.testing.checkers import history_stats
+        from faults.checkers import history_stats
 
         return history_stats(self.operations)
 
@@ -1090,7 +1093,7 @@ class _Rig:
 
     def start(self) -> None:
         from coordinator import sandbox as sb
-        from coordinator.testing.toxiproxy import ToxiproxyServer
+        from faults.toxiproxy import ToxiproxyServer
 
         sandbox_dir = self.workdir / "sandbox"
         self.sandbox = sb.Sandbox(sandbox_dir)  # known before start-up, to be stopped even if it fails
@@ -1259,7 +1262,8 @@ class _Workers:
                 "XDG_STATE_HOME": str(config.parent / "state"),
                 "NO_COLOR": "1",
                 "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+                # the package, and this harness (tests/faults) for the contender processes
+                "PYTHONPATH": os.pathsep.join(p for p in (root, TESTS_DIR, os.environ.get("PYTHONPATH")) if p),
             }
         )
         return env
@@ -1289,7 +1293,7 @@ class _Workers:
             else:
                 prefix = [self.faketime, "-f", spec.faketime]
         command = [
-            *prefix, sys.executable, "-m", "coordinator.testing.workload", "worker",
+            *prefix, sys.executable, "-m", "faults.workload", "worker",
             "--name", spec.name, "--generation", str(generation), "--mode", spec.mode,
             "--ttl", f"{spec.ttl:g}", "--wait", f"{self.opts.wait:g}", "--deployment", DEPLOYMENT,
             "--stop-file", str(self.stop_file), "--deadline", f"{self.deadline:.3f}",
@@ -2185,7 +2189,7 @@ class _Faults:
         self.collectors.append(collector)
 
     def _collect_tree(self, instance: str, marks: Path, ticks: int) -> None:
-        from coordinator.testing.checkers import section_from_marks
+        from faults.checkers import section_from_marks
 
         until = machine_clock() + ticks * TREE_TICK_S * 3 + 60
         pids: set[int] = set()
@@ -2288,7 +2292,7 @@ def _final_read(rig: _Rig, recorder: Recorder, say: Progress) -> None:
 
 
 def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[CheckResult]]:
-    from coordinator.testing.checkers import (
+    from faults.checkers import (
         apply_breaks,
         check_linearizable_register,
         check_mutual_exclusion,
@@ -2448,7 +2452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["worker"]:
         return worker_main(args[1:])
-    print("usage: python -m coordinator.testing.workload worker ... (the harness: scripts/torture.py)", file=sys.stderr)
+    print("usage: python -m faults.workload worker ... (the harness: scripts/torture.py)", file=sys.stderr)
     return 2
 
 
