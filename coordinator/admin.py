@@ -282,7 +282,7 @@ async def cluster_info(
         await clusters.check_identity(name)
         info.identity_ok = True
     except KubeError as err:
-        info.identity_ok = False if err.kind == "identity-mismatch" else None
+        info.identity_ok = False if err.kind == kube.IDENTITY_MISMATCH else None
         info.error = err.detail
     checks = permission_checks(namespace, storages, deployments)
     answers: dict[tuple[str, str], list[bool | None]] = {}

@@ -17,7 +17,7 @@ from coordinator.kube.identity import read_identity
 from coordinator.models import ClusterRecord, LocalConfig
 from coordinator.outcome import Outcome
 
-IDENTITY_MISMATCH = "identity-mismatch"
+IDENTITY_MISMATCH = kube.IDENTITY_MISMATCH
 
 _KIND_TO_OUTCOME = {
     kube.UNREACHABLE: Outcome.UNREACHABLE,

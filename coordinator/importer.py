@@ -84,7 +84,7 @@ async def _import(
             if err.kind != kube.FORBIDDEN:
                 raise
     except KubeError as err:
-        if err.kind == "identity-mismatch":
+        if err.kind == kube.IDENTITY_MISMATCH:
             from coordinator.errors import IdentityMismatchError
 
             raise IdentityMismatchError(f"Cluster {source!r}: {err.detail}") from err

@@ -970,7 +970,7 @@ class LockEngine:
                 try:
                     view = await self._checked_read(cluster)
                 except KubeError as err:
-                    if err.kind == "identity-mismatch":
+                    if err.kind == kube.IDENTITY_MISMATCH:
                         attempt_over["mismatch"] = True
                     return failed(cluster, err)  # type: ignore[return-value]
                 reads[cluster] = view
@@ -1591,7 +1591,7 @@ class LockEngine:
             r = results.get(name)
             if r is None or not r.ok or r.value is None or r.value.view is None:
                 status = str(r.outcome) if r else "unreachable"
-                if status not in ("unreachable", "forbidden", "identity-mismatch"):
+                if status not in (Outcome.UNREACHABLE, Outcome.FORBIDDEN, Outcome.IDENTITY_MISMATCH):
                     status = "error"
                 rows.append(ClusterStatus(name, status, error=r.detail if r else "no answer"))
                 continue
@@ -1670,7 +1670,7 @@ def first_kube_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     kube_errors = [e for e in found if isinstance(e, KubeError)]
     if len(kube_errors) != len(found):
         return group
-    kube_errors.sort(key=lambda e: e.kind != "identity-mismatch")
+    kube_errors.sort(key=lambda e: e.kind != kube.IDENTITY_MISMATCH)
     return kube_errors[0]
 
 

@@ -345,6 +345,7 @@ def status_document(st: Any) -> dict[str, Any]:
 
 def _status_text(st: Any) -> None:
     from coordinator.durations import format_duration
+    from coordinator.outcome import Outcome
 
     if st.held_by_majority:
         info = st.info
@@ -354,7 +355,8 @@ def _status_text(st: Any) -> None:
             f"majority held for {format_duration(st.expires_in_s or 0)} more unless renewed."
         )
     else:
-        unseen = [r.name for r in st.clusters if r.status in ("unreachable", "forbidden", "error", "identity-mismatch")]
+        unobservable = (Outcome.UNREACHABLE, Outcome.FORBIDDEN, Outcome.ERROR, Outcome.IDENTITY_MISMATCH)
+        unseen = [r.name for r in st.clusters if r.status in unobservable]
         extra = f" ({', '.join(unseen)} could not be observed)" if unseen else ""
         say(f"{st.deployment} is not held by a majority of {st.quorum}{extra}.")
     if st.next_in_line is not None:

@@ -103,6 +103,8 @@ ALREADY_EXISTS = "already-exists"
 # 429: API Priority and Fairness (or an admission webhook, or a proxy) refused the request
 # before doing anything; it may say when to come back (Retry-After).
 THROTTLED = "throttled"
+# The cluster answered, but it is not the one recorded (its kube-system UID differs).
+IDENTITY_MISMATCH = "identity-mismatch"
 ERROR = "error"
 
 # A throttled request is sent again after the server's Retry-After only when the retry
