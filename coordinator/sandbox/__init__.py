@@ -21,7 +21,7 @@ two kube-apiservers on its etcd behind a front proxy on the cluster's address
 This package does not import the lock and state engine, nor the Kubernetes client.
 """
 
-from coordinator.sandbox.admin import AdminClient, AdminRequestError
+from coordinator.sandbox.adminclient import AdminClient, AdminRequestError
 from coordinator.sandbox.binaries import (
     BUILD_SCRIPT,
     ETCD_VERSION,

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from coordinator.errors import CoordinatorError, ExitCode, UsageError
 from coordinator.sandbox import frontproxy, kubeconfig, pki, process
-from coordinator.sandbox.admin import AdminClient, AdminRequestError
+from coordinator.sandbox.adminclient import AdminClient, AdminRequestError
 from coordinator.sandbox.binaries import ETCD_VERSION, KUBE_VERSION, Binaries, find_binaries
 from coordinator.sandbox.process import ProcessRef
 from coordinator.sandbox.records import (
