@@ -66,6 +66,7 @@ import argparse
 import contextlib
 import ctypes
 import inspect
+import itertools
 import json
 import os
 import platform
@@ -985,9 +986,12 @@ class Report:
         ]
         if self.workload_seconds > 0:
             per_minute = len(self.sections) / (self.workload_seconds / 60.0)
+            enters = sorted(float(s["enter"]) for s in self.sections)
+            gap = max((b - a for a, b in itertools.pairwise(enters)), default=0.0)
             lines.append(
                 f"throughput: {per_minute:.1f} lock sections per minute over {self.workload_seconds:.0f}s "
-                f"(about {per_minute * 60:.0f} an hour); {self.breaks} broken by an operator"
+                f"(about {per_minute * 60:.0f} an hour); {self.breaks} broken by an operator; "
+                f"longest time between two sections {gap:.0f}s"
             )
         if self.ha:
             lines.append(self.ha)
