@@ -130,7 +130,8 @@ def test_fleet_cli_json_and_text(fleet20: Any) -> None:
 
     text = env.cli("lock", "status")
     assert text.returncode == 0, text.stderr
-    line = next(x for x in text.stdout.splitlines() if x.startswith("web "))
+    # The sandbox is shared by the session: other tests have a "web" in other namespaces.
+    line = next(x for x in text.stdout.splitlines() if x.split()[:2] == ["web", env.namespace])
     assert "held" in line and "alice" in line and "release 1.2" in line
     assert "stranger *" in text.stdout
     assert f"not imported: `coordinator deployment import stranger --cluster c2 -n {env.spaces[1]}`" in text.stdout
