@@ -45,12 +45,18 @@ def _apply() -> None:
     processors: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _exception_text,
     ]
     if _format == "json":
         processors.append(structlog.processors.JSONRenderer())  # JSON escapes control characters itself
     else:
         # Console lines carry what the clusters said (details, holders): escaped, one line each.
-        processors += [_printable_values, structlog.dev.ConsoleRenderer(colors=False)]
+        # Never structlog's default exception formatter: rich's, which prints every
+        # frame's local variables, request headers (the bearer token) included.
+        processors += [
+            _printable_values,
+            structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback),
+        ]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_level),
@@ -62,7 +68,53 @@ def _apply() -> None:
 def _printable_values(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
     from coordinator.text import printable
 
-    return {k: printable(v) if isinstance(v, str) else v for k, v in event.items()}
+    # "exception" is the traceback made by _exception_text: escaped there, its lines kept.
+    return {k: printable(v) if isinstance(v, str) and k != "exception" else v for k, v in event.items()}
+
+
+def _exception_text(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """``exc_info`` (``log.exception``) as a plain traceback under "exception", with -v
+    only: no frame's local variables ever, and each exception's own text on one line,
+    escaped (it may quote what a cluster said). At the default verbosity the line alone
+    is written; the command's own message says what failed."""
+    exc_info = event.pop("exc_info", None)
+    if not exc_info or _level > logging.INFO:
+        return event
+    if isinstance(exc_info, BaseException):
+        exc: BaseException | None = exc_info
+    elif isinstance(exc_info, tuple):
+        exc = exc_info[1]
+    else:
+        exc = sys.exc_info()[1]
+    if exc is not None:
+        event["exception"] = plain_traceback_text(exc)
+    return event
+
+
+def plain_traceback_text(exc: BaseException) -> str:
+    """The traceback of ``exc`` and of the exceptions it was raised from: frames (file,
+    line, source) and each exception's type and text, without local variables."""
+    import traceback
+
+    from coordinator.text import printable
+
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    parts: list[str] = []
+    for i, e in enumerate(reversed(chain)):
+        if i:
+            parts.append(
+                "\nThe above exception was the direct cause of the following exception:\n\n"
+                if e.__cause__ is not None
+                else "\nDuring handling of the above exception, another exception occurred:\n\n"
+            )
+        parts.append("Traceback (most recent call last):\n")
+        parts.extend(traceback.format_tb(e.__traceback__))
+        parts.append(f"{type(e).__qualname__}: {printable(str(e))}\n")
+    return printable("".join(parts), keep_newlines=True).rstrip("\n")
 
 
 def _structlog_logger(name: str) -> Any:

@@ -25,7 +25,7 @@ import re
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -151,6 +151,14 @@ class ApiResponse:
 _LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
 
 
+# What a reader of an answer may run into besides ValueError: a number or a date no
+# datetime holds (OverflowError), a document nested deeper than the parser's recursion
+# limit (RecursionError), a field of an unexpected type. An answer is text from whoever
+# sits between us and the API server: none of these may escape the one door.
+_UNREADABLE = (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError)
+MAX_MESSAGE = 1000  # characters of a server's message kept in an error
+
+
 def _status_message(raw: bytes) -> str:
     """The server's message, on one line: it is quoted inside the tool's own one-line
     details and paragraphs, where a line break would pass for a line of the tool's own
@@ -158,11 +166,24 @@ def _status_message(raw: bytes) -> str:
     text = raw[:200].decode("utf-8", "replace").strip()
     try:
         doc = json.loads(raw)
-        if isinstance(doc, dict) and doc.get("message"):
-            text = str(doc["message"])
-    except ValueError:
+        if isinstance(doc, dict) and isinstance(doc.get("message"), str) and doc["message"]:
+            text = doc["message"][:MAX_MESSAGE]
+    except _UNREADABLE:
         pass
     return _LINE_BREAKS.sub(" ", text).strip()
+
+
+def _http_date(value: str | None) -> datetime | None:
+    """An HTTP date (``Date``, ``Retry-After``) as an aware UTC datetime, or None when it
+    is absent or is no date (a zone of 20 digits, a year past 9999). A date without a
+    zone (``-0000``) is taken as UTC, as HTTP dates are."""
+    if not value:
+        return None
+    try:
+        when = parsedate_to_datetime(value)
+        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    except _UNREADABLE:
+        return None
 
 
 def _retry_after(value: str | None, server_time: datetime | None) -> float | None:
@@ -174,13 +195,13 @@ def _retry_after(value: str | None, server_time: datetime | None) -> float | Non
     try:
         seconds = float(text)
     except ValueError:
+        when = _http_date(text)
+        if when is None or server_time is None or server_time.tzinfo is None:
+            return None
         try:
-            when = parsedate_to_datetime(text)
-        except (TypeError, ValueError):
+            seconds = (when - server_time).total_seconds()
+        except _UNREADABLE:
             return None
-        if server_time is None or when.tzinfo is None or server_time.tzinfo is None:
-            return None
-        seconds = (when - server_time).total_seconds()
     if seconds != seconds or seconds < 0 or seconds == float("inf"):  # NaN, negative, infinite
         return None
     return seconds
@@ -348,19 +369,21 @@ class KubeClient:
             raise
         except OSError as err:
             raise KubeError(UNREACHABLE, f"cannot reach {self.server}: {err}") from err
+        ok = 200 <= status <= 299
         try:
             doc: Any = json.loads(raw) if raw else {}
-        except ValueError:
+        except _UNREADABLE as err:
+            if ok:
+                # A success we cannot read is no answer: never an empty object, which
+                # would read as a missing lease or an empty replica.
+                why = "nested too deeply" if isinstance(err, RecursionError) else "not JSON"
+                detail = f"{self.server} answered HTTP {status} with a body that cannot be read ({why})"
+                raise KubeError(ERROR, detail, status=status) from None
             doc = {}
         if not isinstance(doc, dict):
             doc = {"items": doc}
-        server_time = None
-        if date:
-            try:
-                server_time = parsedate_to_datetime(date)
-            except (TypeError, ValueError):
-                server_time = None
-        if not 200 <= status <= 299:
+        server_time = _http_date(date)
+        if not ok:
             raise _classify_status(status, raw, doc, retry_after=_retry_after(retry_after, server_time))
         return ApiResponse(status=status, body=doc, server_time=server_time)
 
@@ -393,7 +416,7 @@ class KubeClient:
                     return
                 try:
                     event = json.loads(line)
-                except ValueError:
+                except _UNREADABLE:
                     continue
                 if isinstance(event, dict):
                     yield event
