@@ -38,7 +38,7 @@ from coordinator.clusters import ClusterSet, outcome_of
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.lease import LeaseView, TurnClaim
+from coordinator.lease import UNREADABLE, LeaseView, TurnClaim
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.models import LocalConfig
@@ -94,9 +94,33 @@ class Fleet:
     def unseen_clusters(self) -> list[str]:
         return sorted(c for c, why in self.clusters.items() if why != "ok")
 
+    @property
+    def too_few_listed(self) -> bool:
+        """Fewer than a majority of the connected clusters could be listed: what the
+        view says is not known to hold for most of them (the command exits 4)."""
+        n = len(self.clusters)
+        return n > 0 and n - len(self.unseen_clusters) < n // 2 + 1
+
 
 def _is_lock_lease(obj: Any) -> bool:
-    return isinstance(obj, dict) and str((obj.get("metadata") or {}).get("name", "")).startswith(LEASE_PREFIX)
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return isinstance(meta, dict) and str(meta.get("name", "")).startswith(LEASE_PREFIX)
+
+
+def _views(cluster: str, objects: Any, server_now: datetime | None) -> list[LeaseView]:
+    """The lock leases among ``objects``, parsed. Anyone who may create a Lease in some
+    namespace can make one with any labels and annotations: a lease that cannot be read
+    is left out (one lease, never the cluster's whole list)."""
+    views = []
+    for obj in objects if isinstance(objects, list) else []:
+        if not _is_lock_lease(obj):
+            continue
+        try:
+            views.append(LeaseView.parse(obj, server_now))
+        except (*UNREADABLE, AttributeError) as err:
+            name = str(obj["metadata"].get("name", ""))[:100]
+            log.info("fleet: a lease that cannot be read is left out", cluster=cluster, lease=name, error=repr(err))
+    return views
 
 
 async def list_leases(clusters: ClusterSet, names: list[str]) -> dict[str, ClusterResult[list[LeaseView]]]:
@@ -108,9 +132,7 @@ async def list_leases(clusters: ClusterSet, names: list[str]) -> dict[str, Clust
             resp = await clusters.client(name).request("GET", ALL_LEASES, query={"labelSelector": SELECTOR})
         except KubeError as err:
             return ClusterResult(name, outcome_of(err), detail=err.detail)
-        items = resp.body.get("items") or []
-        views = [LeaseView.parse(obj, resp.server_time) for obj in items if _is_lock_lease(obj)]
-        return ClusterResult(name, Outcome.OK, views)
+        return ClusterResult(name, Outcome.OK, _views(name, resp.body.get("items"), resp.server_time))
 
     return await fan_out(names, one, timeout=clusters.timeout)
 
@@ -175,7 +197,7 @@ def _stored_groups(leases: dict[str, LeaseView], by_identity: dict[str, str]) ->
     stored = Counter(
         m
         for v in leases.values()
-        if (m := Membership.parse((v.obj.get("metadata") or {}).get("annotations", {}).get(A_MEMBERSHIP)))
+        if (m := Membership.parse(((v.obj.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP)))
     )
     if not stored:
         return None
@@ -361,9 +383,7 @@ class FleetWatch:
                 listed[name] = ClusterResult(name, m.outcome or Outcome.UNREACHABLE, detail=m.detail or "no answer yet")
                 continue
             server_now = now + m.offset if m.offset is not None else None
-            listed[name] = ClusterResult(
-                name, Outcome.OK, [LeaseView.parse(obj, server_now) for obj in m.objects.values()]
-            )
+            listed[name] = ClusterResult(name, Outcome.OK, _views(name, list(m.objects.values()), server_now))
         return build_fleet(self.config, listed)
 
     async def run(self) -> None:
@@ -377,8 +397,8 @@ class FleetWatch:
         with anyio.fail_after(self.clusters.timeout + 1):
             resp = await self.clusters.client(name).request("GET", ALL_LEASES, query={"labelSelector": SELECTOR})
         m = self.mirrors[name]
-        items = resp.body.get("items") or []
-        m.objects = {_object_key(obj): obj for obj in items if _is_lock_lease(obj)}
+        items = resp.body.get("items")
+        m.objects = {_object_key(obj): obj for obj in items if _is_lock_lease(obj)} if isinstance(items, list) else {}
         m.offset = resp.server_time - datetime.now(UTC) if resp.server_time is not None else None
         m.outcome, m.detail = Outcome.OK, ""
         self._tell()

@@ -33,6 +33,7 @@ has passed since it was recorded, by the same stamps.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -80,6 +81,14 @@ DEFAULT_MAX_TTL_S = 600.0
 # How long a freed (or lapsed) lease stays reserved for the contender that has waited
 # longest, by the server's clock, before anyone else may take it.
 HANDOFF_GRACE_S = 2.0
+# The last second a datetime holds (9999-12-31T23:59:59Z): a claim dated later is no date.
+LAST_EPOCH_S = 253_402_300_799
+
+# What reading an annotation may raise besides ValueError. Annotations are written by
+# whoever may create or edit a Lease in the namespace: a number no float or datetime holds
+# (OverflowError), JSON nested past the recursion limit (RecursionError), a field of
+# another type. A reader drops what it cannot read; it never raises.
+UNREADABLE = (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError)
 
 
 def boot_clock() -> float:
@@ -144,9 +153,13 @@ class TurnClaim:
             return None
         try:
             doc = json.loads(raw)
-            return cls(int(doc["since"]), str(doc["lock"]), str(doc.get("holder") or ""))
-        except (ValueError, TypeError, KeyError):
+            since = doc["since"]
+            if isinstance(since, float) and not math.isfinite(since):
+                return None
+            claim = cls(int(since), str(doc["lock"]), str(doc.get("holder") or ""))
+        except UNREADABLE:
             return None  # malformed: ignored, and overwritten by the next claim
+        return claim if 0 <= claim.since <= LAST_EPOCH_S else None
 
     def dump(self) -> str:
         return json.dumps({"lock": self.lock_id, "holder": self.holder, "since": self.since}, separators=(",", ":"))
@@ -173,7 +186,7 @@ def _owns_ttl(obj: dict[str, Any]) -> bool:
 def _positive_int(raw: Any) -> int | None:
     try:
         value = int(raw)
-    except (TypeError, ValueError):
+    except UNREADABLE:
         return None
     return value if value > 0 else None
 
@@ -218,7 +231,7 @@ class LeaseView:
             try:
                 token = int(raw)
                 malformed = token < 0
-            except (TypeError, ValueError):
+            except UNREADABLE:
                 malformed = True
         ttl = spec.get("leaseDurationSeconds")
         note: dict[str, Any] | None = None
@@ -226,7 +239,7 @@ class LeaseView:
             try:
                 loaded = json.loads(ann[A_LAST_BREAK])
                 note = loaded if isinstance(loaded, dict) else None
-            except ValueError:
+            except UNREADABLE:
                 note = None
         return cls(
             exists=True,

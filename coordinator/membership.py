@@ -62,8 +62,8 @@ class Membership:
         if isinstance(raw, str):
             try:
                 doc = json.loads(raw)
-            except ValueError:
-                return None
+            except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
+                return None  # garbage, or nested past the recursion limit: unreadable
         if not isinstance(doc, dict):
             return None
         epoch, members = doc.get("epoch"), doc.get("members")

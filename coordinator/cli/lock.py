@@ -427,6 +427,16 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
 
         fleet = run(once)
         emit(ctx, doc_of(fleet), lambda: _fleet_text(fleet))
+        if fleet.too_few_listed:
+            from coordinator.errors import NoQuorumError
+
+            unseen = fleet.unseen_clusters
+            raise NoQuorumError(
+                f"Only {len(fleet.clusters) - len(unseen)} of {len(fleet.clusters)} connected clusters could be "
+                f"listed ({', '.join(f'{c} ({fleet.clusters[c]})' for c in unseen)}); the view above may miss "
+                "most deployments, and nothing there is assumed free. Check the clusters with "
+                "`coordinator cluster info NAME`."
+            )
         return
 
     async def follow() -> None:
@@ -518,7 +528,8 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
     found on the clusters but not known here are marked, with the command that imports
     them.
 
-    Exits 4 (after printing) when fewer than a majority of clusters could be observed.
+    Exits 4 (after printing) when fewer than a majority of clusters could be observed
+    (for the fleet: of the connected clusters, listed).
 
     \b
     Examples:
