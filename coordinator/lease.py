@@ -22,7 +22,8 @@ A lease with no entry of ours (``managedFields`` stripped, or all our fields tak
 another manager) gives no evidence: it lapses only by local observation — our fields
 unchanged for a whole TTL plus margin on the contender's own clock, as client-go's
 leader election judges. A ``leaseDurationSeconds`` that another manager changed is not
-believed: the deployment's maximum TTL applies instead.
+believed: the deployment's maximum TTL applies instead; nor is a ``coordinator.io/max-ttl``
+note that no coordinator field manager wrote.
 
 A lease that existed and is gone (deleted, namespace recreated, etcd restored) is not
 free: the first contender to see it missing records a *tombstone* (a holderless lease
@@ -41,6 +42,7 @@ from enum import StrEnum
 from typing import Any
 
 from coordinator.kube.resources import ANNOTATION_PREFIX, FIELD_MANAGER, parse_time
+from coordinator.membership import annotation_writers, is_ours
 
 A_HOLDER = ANNOTATION_PREFIX + "holder"
 A_HOST = ANNOTATION_PREFIX + "host"
@@ -83,6 +85,8 @@ DEFAULT_MAX_TTL_S = 600.0
 HANDOFF_GRACE_S = 2.0
 # The last second a datetime holds (9999-12-31T23:59:59Z): a claim dated later is no date.
 LAST_EPOCH_S = 253_402_300_799
+# A maximum-TTL note above this (about 317 years) is no duration a deployment was made with.
+MAX_TTL_NOTE_S = 10**10
 
 # What reading an annotation may raise besides ValueError. Annotations are written by
 # whoever may create or edit a Lease in the namespace: a number no float or datetime holds
@@ -191,6 +195,18 @@ def _positive_int(raw: Any) -> int | None:
     return value if value > 0 else None
 
 
+def _max_ttl_note(obj: dict[str, Any], raw: Any) -> int | None:
+    """The deployment's maximum TTL as this lease stores it, when a coordinator wrote the
+    note. Anyone who may edit the lease can write ``coordinator.io/max-ttl`` under another
+    field manager: believed, a note of 100000000 would keep a dead holder's lock for
+    years. Unowned (or stripped with the managedFields) it says nothing, and the
+    deployment record's maximum applies."""
+    value = _positive_int(raw)
+    if value is None or value > MAX_TTL_NOTE_S:
+        return None
+    return value if any(is_ours(w) for w in annotation_writers(obj, A_MAX_TTL)) else None
+
+
 @dataclass
 class LeaseView:
     """One cluster's lease as read (``exists=False``: the server said 404)."""
@@ -212,7 +228,7 @@ class LeaseView:
     resource_version: str | None = None
     next_claim: TurnClaim | None = None
     vanished: bool = False  # a tombstone: the lease was found deleted
-    max_ttl_note: int | None = None
+    max_ttl_note: int | None = None  # believed only when a coordinator field manager wrote it
     break_note: dict[str, Any] | None = None
     uid: str | None = None
     uid_note: str | None = None
@@ -259,7 +275,7 @@ class LeaseView:
             resource_version=meta.get("resourceVersion"),
             next_claim=TurnClaim.parse(ann.get(A_NEXT)),
             vanished=A_VANISHED in ann,
-            max_ttl_note=_positive_int(ann.get(A_MAX_TTL)),
+            max_ttl_note=_max_ttl_note(obj, ann.get(A_MAX_TTL)),
             break_note=note,
             uid=meta.get("uid") or None,
             uid_note=ann.get(A_UID) if isinstance(ann.get(A_UID), str) else None,
@@ -367,7 +383,8 @@ class LeaseView:
 def effective_ttl(view: LeaseView, max_ttl_s: float) -> float:
     """The TTL a contender must wait out. The lease's own duration when our field
     manager set it; the deployment's maximum TTL for a tombstone or for a duration
-    someone else wrote (it might have been shortened behind the holder's back)."""
+    someone else wrote (it might have been shortened behind the holder's back): the
+    larger of the record's and the note a coordinator stored on the lease."""
     ceiling = max(float(max_ttl_s), float(view.max_ttl_note or 0))
     if view.vanished or view.ttl_s is None or not view.ttl_owned:
         return ceiling

@@ -176,9 +176,17 @@ def test_a_tombstone_blocks_for_the_maximum_ttl() -> None:
     assert stand(stone, stamp=T0 + timedelta(seconds=100)) is Standing.HELD
     late = T0 + timedelta(seconds=MAX_TTL + lapse_margin(MAX_TTL, 5.0) + 1)
     assert stand(stone, stamp=late) is Standing.LAPSED
-    # a tombstone recorded with a longer maximum by someone else keeps it
+    # a tombstone recorded with a longer maximum by another coordinator keeps it
     longer = lease(holder=None, annotations={A_VANISHED: "x", "coordinator.io/max-ttl": "3600"}, token=0)
-    assert stand(longer, stamp=late) is Standing.HELD
+    note = {"f:metadata": {"f:annotations": {"f:coordinator.io/max-ttl": {}}}}
+    managed = longer.obj["metadata"]["managedFields"]
+    assert stand(longer, stamp=late) is Standing.LAPSED  # no coordinator wrote the note: no evidence
+    managed[0]["fieldsV1"] |= note
+    assert stand(LeaseView.parse(longer.obj), stamp=late) is Standing.HELD
+    # one that someone else wrote (kubectl annotate) is no evidence
+    managed[0]["fieldsV1"].pop("f:metadata")
+    managed.append({"manager": "kubectl-annotate", "operation": "Update", "fieldsV1": note})
+    assert stand(LeaseView.parse(longer.obj), stamp=late) is Standing.LAPSED
 
 
 def test_tokens_need_a_majority_of_leases_with_their_history() -> None:
