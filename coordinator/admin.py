@@ -430,6 +430,17 @@ async def create_deployment(
             results[k] = ClusterResult(
                 k, Outcome.OK, results[k].value, detail=f"{results[k].detail}; state object not created: {seed.detail}"
             )
+    # The lock history's ConfigMap too, empty: its name is taken before anyone allowed to
+    # create ConfigMaps in the namespace can plant one full of forged events.
+    from coordinator.history import HistoryStore
+
+    book = HistoryStore(clusters, name, namespace, members)
+    kept = await fan_out(members, book.create_empty, timeout=clusters.timeout)
+    for k, made in kept.items():
+        if not made.ok and results.get(k) is not None and results[k].ok:
+            results[k] = ClusterResult(
+                k, Outcome.OK, results[k].value, detail=f"{results[k].detail}; lock history not created: {made.detail}"
+            )
     for k, r in leases.items():
         if not r.ok and results.get(k) is not None and results[k].ok:
             results[k] = ClusterResult(

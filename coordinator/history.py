@@ -34,6 +34,14 @@ What this module promises, and what it does not:
   :data:`MAX_TEXT`), far below the 1 MiB object limit.
 - The text comes from whoever may write a ConfigMap in the namespace: malformed entries
   are dropped, and people see it only through :func:`coordinator.text.printable`.
+- Who may write it: ``deployment create`` makes an empty copy on every member, so that
+  someone allowed only to *create* ConfigMaps (a right Kubernetes cannot limit by name)
+  finds the name taken. A copy whose data no coordinator field manager wrote (per its
+  managedFields) is not read, and is replaced by the next event recorded there; events
+  dated further ahead than :data:`MAX_FUTURE_S` are dropped, so that no planted event
+  can pass for the newest and push the real ones out of the bounded list. Whoever may
+  *update* the ConfigMap (those granted the deployment) can still rewrite it, under any
+  field manager: a record for people, not evidence.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from coordinator.clusters import ClusterSet, failed
@@ -59,6 +67,7 @@ from coordinator.kube.resources import (
 )
 from coordinator.lease import LeaseView
 from coordinator.logs import get_logger
+from coordinator.membership import is_ours
 from coordinator.outcome import Outcome
 
 log = get_logger(__name__)
@@ -70,6 +79,9 @@ DATA_KEY = "history.json"
 NOTE_ANNOTATION = ANNOTATION_PREFIX + "note"
 NOTE = "managed by coordinator: the lock's history (`coordinator lock history`); do not edit"
 WRITE_RETRIES = 4
+# How far ahead of this machine's clock an event may be dated and still be read: the
+# writers' clocks may be off (minutes), a planted event dated in the year 9000 is not.
+MAX_FUTURE_S = 15 * 60
 
 ACQUIRED = "acquired"
 RELEASED = "released"
@@ -210,9 +222,22 @@ def clean(raw: Any) -> dict[str, Any] | None:
     return event(kind, lock_id, at=micro_time(parse_time(at) or datetime.now(UTC)), token=token, **text)
 
 
-def decode(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The events stored in one history ConfigMap (none when it is absent or unreadable)."""
-    if not obj:
+def written_by_us(obj: Mapping[str, Any]) -> bool:
+    """Did a coordinator field manager write this copy's events (per its managedFields)?"""
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        if not isinstance(entry, dict) or not is_ours(str(entry.get("manager") or "")):
+            continue
+        data = (entry.get("fieldsV1") or {}).get("f:data")
+        if isinstance(data, dict) and f"f:{DATA_KEY}" in data:
+            return True
+    return False
+
+
+def decode(obj: Mapping[str, Any] | None, *, now: datetime | None = None) -> list[dict[str, Any]]:
+    """The events stored in one history ConfigMap: none when it is absent, unreadable or
+    not written by coordinator; without those dated more than :data:`MAX_FUTURE_S` after
+    ``now`` (this machine's clock by default)."""
+    if not obj or not written_by_us(obj):
         return []
     data = obj.get("data") or {}
     raw = data.get(DATA_KEY) if isinstance(data, dict) else None
@@ -224,7 +249,8 @@ def decode(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         return []
     if not isinstance(loaded, list):
         return []
-    return [e for e in (clean(item) for item in loaded) if e is not None]
+    latest = (now or datetime.now(UTC)) + timedelta(seconds=MAX_FUTURE_S)
+    return [e for e in (clean(item) for item in loaded) if e is not None and _when(e) <= latest]
 
 
 def _when(e: Mapping[str, Any]) -> datetime:
@@ -438,3 +464,18 @@ class HistoryStore:
 
         results = await fan_out(self.members, one, timeout=timeout)
         return merge(*copies.values()), results
+
+    async def create_empty(self, cluster: str) -> ClusterResult[str]:
+        """Create this member's copy, holding no event, so that the name is taken (one
+        already there is left as it is: the next event recorded replaces it unless a
+        coordinator wrote it)."""
+        body = _object(self.deployment, [], None)
+        try:
+            await self.clusters.client(cluster).request(
+                "POST", configmaps_path(self.namespace), body=body, query={"fieldManager": FIELD_MANAGER}
+            )
+        except KubeError as err:
+            if err.kind == kube.ALREADY_EXISTS:
+                return ClusterResult(cluster, Outcome.OK, "exists")
+            return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(cluster, Outcome.OK, "created")

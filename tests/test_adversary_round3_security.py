@@ -186,15 +186,46 @@ def test_a_pid_annotation_of_odd_digits_is_no_pid(pid: str) -> None:
     assert _pid({"pid": pid}) is None
 
 
-@pytest.mark.xfail(strict=True, reason="history.py clean: micro_time(9999-12-31T23:59:59-14:00) -> OverflowError")
+def _history_copy(events: list[dict[str, Any]], manager: str = "coordinator") -> dict[str, Any]:
+    fields = {"f:data": {".": {}, "f:history.json": {}}}
+    return {
+        "metadata": {"managedFields": [{"manager": manager, "operation": "Update", "fieldsV1": fields}]},
+        "data": {"history.json": json.dumps(events)},
+    }
+
+
 @pytest.mark.parametrize("at", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"])
 def test_a_history_event_dated_past_the_calendar_is_dropped_not_the_whole_copy(at: str) -> None:
     from coordinator import history
 
     good = {"lock_id": "aaaa", "event": "acquired", "at": "2026-01-01T00:00:00Z"}
     bad = {"lock_id": "bbbb", "event": "acquired", "at": at}
-    obj = {"data": {"history.json": json.dumps([good, bad])}}
-    assert [e["lock_id"] for e in history.decode(obj)] == ["aaaa"]
+    assert [e["lock_id"] for e in history.decode(_history_copy([good, bad]))] == ["aaaa"]
+    assert [e["lock_id"] for e in history.merge([good, bad])] == ["aaaa"]
+
+
+def test_history_events_dated_in_the_future_are_dropped_and_cannot_evict_real_ones() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from coordinator import history
+    from coordinator.kube.resources import micro_time
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    real = [history.event("acquired", f"real{i}", at=micro_time(now - timedelta(minutes=i))) for i in range(5)]
+    skewed = history.event("acquired", "skewed", at=micro_time(now + timedelta(minutes=10)))  # a clock ahead
+    forged = [history.event("acquired", f"forged{i}", at="9000-01-01T00:00:00Z") for i in range(100)]
+    kept = history.decode(_history_copy([*real, skewed, *forged]), now=now)
+    assert sorted(e["lock_id"] for e in kept) == sorted([*(f"real{i}" for i in range(5)), "skewed"])
+
+
+@pytest.mark.parametrize("manager", ["kubectl-create", "kubectl-edit", ""])
+def test_a_history_copy_no_coordinator_wrote_is_not_read(manager: str) -> None:
+    from coordinator import history
+
+    events = [{"lock_id": "aaaa", "event": "acquired", "at": "2026-01-01T00:00:00Z"}]
+    assert [e["lock_id"] for e in history.decode(_history_copy(events, "coordinator"))] == ["aaaa"]
+    assert history.decode(_history_copy(events, manager)) == []
+    assert history.decode({"data": {"history.json": json.dumps(events)}}) == []  # managedFields stripped
 
 
 @pytest.mark.xfail(
@@ -669,23 +700,43 @@ def _forged_history(count: int, at: str) -> str:
     )
 
 
-@integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="user granted `app` creates ConfigMap coordinator-history-web (no history yet) with 100 events dated "
-    "9000-01-01: `lock history web` shows them and evicts every real tenure (history.py merge keeps the newest "
-    "100 lock ids; nothing checks who made the ConfigMap)",
-)
-def test_a_user_granted_another_deployment_cannot_rewrite_this_ones_lock_history(dep3: Env, tmp_path: Path) -> None:
-    minted = _minted(dep3, tmp_path)
+def _plant_history(env: Env, minted: Any, events: str, manager: str | None = None) -> None:
+    """Plant ``coordinator-history-web`` on every member as the user granted `app`.
+
+    `deployment create` took the name on every member, so the plant is refused by name
+    first; then the copy is deleted (as an admin), standing for a member the create did
+    not reach or a deployment made by an older version, and planted there."""
+    path = f"{configmaps_path(env.namespace)}/coordinator-history-web"
     body = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "coordinator-history-web", "labels": {LABEL_MANAGED_BY: LABEL_VALUE}},
-        "data": {"history.json": _forged_history(100, "9000-01-01T00:00:00Z")},
+        "data": {"history.json": events},
     }
+    query = {"fieldManager": manager} if manager else None
     for i in (1, 2, 3):
-        _as(minted, i, "POST", configmaps_path(dep3.namespace), body)
+        assert history_of(anyio.run(env.raw, i, "GET", path)) == []  # the empty copy of the create
+        with pytest.raises(KubeError) as err:
+            _as(minted, i, "POST", configmaps_path(env.namespace), body, query)
+        assert err.value.kind == "already-exists", err.value.detail
+        anyio.run(env.raw, i, "DELETE", path)
+        _as(minted, i, "POST", configmaps_path(env.namespace), body, query)
+
+
+def history_of(obj: Any) -> list[dict[str, Any]]:
+    from coordinator import history
+
+    return history.decode(obj)
+
+
+@integration
+def test_a_user_granted_another_deployment_cannot_rewrite_this_ones_lock_history(dep3: Env, tmp_path: Path) -> None:
+    """Found: a user granted `app` could create coordinator-history-web (no history yet)
+    with 100 events dated 9000-01-01, which `lock history` showed and which evicted
+    every real tenure (the newest 100 lock ids are kept). Now the create takes the name,
+    and where it is free the planted events are dropped as dated in the future."""
+    minted = _minted(dep3, tmp_path)
+    _plant_history(dep3, minted, _forged_history(100, "9000-01-01T00:00:00Z"))
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
     assert dep3.cli("lock", "release", "web", "--holder", "alice").returncode == 0
     proc = dep3.cli("-o", "json", "lock", "history", "web")
@@ -695,23 +746,32 @@ def test_a_user_granted_another_deployment_cannot_rewrite_this_ones_lock_history
 
 
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="user granted `app` creates coordinator-history-web holding one event at 9999-12-31T23:59:59-14:00 on "
-    "every member: `lock history web` can read no member (OverflowError in history.clean), exit 4, forever",
-)
+def test_a_planted_history_copy_no_coordinator_wrote_is_not_read(dep3: Env, tmp_path: Path) -> None:
+    """The same plant, dated in the past and made under another field manager (kubectl
+    create): the copy is not read, and the first event recorded replaces it."""
+    from datetime import UTC, datetime, timedelta
+
+    minted = _minted(dep3, tmp_path)
+    an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _plant_history(dep3, minted, _forged_history(5, an_hour_ago), manager="kubectl-create")
+    shown = dep3.cli("-o", "json", "lock", "history", "web")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["tenures"] == [], shown.stdout + shown.stderr
+    assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
+    proc = dep3.cli("-o", "json", "lock", "history", "web")
+    assert [t["holder"] for t in json.loads(proc.stdout)["tenures"]] == ["alice"], proc.stdout
+    path = f"{configmaps_path(dep3.namespace)}/coordinator-history-web"
+    for i in (1, 2, 3):
+        assert "forged" not in json.dumps(anyio.run(dep3.raw, i, "GET", path)["data"])
+
+
+@integration
 def test_a_planted_history_event_past_the_calendar_does_not_make_the_history_unreadable(
     dep3: Env, tmp_path: Path
 ) -> None:
+    """Found: one event at 9999-12-31T23:59:59-14:00 (a day past what a datetime holds in
+    UTC) made every copy unreadable and unwritable. Now that event alone is dropped."""
     minted = _minted(dep3, tmp_path)
-    body = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "coordinator-history-web"},
-        "data": {"history.json": _forged_history(1, "9999-12-31T23:59:59-14:00")},
-    }
-    for i in (1, 2, 3):
-        _as(minted, i, "POST", configmaps_path(dep3.namespace), body)
+    _plant_history(dep3, minted, _forged_history(1, "9999-12-31T23:59:59-14:00"))
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
     proc = dep3.cli("-o", "json", "lock", "history", "web")
     assert proc.returncode == 0, proc.stderr

@@ -92,9 +92,10 @@ def test_malformed_entries_are_dropped_and_text_is_cut_short() -> None:
     assert [e["lock_id"] for e in merged] == ["aaaa", "dddd"]
     assert len(merged[0]["holder"]) == history.MAX_TEXT
     assert "token" not in merged[1] and "holder" not in merged[1]
-    obj = {"data": {history.DATA_KEY: json.dumps([good, *junk])}}
+    ours = {"managedFields": [{"manager": "coordinator", "fieldsV1": {"f:data": {f"f:{history.DATA_KEY}": {}}}}]}
+    obj = {"metadata": ours, "data": {history.DATA_KEY: json.dumps([good, *junk])}}
     assert [e["lock_id"] for e in history.decode(obj)] == ["aaaa", "dddd"]
-    assert history.decode({"data": {history.DATA_KEY: "{not json"}}) == []
+    assert history.decode({"metadata": ours, "data": {history.DATA_KEY: "{not json"}}) == []
 
 
 def test_tenures_say_how_each_ended_preferring_what_the_holder_or_an_admin_did() -> None:
@@ -300,6 +301,7 @@ def test_a_history_that_cannot_be_written_is_a_warning_and_the_lock_works(dep3: 
     env = dep3
     # An immutable ConfigMap under the history's name on every member: no write can land.
     for i in (1, 2, 3):
+        anyio.run(env.raw, i, "DELETE", f"{configmaps_path(env.namespace)}/{history_name('web')}")  # the create's
         body = {
             "apiVersion": "v1",
             "kind": "ConfigMap",

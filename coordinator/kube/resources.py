@@ -66,13 +66,15 @@ def micro_time(when: datetime) -> str:
 
 
 def parse_time(text: str | None) -> datetime | None:
-    if not text:
+    """An RFC 3339 time as an aware UTC datetime; None when it is absent or no time a
+    datetime holds in UTC (``9999-12-31T23:59:59-14:00`` is one day too late)."""
+    if not text or not isinstance(text, str):
         return None
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def last_write_time(obj: dict[str, Any]) -> datetime | None:
