@@ -43,6 +43,7 @@ from coordinator.kube.resources import (
 )
 from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.outcome import Outcome
+from coordinator.text import printable
 
 
 def valid_name(value: str, what: str, max_len: int = 63) -> str:
@@ -496,7 +497,8 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
         if env is None:
             what = f"unreadable: {rep.corrupt or 'newer schema'}"
         else:
-            what = f"version {env.version}, written by {env.written_by} at {env.written_at:%Y-%m-%d %H:%M:%SZ}"
+            who = printable(env.written_by)[:100]  # planted text: one line, escaped
+            what = f"version {env.version}, written by {who} at {env.written_at:%Y-%m-%d %H:%M:%SZ}"
             if env.deployment not in (None, record.name):
                 what += f" for deployment {env.deployment!r}"
         return ClusterResult(cluster, Outcome.CONFLICT, what)

@@ -16,6 +16,7 @@ from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.identity import read_identity
 from coordinator.models import ClusterRecord, LocalConfig
 from coordinator.outcome import Outcome
+from coordinator.text import printable
 
 IDENTITY_MISMATCH = kube.IDENTITY_MISMATCH
 
@@ -86,10 +87,13 @@ class ClusterSet:
         try:
             found = await read_identity(self.client(name), rec.identity_source, rec.identity_namespace)
             if found != rec.identity:
+                # What was found is read from the cluster (with a ConfigMap identity,
+                # written by whoever may edit that ConfigMap): one line, escaped.
+                shown = printable(found)[:100] if found else "missing"
                 err = KubeError(
                     IDENTITY_MISMATCH,
                     f"context {rec.context!r} now leads to a cluster whose identity is "
-                    f"{found or 'missing'}, but {name!r} was connected as {rec.identity} "
+                    f"{shown}, but {name!r} was connected as {rec.identity} "
                     f"({rec.identity_source})",
                 )
                 # A definite answer is remembered; a timeout may be retried later.

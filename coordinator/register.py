@@ -55,6 +55,7 @@ from pydantic import ValidationError
 from coordinator.errors import UsageError
 from coordinator.kube.resources import ANNOTATION_PREFIX, owned_metadata
 from coordinator.models import HISTORY_LIMIT, STATE_SCHEMA, AuditEntry, StateEnvelope
+from coordinator.text import printable
 
 DATA_KEY = "envelope.json"
 # For whoever finds the object with kubectl.
@@ -329,8 +330,11 @@ def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, de
     try:
         env = StateEnvelope.model_validate(migrate(doc))
     except ValidationError as err:
+        # ``loc`` names keys of the envelope, which whoever wrote it chose: one line,
+        # escaped (the reason is put into error paragraphs whose own lines are kept).
         first = err.errors()[0]
-        rep.corrupt = f"invalid envelope: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        where = printable(".".join(map(str, first["loc"])))[:100]
+        rep.corrupt = f"invalid envelope: {where}: {printable(str(first['msg']))[:200]}"
         return rep
     try:
         actual = checksum(env.data)

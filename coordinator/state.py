@@ -432,9 +432,13 @@ class StateClient:
         absent = [k for k in absent if k not in choice.suspect]
         if not (choice.corrupt or choice.suspect) or len(absent) >= self.q:
             return
+        from coordinator.text import printable
+
         name = self.dep.name
-        why = [f"{k}: corrupt ({r})" for k, r in sorted(choice.corrupt.items())]
-        why += [f"{k}: suspect ({r})" for k, r in sorted(choice.suspect.items())]
+        # The reasons quote what the replicas hold (keys of a planted envelope): one line
+        # each, escaped, in a paragraph whose own lines are kept.
+        why = [f"{k}: corrupt ({printable(r)})" for k, r in sorted(choice.corrupt.items())]
+        why += [f"{k}: suspect ({printable(r)})" for k, r in sorted(choice.suspect.items())]
         raise StateConflictError(
             f"Cannot {what} the state of {name!r}: no trusted replica was found and the ones on "
             f"{', '.join(sorted([*choice.corrupt, *choice.suspect]))} are corrupt or suspect ("

@@ -228,9 +228,6 @@ def test_a_history_copy_no_coordinator_wrote_is_not_read(manager: str) -> None:
     assert history.decode({"data": {"history.json": json.dumps(events)}}) == []  # managedFields stripped
 
 
-@pytest.mark.xfail(
-    strict=True, reason="register.py decode_replica: the pydantic loc (a planted key) goes raw into rep.corrupt"
-)
 def test_a_corrupt_replica_reason_is_one_line() -> None:
     """The reason why a replica is corrupt names a key of the planted envelope; it is put
     into error paragraphs whose own lines are kept."""
@@ -240,6 +237,35 @@ def test_a_corrupt_replica_reason_is_one_line() -> None:
     env.update(version=5, token=1, data={}, checksum=checksum({}), member_ids={f"x\n{FORGED}": 1})
     rep = decode_replica("c1", {"data": {"envelope.json": json.dumps(env)}}, "configmap", deployment="web")
     assert rep.corrupt is not None and "\n" not in rep.corrupt, rep.corrupt
+
+
+def test_a_backup_with_a_planted_key_cannot_forge_a_line_of_the_restore_error(tmp_path: Path) -> None:
+    """`state restore -f` of a file whose envelope names a member `x\\nError: forged line`:
+    the refusal (exit 2, before any cluster is asked) says why on one line."""
+    from coordinator.register import checksum, genesis_text
+
+    env = json.loads(genesis_text("web"))
+    env.update(version=5, token=1, data={}, checksum=checksum({}), member_ids={f"x\n{FORGED}{TITLE}": 1})
+    backup = tmp_path / "backup.json"
+    backup.write_text(json.dumps(env))
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator", "state", "restore", "web", "-f", str(backup)],
+        env=dict(os.environ, COORDINATOR_CONFIG=str(tmp_path / "config.yaml"), NO_COLOR="1"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "not a valid state envelope" in proc.stderr
+    _clean(proc.stdout + proc.stderr)
+
+
+@pytest.mark.parametrize("uuid", [f"bogus\n{FORGED}", f"x{TITLE}", " padded", "u" * 101])
+def test_an_identity_configmap_holding_no_identity_is_refused_at_connect(uuid: str) -> None:
+    from coordinator.kube.identity import _checked
+
+    with pytest.raises(KubeError) as err:
+        _checked(uuid, "ns")
+    assert "no identity" in err.value.detail and "\n" not in err.value.detail
+    assert _checked("0f0e2b8c-1f6d-4c43-9d7e-6f3e1b9b2a10", "ns")
 
 
 @pytest.mark.xfail(strict=True, reason="state.py get_path: 'a.²' -> int('²') ValueError, exit 1 not 2")
@@ -858,10 +884,6 @@ def test_a_duration_edit_alone_does_not_keep_a_dead_holders_lock_alive(sandbox3:
 
 
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="`state get web note` (table output) prints the value raw: cli/state.py get click.echo(str(value))",
-)
 def test_state_get_of_one_key_prints_it_escaped(dep3: Env) -> None:
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s").returncode == 0
     assert dep3.cli("state", "set", "web", f"note=hello{TITLE}\u202e").returncode == 0
@@ -895,11 +917,6 @@ def _edit_envelope(env: Env, index: int, edit: Any) -> None:
 
 
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="envelopes on every member given member_ids {'x\\nError: forged line': 1}: `state set` prints the "
-    "forged line (register.decode_replica puts a planted key in rep.corrupt; state._refuse_unreadable keeps newlines)",
-)
 def test_a_key_planted_in_corrupt_envelopes_cannot_forge_a_line_of_the_error(dep3: Env) -> None:
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s").returncode == 0
     assert dep3.cli("state", "set", "web", "k=v").returncode == 0
@@ -965,11 +982,6 @@ def test_what_a_deeply_dotted_state_set_writes_state_apply_takes_back(dep3: Env,
 
 
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="the uuid of ConfigMap coordinator-identity set to 'bogus\\nError: forged line': `cluster info r1` "
-    "prints the forged line (clusters.check_identity puts the found value raw in the error)",
-)
 def test_an_identity_configmap_cannot_forge_a_line_of_the_mismatch_error(dep3: Env, tmp_path: Path) -> None:
     me = Env(sandbox=dep3.sandbox, config=tmp_path / "r" / "config.yaml", namespace=dep3.namespace)
     ns = dep3.sandbox.restricted_namespace

@@ -189,7 +189,10 @@ def get(ctx: click.Context, deployment: str, key: str | None) -> None:
     elif isinstance(value, dict | list):
         click.echo(dump_document(value, "yaml"))
     else:
-        click.echo("" if value is None else (json.dumps(value) if isinstance(value, bool) else str(value)))
+        # For people, like every value printed in a table: whoever may write the state
+        # chose it, so control characters and line breaks are shown as escapes
+        # (`-o json` prints it exact).
+        say("" if value is None else (json.dumps(value) if isinstance(value, bool) else str(value)))
 
 
 @state.command("set")

@@ -20,6 +20,7 @@ from coordinator.kube.resources import (
 
 KUBE_SYSTEM_UID = "kube-system-uid"
 CONFIGMAP_UUID = "configmap-uuid"
+MAX_IDENTITY = 100
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,18 @@ async def _read_uuid_configmap(client: KubeClient, namespace: str) -> str | None
     return str(value) if value else None
 
 
+def _checked(value: str, namespace: str) -> str:
+    """An identity found in a ConfigMap, which whoever may edit it wrote: it is recorded
+    and printed, so it must be one line of plain text (a UUID is)."""
+    if len(value) > MAX_IDENTITY or not value.isprintable() or value != value.strip():
+        raise KubeError(
+            "error",
+            f"the identity ConfigMap {namespace}/{IDENTITY_CONFIGMAP} holds a uuid that is no identity "
+            f"(not one line of at most {MAX_IDENTITY} printable characters); ask whoever edited it",
+        )
+    return value
+
+
 async def discover_identity(client: KubeClient, fallback_namespace: str) -> Identity:
     """Find the identity of the cluster behind ``client`` (used by ``cluster connect``)."""
     try:
@@ -62,7 +75,7 @@ async def discover_identity(client: KubeClient, fallback_namespace: str) -> Iden
             raise
     existing = await _read_uuid_configmap(client, fallback_namespace)
     if existing:
-        return Identity(existing, CONFIGMAP_UUID, fallback_namespace)
+        return Identity(_checked(existing, fallback_namespace), CONFIGMAP_UUID, fallback_namespace)
     body = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -78,7 +91,7 @@ async def discover_identity(client: KubeClient, fallback_namespace: str) -> Iden
     value = await _read_uuid_configmap(client, fallback_namespace)
     if not value:
         raise KubeError("error", "identity ConfigMap vanished right after it was created")
-    return Identity(value, CONFIGMAP_UUID, fallback_namespace)
+    return Identity(_checked(value, fallback_namespace), CONFIGMAP_UUID, fallback_namespace)
 
 
 async def read_identity(client: KubeClient, source: str, namespace: str | None) -> str | None:
