@@ -133,7 +133,22 @@ class Coordinator:
         dep = self.deployment(deployment)
         for c in dep.clusters:
             self.clusters.record(c)
-        return LockEngine(self.clusters, dep, background=self._tg, max_server_skew_s=self.max_server_skew_s)
+        return LockEngine(
+            self.clusters,
+            dep,
+            background=self._tg,
+            max_server_skew_s=self.max_server_skew_s,
+            follow=lambda: self.current_record(deployment),
+        )
+
+    def current_record(self, deployment: str) -> DeploymentRecord | None:
+        """This machine's record of ``deployment`` as the local config has it now (another
+        command here, e.g. a member change run by the child of `lock run`, may have
+        changed it since this process read it)."""
+        used = self.config.deployments.get(deployment)
+        if used is not None:
+            self._reload_record(deployment, used)
+        return self.config.deployments.get(deployment)
 
     def state(self, deployment: str) -> StateClient:
         # state.py never imports this module: it gets what it needs as arguments.
@@ -228,7 +243,9 @@ class Coordinator:
         self.config.deployments[deployment] = now
         from coordinator.logs import get_logger
 
-        get_logger(__name__).info("member set changed while waiting", deployment=deployment, epoch=now.epoch)
+        get_logger(__name__).info(
+            "this machine's record of the members changed", deployment=deployment, epoch=now.epoch
+        )
         return True
 
     def _check_record_writable(self) -> None:

@@ -141,6 +141,7 @@ from coordinator.membership import (
     explain_existing,
     foreign_set,
     in_lease_object,
+    says_nothing,
     stored_in_lease,
 )
 from coordinator.membership import check as check_membership
@@ -279,32 +280,75 @@ class LockEngine:
         *,
         background: TaskGroup | None = None,
         max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
+        follow: Callable[[], DeploymentRecord | None] | None = None,
     ) -> None:
         self.clusters = clusters
-        self.dep = deployment
         self.name = lease_name(deployment.name)
         self.path = lease_path(deployment.namespace, self.name)
+        self.background = background
+        self.max_server_skew_s = max_server_skew_s
+        # This machine's record of the deployment as it is now (another command here may
+        # have changed the members since this engine was made): see _follow_record.
+        self.follow = follow
+        # Local observation of leases without evidence of ours, per cluster.
+        self._sightings: dict[str, Sighting] = {}
+        # Clusters whose Date header disagreed with their own stamps: always probe there.
+        self._date_untrusted: set[str] = set()
+        self._bind(deployment)
+
+    def _bind(self, deployment: DeploymentRecord) -> None:
+        """Count with the members of ``deployment`` (this machine's record)."""
+        self.dep = deployment
         joint = list(getattr(deployment, "joint", None) or [])
         # One group normally; the old and the new set while a member change is under way.
         self.majorities = quorum.Majorities([list(deployment.clusters), *([joint] if joint else [])])
         self.members = self.majorities.members
         self.n = len(self.members)
         self.q = self.majorities.quorum  # for display: q of the current set
-        self.background = background
         self.max_ttl_s = float(getattr(deployment, "max_ttl_s", DEFAULT_MAX_TTL_S))
-        self.max_server_skew_s = max_server_skew_s
-        self.history = history.HistoryStore(clusters, deployment.name, deployment.namespace, self.members)
-        # Local observation of leases without evidence of ours, per cluster.
-        self._sightings: dict[str, Sighting] = {}
-        # Clusters whose Date header disagreed with their own stamps: always probe there.
-        self._date_untrusted: set[str] = set()
+        self.history = history.HistoryStore(self.clusters, deployment.name, deployment.namespace, self.members)
         # The member set this machine's record names, by identity: what every member
         # must store (see coordinator/membership.py).
         self.membership = Membership.of(
-            (clusters.record(m).identity for m in deployment.clusters),
+            (self.clusters.record(m).identity for m in deployment.clusters),
             getattr(deployment, "epoch", 1),
-            [clusters.record(m).identity for m in joint] if joint else None,
+            [self.clusters.record(m).identity for m in joint] if joint else None,
         )
+
+    def _follow_record(self) -> bool:
+        """Take up this machine's record again when it moved on to a newer configuration
+        (a member change made here, e.g. by the child of `lock run`, while this engine
+        held the lock); True if it did. An older or equal epoch is never taken up."""
+        if self.follow is None:
+            return False
+        fresh = self.follow()
+        if fresh is None or fresh.epoch <= self.dep.epoch:
+            return False
+        log.info("following the member change made here", deployment=fresh.name, epoch=fresh.epoch)
+        self._bind(fresh)
+        return True
+
+    def _newer_stored_set(self, view: LeaseView) -> Membership | None:
+        """A set ``view`` stores that a write of this engine must keep: one a coordinator
+        wrote under a newer epoch than this engine's, or another set under the same."""
+        stored = self.stored_membership(view)
+        if not isinstance(stored, Membership) or not stored.written_by_us or stored == self.membership:
+            return None
+        return stored if stored.epoch >= self.membership.epoch else None
+
+    def agrees(self, stored: Membership) -> bool:
+        """Whether a set a member stores is the one this engine counts with."""
+        return stored == self.membership
+
+    def other_set(self, view: LeaseView | None) -> Membership | None:
+        """The member set ``view`` stores when a coordinator wrote it and it is another
+        configuration than this engine's, at the same or a newer epoch: this engine's
+        record is behind (a change made since) or divergent. Such a set is never
+        overwritten, and a lease storing it is neither taken nor renewed by this engine."""
+        stored = self.stored_membership(view) if view is not None else None
+        if not isinstance(stored, Membership) or not stored.written_by_us or self.agrees(stored):
+            return None
+        return stored if stored.epoch >= self.membership.epoch else None
 
     @property
     def timeout(self) -> float:
@@ -584,7 +628,17 @@ class LockEngine:
             ann[A_TOKEN] = str(token)
         if view.exists and view.uid:
             ann[A_UID] = view.uid  # this very object was written by coordinator
+        kept = self._newer_stored_set(view)
         ann.update(self._annotations_common())
+        if kept is not None:
+            # A newer configuration than this engine's (a member change made since it
+            # was built) stays: a renewal or a release must never put an older set back.
+            stored = (view.obj.get("metadata") or {}).get("annotations") or {}
+            for key in (A_MEMBERSHIP, A_MEMBERS):
+                if key in stored:
+                    ann[key] = stored[key]
+                else:
+                    ann.pop(key, None)
         meta["annotations"] = ann
         labels = dict(meta.get("labels") or {})
         labels.update(owned_metadata(self.name, self.dep.name)["labels"])
@@ -949,7 +1003,7 @@ class LockEngine:
                     # an envelope's set counts when it is ours or newer; envelopes keep the
                     # set of their last write, so an older epoch says nothing
                     usable = isinstance(kept, Membership) and kept.epoch >= self.membership.epoch
-                    if stored.get(c) is None and usable:
+                    if says_nothing(stored.get(c), self.membership) and usable:
                         stored[c] = kept
                 verdict = self.check_members(stored)
                 # The state only knows tokens that wrote it; a surviving lease that was
@@ -1147,6 +1201,15 @@ class LockEngine:
                     detail=_reserved_detail(first),
                     extra={"next": first},
                 )
+            moved = self.other_set(view)
+            if moved is not None:
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(view, "other member set"),
+                    detail=f"not taken: it stores member set epoch {moved.epoch}, not this machine's "
+                    f"(epoch {self.membership.epoch})",
+                )
             if view.max_ttl_note is not None and ttl_s > view.max_ttl_note:
                 return ClusterResult(
                     cluster,
@@ -1293,7 +1356,10 @@ class LockEngine:
         """Clear the holder wherever it is still ``lock_id`` (never someone else's).
 
         Succeeds only when a majority answered: a release that reached fewer leaves the
-        lock possibly held there until the TTL, so it raises NoQuorumError (4)."""
+        lock possibly held there until the TTL, so it raises NoQuorumError (4). When this
+        machine's record moved on to a newer member set meanwhile (a change made under
+        this lock), the release goes to the members it names now."""
+        self._follow_record()
         results = await fan_out(self.members, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
         self._raise_on_mismatch(results)
         ours = [k for k, r in results.items() if r.ok and r.extra.get("ours")]
@@ -1320,14 +1386,19 @@ class LockEngine:
         await self._remember(history.release_events(lock_id, {k: v for k, v in released.items() if v}))
         return results
 
-    async def renew(self, lock_id: str, token: int, ttl_s: float, holder: str | None = None) -> AcquireResult:
+    async def renew(
+        self, lock_id: str, token: int, ttl_s: float, holder: str | None = None, *, _followed: bool = False
+    ) -> AcquireResult:
         """Extend the leases still ours; succeed on a majority, returning as soon as one
         is renewed. A renewal never re-takes a lease it no longer holds, and one that
         finds our lease broken or held by another lock id has lost the lock at once
-        (``result.lost`` says why)."""
+        (``result.lost`` says why). A lease storing a newer member set is not renewed:
+        when this machine's record followed that change, the renewal counts over the new
+        members; otherwise it reaches no majority (and the lock runs out)."""
         who = holder or default_holder()
         started = boot_clock()
         lost: dict[str, str] = {}
+        moved: dict[str, Membership] = {}
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
@@ -1337,6 +1408,19 @@ class LockEngine:
 
             def decide(view: LeaseView) -> Decision:
                 verdict = renew_verdict(view, lock_id)
+                newer = self.other_set(view)
+                if verdict is RenewVerdict.RENEW and newer is not None:
+                    # The members changed since this engine counted them (e.g. the child of
+                    # `lock run` ran `deployment replace-cluster`): a majority of the old set
+                    # is no longer the lock. Not renewed here; see below.
+                    moved[cluster] = newer
+                    return ClusterResult(
+                        cluster,
+                        Outcome.CONFLICT,
+                        ClusterLease(view, "other member set"),
+                        detail=f"not renewed: it stores member set epoch {newer.epoch}, this machine counts "
+                        f"with epoch {self.membership.epoch}",
+                    )
                 if verdict is RenewVerdict.RENEW:
                     body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
                     return body, "renewed", ""
@@ -1360,6 +1444,9 @@ class LockEngine:
             until=lambda rs: bool(lost) or self.majorities.reached_by({k: r.outcome for k, r in rs.items()}),
         )
         self._raise_on_mismatch(results)
+        if moved and not lost and not _followed and self._follow_record():
+            # This machine's record followed the change: renew over the members it names now.
+            return await self.renew(lock_id, token, ttl_s, holder, _followed=True)
         result = AcquireResult(
             deployment=self.dep.name,
             namespace=self.dep.namespace,
@@ -1936,14 +2023,19 @@ async def keep_renewed(
     its own.
     """
     lost = anyio.Event()
-    interval = max(0.5, held.ttl_s / 3)
     lead = max(0.0, min(lead_s, held.ttl_s / 3))
+    # Three renewals fit in what is left once the lead is taken off, so that one refused
+    # or throttled renewal (a 429 asking to come back in a second) is not the last chance.
+    interval = max(0.5, (held.ttl_s - lead) / 3)
+    retry_s = 0.5  # after a renewal that reached no majority
 
     async def loop() -> None:
         valid_until = held.valid_until() - lead
         reason = f"the lock on {engine.dep.name!r} could not be renewed on a majority before its validity ended"
+        pause = interval
         while True:
-            await anyio.sleep(min(interval, max(0.05, valid_until - boot_clock())))
+            await anyio.sleep(min(pause, max(0.05, valid_until - boot_clock())))
+            pause = interval
             if boot_clock() >= valid_until:
                 break
             try:
@@ -1957,7 +2049,7 @@ async def keep_renewed(
                 log.warning("lock renewal failed", error=str(err))
                 if boot_clock() >= valid_until:
                     break
-                await anyio.sleep(0.5)
+                pause = retry_s
                 continue
             if renewed.lost:
                 reason = f"the lock on {engine.dep.name!r} was lost: {renewed.lost}"
@@ -1968,6 +2060,7 @@ async def keep_renewed(
                 log.info("lock renewed", deployment=engine.dep.name, valid_for=round(renewed.validity_s, 1))
             else:
                 log.warning("lock renewal reached no majority", clusters=_summarize(renewed.results))
+                pause = retry_s
         held.lost = reason
         lost.set()
         if on_lost is not None:

@@ -113,8 +113,9 @@ def annotation_writers(obj: dict[str, Any], annotation: str = A_MEMBERSHIP) -> t
 
 
 class _Legacy:
-    """A member whose lease predates stored member sets (written by an older
-    coordinator): no evidence either way, counted as agreeing."""
+    """A lease without a stored member set: one from before stored member sets, or one
+    whose annotation someone removed. It is no evidence either way, so it counts like a
+    member that stores nothing (a deleted lease): never as agreeing."""
 
     def __repr__(self) -> str:
         return "LEGACY"
@@ -253,21 +254,24 @@ def check(
     """Compare what each member that answered stores (``stored``, by local member name)
     with ``local``. Members absent from ``stored`` did not answer.
 
-    OK needs a majority of the local members to store exactly the local set (or to be
-    legacy leases), and no member to store a different set under the same or a newer
-    epoch — such a member means this machine's record is stale or divergent."""
+    OK needs a majority of the local members to store exactly the local set, and no
+    member to store a different set under the same or a newer epoch — such a member
+    means this machine's record is stale or divergent. Only a set that a coordinator
+    wrote agrees: the same set written by another client (``kubectl annotate``), or no
+    set at all (a lease from before stored sets, an annotation removed), is silent, like
+    a deleted lease."""
     out = Check(Verdict.OK, local)
     for member in members:
         if member not in stored:
             out.unseen.append(member)
             continue
         value = stored[member]
-        if value is LEGACY:
-            out.agreeing.append(member)
-        elif value is None:
+        if value is LEGACY or value is None:
             out.silent.append(member)
         elif isinstance(value, Membership):
-            if value == local:
+            if value == local and not value.written_by_us:
+                out.silent.append(member)
+            elif value == local:
                 out.agreeing.append(member)
             elif value.epoch >= local.epoch:
                 out.conflicting[member] = value
@@ -295,6 +299,17 @@ def check(
     else:
         out.verdict = Verdict.UNCONFIRMED
     return out
+
+
+def says_nothing(stored: Stored, local: Membership) -> bool:
+    """Whether what a member's lease stores is no evidence of the member set: nothing
+    (deleted, a tombstone, no annotation) or this very set written by another client (or
+    with its managedFields stripped). Another object of the member, its state object, may
+    speak for it then. A *different* set written by someone else is not silence: it stops
+    the command as possibly planted."""
+    if stored is None or stored is LEGACY:
+        return True
+    return isinstance(stored, Membership) and stored == local and not stored.written_by_us
 
 
 def conflicts_only(result: Check) -> bool:

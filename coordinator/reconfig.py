@@ -47,10 +47,12 @@ from coordinator.clusters import failed
 from coordinator.errors import MembershipError, NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube.client import KubeError
+from coordinator.lease import LeaseView
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
 from coordinator.membership import Check, Membership, Stored, foreign_set
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
+from coordinator.state import StateClient
 from coordinator.text import printable
 
 
@@ -182,18 +184,16 @@ async def change_members(
                 os.kill(os.getpid(), signal.SIGKILL)  # the interrupted-change test
             if lost.is_set():
                 raise StateConflictError("The lock was lost during the change; run the same command again.")
-            # The copy reads a majority of old and new together (any such majority meets
-            # the old majority that confirmed the last write) and writes every member.
+            # The copy takes the value from the old members (a read of a majority of them
+            # meets the majority that confirmed the last write; what a joining member
+            # holds is not this deployment's state yet) and writes every member.
             union = joint_rec.model_copy(update={"clusters": _union(rec, joint_rec), "joint": None})
-            c.config.deployments[name] = union
-            try:
-                synced = await c.state(name).sync(empty_ok=True)
-                # The token floor too: tokens granted before the change were recorded on
-                # old majorities only, and the new set must remember them without its
-                # leases (the change's own token is above all of them).
-                await LockEngine(c.clusters, joint_rec, background=c._tg).raise_token_floor(token, held.lock_id)
-            finally:
-                c.config.deployments[name] = joint_rec
+            synced = await StateClient(c.clusters, union).sync(empty_ok=True, sources=list(rec.clusters))
+            _confirm_copy(synced, rec, target)
+            # The token floor too: tokens granted before the change were recorded on
+            # old majorities only, and the new set must remember them without its
+            # leases (the change's own token is above all of them).
+            await LockEngine(c.clusters, joint_rec, background=c._tg).raise_token_floor(token, held.lock_id)
             report.steps.append(
                 "nothing to copy yet (no state written)"
                 if synced.get("empty")
@@ -238,6 +238,40 @@ async def change_members(
                 except Exception as err:  # reported; the lock expires by itself
                     report.steps.append(f"release failed: {err}")
     return report
+
+
+def _confirm_copy(synced: Mapping[str, Any], rec: DeploymentRecord, target: list[str]) -> None:
+    """Before the new set is committed, the state's newest value must be on a majority of
+    it (and of the old set): a majority of the new set decides alone after the commit, and
+    must meet the value wherever it looks. A joining member that already holds another
+    state of this deployment's name stops the change too (not copied over, not adopted)."""
+    other = list(synced.get("holds_other") or [])
+    if other:
+        raise StateConflictError(
+            f"Cannot add {', '.join(other)} to deployment {rec.name!r}: its state object "
+            f"coordinator-state-{rec.name} in namespace {rec.namespace!r} already holds a state that is newer "
+            "than, or differs from, the one the members hold, so it is not this deployment's (left over from "
+            "another deployment of this name, or planted). Nothing was copied and the new member set was not "
+            "committed (the joint configuration stays: safe). Look at that object, delete it if it is not "
+            "yours, and run the same command again."
+        )
+    if synced.get("empty"):
+        return
+    holding = set(synced.get("holding") or [])
+    short = [
+        names for names in (list(rec.clusters), list(target)) if len(holding.intersection(names)) < len(names) // 2 + 1
+    ]
+    if short:
+        failed_on = "; ".join(f"{k}: {why}" for k, why in sorted((synced.get("failed") or {}).items()))
+        unreachable = ", ".join(synced.get("unreachable") or [])
+        raise NoQuorumError(
+            f"Could not copy the state of {rec.name!r} (version {synced.get('version')}) to a majority of "
+            f"{', '.join(short[-1])}: it is on {', '.join(sorted(holding)) or 'none'}"
+            + (f"; refused on {failed_on}" if failed_on else "")
+            + (f"; unreachable: {unreachable}" if unreachable else "")
+            + ". The new member set was not committed (the joint configuration stays: safe); run the same "
+            "command again when the members take the copy."
+        )
 
 
 def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
@@ -300,10 +334,19 @@ class _Resuming(LockEngine):
     of the old and the new set, which meet every majority any of them decides with."""
 
     def __init__(self, c: Coordinator, joint_rec: DeploymentRecord) -> None:
-        super().__init__(c.clusters, joint_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+        super().__init__(
+            c.clusters,
+            joint_rec,
+            background=c._tg,
+            max_server_skew_s=c.max_server_skew_s,
+            follow=lambda: c.current_record(joint_rec.name),
+        )
         before = joint_rec.model_copy(update={"epoch": joint_rec.epoch - 1, "joint": None})
         old, _, final = _configs(c, before, list(joint_rec.joint or []))
         self.accepted = (old, self.membership, final)
+
+    def agrees(self, stored: Membership) -> bool:
+        return stored in self.accepted
 
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
         seen = {
@@ -320,24 +363,38 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
     if not seed:
         return
 
+    views: dict[str, LeaseView] = {}
+
     async def one(cluster: str) -> ClusterResult[Stored]:
         try:
             view = await engine._checked_read(cluster)
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
+        views[cluster] = view
         return ClusterResult(cluster, Outcome.OK, engine.stored_membership(view))
+
+    def allowed(value: Stored) -> bool:
+        return isinstance(value, Membership) and value.written_by_us and value in allow
 
     results = await fan_out(seed, one, timeout=engine.timeout)
     engine._raise_on_mismatch(results)  # type: ignore[arg-type]
     names = {m.identity: m.name for m in engine.clusters.config.clusters.values()}
-    foreign = {
+    foreign: dict[str, Stored] = {
         k: r.value
         for k, r in results.items()
-        if r.ok
-        and foreign_set(r.value, engine.membership)
-        and not (isinstance(r.value, Membership) and r.value.written_by_us and r.value in allow)
+        if r.ok and foreign_set(r.value, engine.membership) and not allowed(r.value)
     }
-    if not foreign:
+    # A lease that coordinator did not write for itself (it does not name its own uid):
+    # made by another client — anyone allowed to create Leases in the namespace — or
+    # restored from a copy. It is no lease of this deployment, and its token and the state
+    # object beside it vouch for nothing.
+    unowned = sorted(
+        k
+        for k, r in results.items()
+        if r.ok and k not in foreign and (v := views.get(k)) is not None and v.exists and not v.vanished
+        and not v.verified and not allowed(r.value)
+    )  # fmt: skip
+    if not foreign and not unowned:
         return
     told = []
     for cluster, value in sorted(foreign.items()):
@@ -345,11 +402,15 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
         members = ", ".join(names.get(i, f"identity {printable(i)}") for i in value.members)
         who = "" if value.written_by_us else f", not written by coordinator ({value.writer_text()})"
         told.append(f"{cluster} stores epoch {value.epoch}: {members}{who}")
+    for cluster in unowned:
+        told.append(f"{cluster} has a lease coordinator did not write (made by another client, or a restored copy)")
+    foreign.update({k: None for k in unowned})
     raise MembershipError(
-        f"Cannot add {', '.join(sorted(foreign))} to deployment {engine.dep.name!r}: its lease in namespace "
-        f"{engine.dep.namespace!r} belongs to another member set ({'; '.join(told)}) — another deployment of "
-        "this name and namespace lives there, or the set was planted. Nothing was changed. Use another cluster, "
-        "or remove that deployment from it first."
+        f"Cannot add {', '.join(sorted(foreign))} to deployment {engine.dep.name!r}: its lease "
+        f"coordinator-lock-{engine.dep.name} in namespace {engine.dep.namespace!r} is not this deployment's "
+        f"({'; '.join(told)}) — another deployment of this name and namespace lives there, or the objects were "
+        "planted. Nothing was changed. Use another cluster, or remove that deployment's lease and state object "
+        "from it first."
     )
 
 

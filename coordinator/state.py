@@ -50,9 +50,10 @@ from coordinator.kube.resources import (
     state_name,
     state_paths,
 )
-from coordinator.lock import LeaseView, default_holder, first_kube_error
+from coordinator.lease import history_known
+from coordinator.lock import LeaseView, _envelope_evidence, default_holder, first_kube_error
 from coordinator.logs import get_logger
-from coordinator.membership import Membership, Verdict, stored_in_lease
+from coordinator.membership import Check, Membership, Stored, Verdict, says_nothing, stored_in_lease
 from coordinator.membership import check as check_membership
 from coordinator.models import STATE_SCHEMA, AuditEntry, DeploymentRecord, LockRecord, StateEnvelope
 from coordinator.outcome import Outcome
@@ -396,21 +397,51 @@ class StateClient:
             )
         return results
 
-    def _judge(self, results: Mapping[str, ClusterResult[Observed]]) -> tuple[Choice, int | None]:
+    def _judge(
+        self, results: Mapping[str, ClusterResult[Observed]], *, q: int | None = None
+    ) -> tuple[Choice, int | None]:
+        # Only a lease coordinator wrote is evidence of the tokens granted: one planted or
+        # copied (anyone allowed to create Leases can make one) could vouch for any token.
         evidence = lease_evidence(
-            (r.value.lease.token for r in results.values() if r.ok and r.value and r.value.lease), self.q
+            (
+                r.value.lease.token
+                for r in results.values()
+                if r.ok and r.value and r.value.lease and history_known(r.value.lease)
+            ),
+            q or self.q,
         )
         return choose(_replicas(results), evidence), evidence
 
     def _refuse_other_members(self, results: Mapping[str, ClusterResult[Observed]]) -> None:
-        """Stop when a member's lease stores another member set under the same or a newer
-        epoch: this machine's record is stale or divergent, and a majority counted over
-        it is no majority (exit 5, with the `deployment import` hint)."""
-        stored = {k: stored_in_lease(r.value.lease) for k, r in results.items() if r.ok and r.value}
-        verdict = check_membership(self.membership, {k: v for k, v in stored.items() if v is not None}, self.members)
-        if verdict.verdict is Verdict.CONFLICT:
-            names = {self.clusters.record(m).identity: m for m in self.members}
-            raise MembershipError(verdict.explain(self.dep.name, names))
+        """Stop unless the members read confirm this machine's member set, as a lock
+        acquisition checks it: a member storing another set under the same or a newer
+        epoch means this machine's record is stale or divergent, and a majority counted
+        over it is no majority (exit 5, with the `deployment import` hint); too few
+        members confirming it is exit 5 too, or 4 when more answers could still confirm
+        it. Where a lease says nothing (deleted, a tombstone, its set removed), the state
+        object's own set speaks for the member, as it does for an acquisition."""
+        verdict = self._members_verdict(results)
+        if verdict.ok:
+            return
+        names = {self.clusters.record(m).identity: m for m in self.members}
+        if verdict.verdict is Verdict.UNOBSERVABLE:
+            raise NoQuorumError(verdict.explain(self.dep.name, names))
+        raise MembershipError(verdict.explain(self.dep.name, names))
+
+    def _members_verdict(self, results: Mapping[str, ClusterResult[Observed]]) -> Check:
+        stored: dict[str, Stored] = {}
+        for k, r in results.items():
+            if not (r.ok and r.value):
+                continue
+            found = stored_in_lease(r.value.lease) if r.value.lease is not None else None
+            if says_nothing(found, self.membership) and r.value.replica.obj:
+                evidence = _envelope_evidence(r.value.replica.obj, secret=self.storage == "secret")
+                kept = evidence[1] if evidence is not None else None
+                # envelopes keep the set of their last write: an older epoch says nothing
+                if isinstance(kept, Membership) and kept.epoch >= self.membership.epoch:
+                    found = kept
+            stored[k] = found
+        return check_membership(self.membership, stored, self.members)
 
     def _need_quorum(self, results: Mapping[str, ClusterResult[Any]], what: str) -> None:
         seen = [k for k, r in results.items() if r.ok]
@@ -467,6 +498,7 @@ class StateClient:
         results = await self._read_all(early=True)
         choice, evidence = self._judge(results)
         odd = choice.corrupt or choice.suspect or choice.conflict or evidence is None
+        odd = odd or not self._members_verdict(results).ok
         if len(results) < self.n and (odd or len(choice.current) + len(choice.stale) < self.q):
             # Something is off: hear every member (with fresh leases) before deciding.
             results = await self._read_all()
@@ -844,18 +876,35 @@ class StateClient:
             rows.append(row)
         return rows
 
-    async def sync(self, backup_dir: Path | None = None, *, empty_ok: bool = False) -> dict[str, Any]:
+    async def sync(
+        self, backup_dir: Path | None = None, *, empty_ok: bool = False, sources: list[str] | None = None
+    ) -> dict[str, Any]:
         """Bring every reachable replica to the value a read returns (saving corrupt ones
         first). Suspect replicas are left alone and listed: `state sync --from` decides.
         With ``empty_ok``, a state nobody has written yet (no replica holds anything,
-        none is corrupt or suspect) is nothing to copy rather than an error."""
+        none is corrupt or suspect) is nothing to copy rather than an error.
+
+        ``sources`` (a member change: the members before it) are the only replicas, and
+        leases, the value is chosen from; the other members are only written to. One of
+        those that already holds something newer or different than that value is listed
+        under ``holds_other`` and left alone (it is not this deployment's state as its
+        members know it). ``holding`` lists the members that hold the value afterwards."""
         results = await self._read_all()
         self._need_quorum(results, "sync")
-        choice, _ = self._judge(results)
+        if sources is None:
+            self._refuse_other_members(results)
+        judged = results if sources is None else {k: r for k, r in results.items() if k in sources}
+        choice, _ = self._judge(judged, q=None if sources is None else quorum.quorum_size(len(sources)))
         self._refuse_conflict(choice, "sync")
         winner = choice.winner
-        if empty_ok and winner is None and not choice.suspect and not choice.corrupt:
-            return {"repaired": [], "empty": True}
+        joining = {k: rep for k, rep in _replicas(results).items() if k not in judged}
+        if winner is None:
+            # Nothing written yet: a joining member must hold nothing written either.
+            other = sorted(k for k, rep in joining.items() if rep.envelope is not None and rep.stamp.version > 0)
+            if empty_ok and not other and not choice.suspect and not choice.corrupt:
+                return {"repaired": [], "empty": True, "holds_other": [], "holding": []}
+            if other:
+                return {"repaired": [], "empty": True, "holds_other": other, "holding": []}
         if winner is None or winner.envelope is None:
             more = (
                 f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
@@ -880,23 +929,41 @@ class StateClient:
                 f"configmap {self.name} -o yaml`), then write the right document with `coordinator state "
                 f"apply {self.dep.name} -f FILE` under the lock."
             )
-        saved = {k: str(self._save_replica(reps[k], backup_dir, why)) for k, why in choice.corrupt.items()}
-        targets = {k: Kind.REPAIR for k in choice.stale} | {k: Kind.OVERWRITE for k in choice.corrupt}
+        corrupt = dict(choice.corrupt)
+        stale = list(choice.stale)
+        current = list(choice.current)
+        holds_other: list[str] = []
+        for k, rep in sorted(joining.items()):
+            if rep.corrupt:
+                corrupt[k] = rep.corrupt
+            elif rep.newer_schema:
+                holds_other.append(k)
+            elif rep.stamp == stamp and rep.checksum == winner.checksum:
+                current.append(k)
+            elif rep.stamp < stamp and (rep.promise or stamp) <= stamp:
+                stale.append(k)
+            else:
+                holds_other.append(k)
+        saved = {k: str(self._save_replica(reps[k], backup_dir, why)) for k, why in corrupt.items()}
+        targets = {k: Kind.REPAIR for k in stale} | {k: Kind.OVERWRITE for k in corrupt}
         fixed = await fan_out(
             list(targets),
             lambda c: self._cas(reps[c], stamp, targets[c], text),
             timeout=self.clusters.timeout,
         )
+        repaired = sorted(k for k, r in fixed.items() if r.ok)
         return {
             "version": env.version,
             "token": env.token,
             "write_id": env.write_id,
             "winner": winner.cluster,
-            "repaired": sorted(k for k, r in fixed.items() if r.ok),
+            "repaired": repaired,
             "failed": {k: f"{r.outcome}: {r.detail}" for k, r in fixed.items() if not r.ok},
             "unreachable": sorted(k for k in self.members if k not in results or not results[k].ok),
             "saved_corrupt": saved,
             "suspect": dict(choice.suspect),
+            "holds_other": holds_other,
+            "holding": sorted({*current, *repaired}),
         }
 
     async def adopt(self, source: str, *, lock: LockArg = None, backup_dir: Path | None = None) -> WriteReport:
