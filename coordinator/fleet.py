@@ -38,7 +38,7 @@ from coordinator.clusters import ClusterSet, outcome_of
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.lease import UNREADABLE, LeaseView, TurnClaim
+from coordinator.lease import UNREADABLE, LeaseView, TurnClaim, pid_of
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.models import LocalConfig
@@ -301,7 +301,7 @@ def fleet_document(fleet: Fleet, to_claim: Callable[[Any], Any]) -> dict[str, An
                 "lock_id": e.lock_id,
                 "reason": e.reason,
                 "host": e.host,
-                "pid": int(e.pid) if e.pid and e.pid.isdigit() else None,
+                "pid": pid_of(e.pid),
                 "since": e.since,
                 "expires_in_s": e.expires_in_s,
                 "next_in_line": to_claim(e.next_in_line),

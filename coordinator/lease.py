@@ -130,6 +130,14 @@ def holder_identity(holder: str, lock_id: str) -> str:
     return f"{who}/{lock_id}" if who else lock_id
 
 
+def pid_of(raw: Any) -> int | None:
+    """The holder's pid from its annotation, or None: ASCII digits only ('²' is a digit
+    to ``str.isdigit`` and no number to ``int``), and no longer than a pid can be."""
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 18:
+        return int(raw)
+    return None
+
+
 def lock_id_of(identity: Any) -> str | None:
     """The lock id in a ``holderIdentity`` (the whole value for leases written before
     holder names were added, or by other tools)."""

@@ -67,6 +67,11 @@ OBJECT_LIMIT = 1024 * 1024
 ENVELOPE_LIMIT = OBJECT_LIMIT - 16 * 1024
 
 _WRITE_ID = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
+# How deep a state document may be nested (the data mapping is level 1, a value in it
+# level 2): `state set` and `state apply` refuse deeper input, and a replica holding
+# deeper data is corrupt, since printing it (as JSON or YAML) would recurse past any
+# stack. What one writes the other takes back.
+MAX_DEPTH = 100
 
 
 # ------------------------------------------------------------------ stamps
@@ -287,6 +292,21 @@ class Replica:
         return (self.obj.get("metadata") or {}).get("resourceVersion")
 
 
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Is ``value`` (decoded JSON) nested more than ``limit`` levels deep, a value inside
+    the top mapping or list counting as one more? Without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        cur, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(cur, dict):
+            stack.extend((v, depth + 1) for v in cur.values())
+        elif isinstance(cur, list):
+            stack.extend((v, depth + 1) for v in cur)
+    return False
+
+
 def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, deployment: str | None = None) -> Replica:
     """Judge one object as read: absent, corrupt (why), newer schema, or a valid envelope
     (migrated, checksum verified), with the promise it carries. With ``deployment``, an
@@ -322,6 +342,9 @@ def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, de
         return rep
     if not isinstance(doc, dict):
         rep.corrupt = "not a JSON object"
+        return rep
+    if nested_deeper(doc, MAX_DEPTH + 1):  # the envelope is one level above its data
+        rep.corrupt = f"nested more than {MAX_DEPTH} levels deep (no write of coordinator makes that)"
         return rep
     schema = doc.get("schema", 0)
     if isinstance(schema, int) and not isinstance(schema, bool) and schema > STATE_SCHEMA:

@@ -126,10 +126,12 @@ LockArg = LockHandle | str | None
 def get_path(data: Any, key: str) -> Any:
     cur = data
     for part in key.split("."):
+        # a list index is ASCII digits ('²' is a digit to str.isdigit, and no int)
+        index = int(part) if part.isascii() and part.isdigit() and len(part) <= 18 else None
         if isinstance(cur, dict) and part in cur:
             cur = cur[part]
-        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
-            cur = cur[int(part)]
+        elif isinstance(cur, list) and index is not None and index < len(cur):
+            cur = cur[index]
         else:
             raise UsageError(f"Key {key!r} is not in the state (no {part!r} there).")
     return cur

@@ -45,16 +45,17 @@ def claim_document(claim: Any) -> dict[str, Any] | None:
         return None
     from datetime import UTC, datetime
 
-    return {
-        "holder": claim.holder or None,
-        "lock_id": claim.lock_id,
-        "waiting_since": datetime.fromtimestamp(claim.since, UTC),
-    }
+    try:
+        since: datetime | None = datetime.fromtimestamp(claim.since, UTC)
+    except (OverflowError, OSError, ValueError):  # a time no datetime holds: not a time
+        since = None
+    return {"holder": claim.holder or None, "lock_id": claim.lock_id, "waiting_since": since}
 
 
 def _pid(info: dict[str, str]) -> int | None:
-    raw = info.get("pid") or ""
-    return int(raw) if raw.isdigit() else None
+    from coordinator.lease import pid_of
+
+    return pid_of(info.get("pid"))
 
 
 def lease_fields(view: Any, next_claim: Any = None) -> dict[str, Any]:

@@ -35,9 +35,22 @@ def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return anyio.run(fn)
 
 
+def utc_text(value: datetime, fmt: str | None = None) -> str:
+    """``value`` in UTC (ISO 8601, or ``fmt``); a time that UTC cannot hold (a well-formed
+    ``9999-12-31T23:59:59-14:00`` is a day past the calendar) as it was written. A time
+    without a zone is taken as UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        return value.isoformat()
+    return utc.strftime(fmt) if fmt else utc.isoformat().replace("+00:00", "Z")
+
+
 def to_jsonable(value: Any) -> Any:
     if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return utc_text(value)
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -115,9 +128,9 @@ def when(value: datetime | None) -> str:
     if value is None:
         return "-"
     now = datetime.now(UTC)
-    delta = (value - now).total_seconds()
+    delta = ((value if value.tzinfo else value.replace(tzinfo=UTC)) - now).total_seconds()
     rel = f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(-delta)} ago"
-    return f"{value.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%SZ')} ({rel})"
+    return f"{utc_text(value, '%Y-%m-%d %H:%M:%SZ')} ({rel})"
 
 
 def say(text: str) -> None:

@@ -12,7 +12,7 @@ import click
 
 from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
 from coordinator.errors import UsageError
-from coordinator.register import ENVELOPE_LIMIT, OBJECT_LIMIT
+from coordinator.register import ENVELOPE_LIMIT, MAX_DEPTH, OBJECT_LIMIT
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
@@ -227,7 +227,7 @@ def set_(ctx: click.Context, deployment: str, assignments: tuple[str, ...], lock
 # YAML aliases can stand for billions of nodes.
 DOCUMENT_BYTES = 4 * OBJECT_LIMIT  # pretty-printed YAML of the largest state that fits
 DOCUMENT_NODES = 200_000  # after aliases are expanded
-DOCUMENT_DEPTH = 100
+DOCUMENT_DEPTH = MAX_DEPTH  # a replica nested deeper is corrupt (register.decode_replica)
 
 _PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge")}
 _TAG_NAMES = {
