@@ -1028,10 +1028,15 @@ def _replicas(results: Mapping[str, ClusterResult[Observed]]) -> dict[str, Repli
 
 
 def load_backup(path: Path) -> StateEnvelope:
+    limit = 4 * OBJECT_LIMIT
     try:
-        if path.stat().st_size > 4 * OBJECT_LIMIT:
+        # At most one byte more than any backup can be: the size stat() gives is 0 for
+        # /dev/zero and a pipe, which would be read to the end of memory.
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)
+        if len(raw) > limit:
             raise UsageError(f"The backup file {path} is larger than any state could be; it is not a backup.")
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"Cannot read the backup file {path}: {err}.") from err
     rep = decode_replica("file", {"data": {DATA_KEY: text}}, "configmap")

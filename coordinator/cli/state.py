@@ -76,8 +76,12 @@ def parse_assignment(text: str) -> Assignment:
     typed = key.endswith(":")
     key = key.removesuffix(":").strip()
     if not key or any(not part for part in key.split(".")):
-        raise UsageError(f"{text!r} has an empty key; use names like replicas or app.version.")
+        raise UsageError(f"{text[:100]!r} has an empty key; use names like replicas or app.version.")
+    shown = key if len(key) <= 80 else key[:77] + "..."
     if not typed:
+        # Within the limits of a whole document where the key puts it, as KEY:=JSON below:
+        # a key of 150 parts is a document 151 levels deep, which `state apply` refuses.
+        _check_tree(_placed(key, raw), f"The value of {shown}")
         return Assignment(key, raw)
     try:
         value = json.loads(raw, parse_constant=_no_constant)
@@ -94,11 +98,16 @@ def parse_assignment(text: str) -> Assignment:
         ) from None
     # Within the limits of a whole document, where the key puts it (what `state get -o
     # json` prints must be taken back by `state apply`).
+    _check_tree(_placed(key, value), f"The value of {shown}")
+    return Assignment(key, value, raw)
+
+
+def _placed(key: str, value: Any) -> dict[str, Any]:
+    """``value`` where the dotted ``key`` puts it in a document (without recursion)."""
     placed: Any = value
     for part in reversed(key.split(".")):
         placed = {part: placed}
-    _check_tree(placed, f"The value of {key}")
-    return Assignment(key, value, raw)
+    return dict(placed)
 
 
 def _number_too_long(source: str) -> UsageError:
