@@ -116,13 +116,18 @@ class ConfigStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        from coordinator.files import FILE_MODE, private_folder
+
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # The folders it makes are 0700 whatever the umask (the config names
+            # kubeconfigs and identities, the lock book holds lock ids); a folder that
+            # exists already is the user's, and left as it is.
+            private_folder(self.path.parent)
         except OSError as err:
             raise ConfigError(f"Cannot create the config directory {self.path.parent}: {err}.") from err
         from filelock import FileLock, Timeout  # only commands that write the config pay for it
 
-        lock = FileLock(str(self._lock_path), timeout=30)
+        lock = FileLock(str(self._lock_path), timeout=30, mode=FILE_MODE)
         try:
             with lock:
                 yield

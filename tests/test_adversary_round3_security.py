@@ -590,7 +590,6 @@ def test_apply_from_an_endless_file_is_refused_without_reading_it(tmp_path: Path
     assert proc.returncode == 2, f"exit {proc.returncode}: {proc.stderr[-500:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="config.py ConfigStore._locked: mkdir under the umask, 0777 with umask 000")
 def test_the_config_folder_is_private_under_umask_000(tmp_path: Path) -> None:
     """The local records (config, lock book with its lock ids) live in a folder the
     config's own comment calls 0700; with umask 000 it is made world-writable, so another
@@ -606,6 +605,9 @@ def test_the_config_folder_is_private_under_umask_000(tmp_path: Path) -> None:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o600
     assert path.parent.stat().st_mode & 0o077 == 0, oct(path.parent.stat().st_mode)
+    assert path.parent.parent.stat().st_mode & 0o077 == 0, oct(path.parent.parent.stat().st_mode)
+    lock_file = path.with_name("." + path.name + ".lock")
+    assert lock_file.stat().st_mode & 0o777 == 0o600, oct(lock_file.stat().st_mode)
 
 
 # ================================================================== live: the printed Role
