@@ -16,7 +16,9 @@ from the LIST's ``resourceVersion``, with the same label selector across namespa
 watch that the server ends after its timeout is opened again from the last
 ``resourceVersion`` seen (bookmarks included), without listing; a watch answered
 ``410 Gone`` (the version was compacted away) or broken (connection lost, an error) is
-followed by a new LIST. Between events, expiry hints move on with the clock: each lease
+followed by a new LIST, after a wait that doubles (up to 10 s) while watches keep failing
+at once: one refused (no ``watch`` right) leaves a LIST of every Lease of the cluster
+every 10 s, not twice a second. Between events, expiry hints move on with the clock: each lease
 is judged against the server's time estimated from the LIST's ``Date`` header.
 
 Read-only, and a view: decisions (take, release, break) stay with ``lock.py``.
@@ -447,7 +449,9 @@ class FleetWatch:
             self._tell()
 
     async def _follow(self, name: str) -> None:
-        backoff = RETRY_S[0]
+        backoff = RETRY_S[0]  # before listing again after a LIST failed
+        rewatch = RETRY_S[0]  # before listing again after a watch failed
+        refused = False
         while True:
             try:
                 rv = await self._list(name)
@@ -458,15 +462,31 @@ class FleetWatch:
                 backoff = min(backoff * 2, RETRY_S[1])
                 continue
             backoff = RETRY_S[0]
+            started = time.monotonic()
             try:
                 while True:  # a watch the server ended normally goes on from where it was
                     started = time.monotonic()
                     rv = await self._watch(name, rv)
+                    rewatch = RETRY_S[0]
                     if time.monotonic() - started < 1.0:
                         await anyio.sleep(1.0)  # a server ending watches at once: do not spin
             except _Gone:
                 log.info("fleet watch: resourceVersion gone, listing again", cluster=name)
             except (KubeError, TimeoutError) as err:
                 # What was mirrored stays shown until the LIST that follows says otherwise.
-                log.info("fleet watch broke; listing again", cluster=name, error=str(err))
-                await anyio.sleep(RETRY_S[0])
+                if time.monotonic() - started > 10 * RETRY_S[1]:
+                    rewatch = RETRY_S[0]  # it had run for a while: broken once, not refused
+                if isinstance(err, KubeError) and err.kind == kube.FORBIDDEN and not refused:
+                    refused = True
+                    log.warning(
+                        "fleet watch: may not watch Leases here (grant watch, as `coordinator rbac print --fleet` "
+                        f"does); listing them again at most every {RETRY_S[1]:g}s instead",
+                        cluster=name,
+                        error=err.detail,
+                    )
+                else:
+                    log.info("fleet watch broke; listing again", cluster=name, error=str(err), wait_s=rewatch)
+                # A watch refused at once (forbidden, or a server failing it) is followed by
+                # a LIST of every Lease of the cluster: back off, as after a failed LIST.
+                await anyio.sleep(rewatch)
+                rewatch = min(rewatch * 2, RETRY_S[1])

@@ -22,8 +22,9 @@ What the tool touches, and so what is granted, by name wherever Kubernetes allow
   own, and ``create`` on SelfSubjectAccessReviews (``cluster info`` asks what it may do);
 - optionally, ``create`` on namespaces, for ``deployment create`` to make the namespace.
   Kubernetes cannot narrow ``create`` by name, so this is a separate, opt-in pair;
-- optionally (``--fleet``), ``list`` on Leases in every namespace, for ``lock status``
-  without a deployment. A list cannot be narrowed by name either: opt-in too.
+- optionally (``--fleet``), ``list`` and ``watch`` on Leases in every namespace, for
+  ``lock status`` without a deployment (``--watch`` lists once, then watches). Neither
+  can be narrowed by name: opt-in too.
 
 Object names are stable for a given input, so applying the output twice changes nothing,
 and distinct subjects and deployments get distinct objects: granting a second user, or
@@ -291,14 +292,16 @@ def namespace_creator_binding(subject: Subject) -> Manifest:
 
 def lease_lister_cluster_role() -> Manifest:
     """Optional ``ClusterRole`` letting ``lock status`` without a deployment (the fleet
-    view) list Leases in every namespace: one LIST per cluster, by label. A list cannot be
-    limited by name, so the subject sees every Lease of the cluster (holders of other
-    applications' leader elections too), though it may change none."""
+    view) list Leases in every namespace: one LIST per cluster, by label, and with
+    ``--watch`` one watch per cluster from there (without ``watch`` it would fall back to
+    listing every Lease of the cluster again and again). Neither can be limited by name,
+    so the subject sees every Lease of the cluster (holders of other applications'
+    leader elections too), though it may change none."""
     return {
         "apiVersion": RBAC_API_VERSION,
         "kind": "ClusterRole",
         "metadata": _metadata(LEASE_LISTER_ROLE),
-        "rules": [_rule("coordination.k8s.io", "leases", ("list",))],
+        "rules": [_rule("coordination.k8s.io", "leases", ("list", "watch"))],
     }
 
 

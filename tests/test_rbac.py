@@ -230,7 +230,10 @@ def test_listing_leases_for_the_fleet_view_is_opt_in_and_separate(capsys: pytest
     objects = _print(capsys, "--namespace", "payments", "--group", "release", "--fleet")
     assert objects[:4] == plain, "the opt-in only adds objects"
     lister = _by_kind(objects, "ClusterRole")[1]
-    assert _grants(lister) == [("coordination.k8s.io", "leases", "list", None)]
+    assert _grants(lister) == [
+        ("coordination.k8s.io", "leases", "list", None),
+        ("coordination.k8s.io", "leases", "watch", None),
+    ]
     binding = _by_kind(objects, "ClusterRoleBinding")[1]
     assert binding["roleRef"]["name"] == lister["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "Group", "apiGroup": RBAC, "name": "release"}]

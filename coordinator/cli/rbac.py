@@ -65,8 +65,9 @@ def rbac() -> None:
 @click.option(
     "--fleet",
     is_flag=True,
-    help="Also allow listing Leases in every namespace (for `lock status` without a deployment); "
-    "cluster-wide and read-only, since Kubernetes cannot limit a list by name.",
+    help="Also allow listing and watching Leases in every namespace (for `lock status` without a "
+    "deployment, and its --watch); cluster-wide and read-only, since Kubernetes cannot limit a list "
+    "or a watch by name.",
 )
 @click.pass_context
 def print_rbac(
