@@ -18,6 +18,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, lease_path, state_name
+from coordinator.lease import LeaseView
 from coordinator.membership import A_MEMBERSHIP, LEGACY, Membership, Stored, in_lease_object
 from coordinator.models import MAX_DEPLOYMENT_NAME, DeploymentRecord
 from coordinator.outcome import Outcome
@@ -119,7 +120,8 @@ async def _import(
         await _confirm_elsewhere(cs, cfg, name, ns, stored, members, joint)
         kind_found = next((k for k, o in found if str(o["metadata"]["namespace"]) == ns), "configmap")
         storage_kind: Literal["configmap", "secret"] = "secret" if kind_found == "secret" else "configmap"
-        max_ttl = _positive(((lease.get("metadata") or {}).get("annotations") or {}).get("coordinator.io/max-ttl"))
+        # the deployment's maximum TTL, as the lock reads it: only where coordinator wrote it
+        max_ttl = LeaseView.parse(lease).max_ttl_note
         record = DeploymentRecord(
             name=name, namespace=ns, clusters=members, storage=storage_kind, epoch=stored.epoch, joint=joint
         )
@@ -235,14 +237,6 @@ async def _confirm_elsewhere(
 
 def _ours_and_equal(found: Stored, value: Membership) -> bool:
     return isinstance(found, Membership) and found == value and found.written_by_us
-
-
-def _positive(raw: Any) -> float | None:
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        return None
-    return value if value >= 1 else None
 
 
 def _map_identities(cfg: Any, identities: tuple[str, ...]) -> list[str]:

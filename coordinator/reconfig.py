@@ -46,6 +46,7 @@ from coordinator.api import Coordinator, check_ttl
 from coordinator.clusters import failed
 from coordinator.errors import MembershipError, NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
+from coordinator.history import HistoryStore
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
@@ -180,6 +181,11 @@ async def change_members(
             report.steps.append(
                 f"joint configuration (epoch {joint_rec.epoch}) stored on {joint.majorities.describe()}"
             )
+            if seed:
+                # The new members' lock history too, empty, as `deployment create` makes it:
+                # its name is taken before anyone can plant a copy full of forged events.
+                book = HistoryStore(c.clusters, name, rec.namespace, seed)
+                await fan_out(seed, book.create_empty, timeout=c.clusters.timeout)
             if os.environ.get("COORDINATOR_TEST_KILL_AFTER") == "joint":
                 os.kill(os.getpid(), signal.SIGKILL)  # the interrupted-change test
             if lost.is_set():

@@ -1011,8 +1011,10 @@ class StateClient:
             raise UsageError(f"Cannot write the backup file {path}: {err.strerror or err}.") from err
         return report.envelope
 
-    async def restore(self, path: Path, *, lock: LockArg = None) -> WriteReport:
-        env = load_backup(path)
+    async def restore(self, path: Path, *, lock: LockArg = None, envelope: StateEnvelope | None = None) -> WriteReport:
+        """Write the backup at ``path`` (or ``envelope``, already read from it: a pipe or a
+        process substitution can be read once only) as a new version."""
+        env = envelope if envelope is not None else load_backup(path)
         return await self.write(
             lambda _old: copy.deepcopy(env.data),
             lock=lock,

@@ -1283,13 +1283,11 @@ def _json_ok(proc: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(proc.stdout)
 
 
+# Broke before renewals came three times per validity: lock run --ttl 6s, the first renewal
+# got one 429 (Retry-After 1) on 2 of 3 members and the lock was lost (exit 7): 1.9 s were
+# left, client._throttled_wait wants Retry-After + 1 s, and keep_renewed then waited TTL/3,
+# past the validity less the lead (TTL/3).
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="lock run --ttl 6s; the first renewal gets one 429 (Retry-After 1) on 2 of 3 members: LOCK LOST, exit 7. "
-    "1.9 s were left but client._throttled_wait wants Retry-After + 1 s margin; lock.keep_renewed then waits TTL/3, "
-    "past the validity less the lead (TTL/3)",
-)
 def test_a_renewal_throttled_once_inside_lock_run_does_not_stop_the_child(busy: Any, tmp_path: Path) -> None:
     env = busy.env
     ready = tmp_path / "running"

@@ -69,6 +69,10 @@ def test_add_then_remove_a_member(dep5: Env, tmp_path: Path) -> None:
         assert stored.epoch == 3 and set(stored.members) == _identities(dep5, "c1", "c2", "c3", "c4")
         assert stored.joint is None
     assert _replica_data(dep5, 4)["release"] == "1.2.0"  # the state was copied before c4 counted
+    # c4's lock history exists (empty) from the change on, as `deployment create` makes it:
+    # nobody may plant one there under the deployment's name.
+    history = anyio.run(dep5.raw, 4, "GET", f"/api/v1/namespaces/{dep5.namespace}/configmaps/coordinator-history-pay")
+    assert history["metadata"]["name"] == "coordinator-history-pay"
     show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["epoch"] == 3 and show["clusters"] == ["c1", "c2", "c3", "c4"] and show["change_in_progress"] is None
     stored = show["stored_member_sets"]

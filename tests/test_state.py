@@ -191,6 +191,11 @@ def test_backup_then_restore_is_a_new_audited_version(dep3: Any, tmp_path: Path)
     assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {"release": "1"}
     last = _json(dep3.cli("-o", "json", "state", "history", "web"))[-1]
     assert last["command"] == "state restore" and "b.json" in last["note"]
+    # From a pipe, which can be read once only: the file is read once, not again to write.
+    assert dep3.cli("state", "set", "web", "release=3").returncode == 0
+    piped = dep3.cli("-o", "json", "state", "restore", "web", "-f", "/dev/stdin", input=backup.read_text())
+    assert piped.returncode == 0, piped.stderr
+    assert _json(dep3.cli("-o", "json", "state", "get", "web")) == {"release": "1"}
 
 
 def test_oversize_document_is_refused_before_anything_is_written(dep3: Any, tmp_path: Path) -> None:

@@ -647,5 +647,5 @@ def restore(ctx: click.Context, deployment: str, path: str, lock_id: str | None)
     """
     from coordinator.state import load_backup
 
-    load_backup(Path(path))  # validate before touching any cluster
-    _emit_write(ctx, lambda s: s.restore(Path(path), lock=lock_id), deployment)
+    backup = load_backup(Path(path))  # validated before touching any cluster, and read once
+    _emit_write(ctx, lambda s: s.restore(Path(path), lock=lock_id, envelope=backup), deployment)
