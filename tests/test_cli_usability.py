@@ -301,3 +301,36 @@ def test_refusal_and_status_json_name_the_holder_in_fields(dep3: Any) -> None:
     finally:
         waiter.terminate()
         waiter.wait(timeout=30)
+
+
+# ------------------------------------------------------------------ readable to kubectl users
+
+
+def _kubectl(env: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    import shutil
+
+    exe = shutil.which("kubectl")
+    assert exe is not None, "kubectl is missing"
+    return subprocess.run(
+        [exe, "--kubeconfig", env.kubeconfig, "--context", "sandbox-1", "-n", env.namespace, *args],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_kubectl_users_see_who_holds_the_lock_and_what_not_to_edit(dep3: Any) -> None:
+    """`kubectl get lease` names the holder (not only an opaque id), a lease taken again
+    carries no stale released-at stamp, and the state object says to use coordinator."""
+    took = _json(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice@laptop"))
+    shown = _kubectl(dep3, "get", "lease", "coordinator-lock-web")
+    assert shown.returncode == 0, shown.stderr
+    assert f"alice@laptop/{took['lock_id']}" in shown.stdout, shown.stdout
+    assert dep3.cli("lock", "release", "web", "--holder", "alice@laptop").returncode == 0
+    lease = json.loads(_kubectl(dep3, "get", "lease", "coordinator-lock-web", "-o", "json").stdout)
+    assert "coordinator.io/released-at" in lease["metadata"]["annotations"]
+    again = _json(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob"))
+    lease = json.loads(_kubectl(dep3, "get", "lease", "coordinator-lock-web", "-o", "json").stdout)
+    assert "coordinator.io/released-at" not in lease["metadata"]["annotations"], lease["metadata"]["annotations"]
+    assert lease["spec"]["holderIdentity"] == f"bob/{again['lock_id']}"
+    state = json.loads(_kubectl(dep3, "get", "configmap", "coordinator-state-web", "-o", "json").stdout)
+    note = state["metadata"]["annotations"]["coordinator.io/note"]
+    assert "coordinator state" in note and "do not edit" in note.lower(), note
