@@ -283,8 +283,6 @@ class LockEngine:
         follow: Callable[[], DeploymentRecord | None] | None = None,
     ) -> None:
         self.clusters = clusters
-        self.name = lease_name(deployment.name)
-        self.path = lease_path(deployment.namespace, self.name)
         self.background = background
         self.max_server_skew_s = max_server_skew_s
         # This machine's record of the deployment as it is now (another command here may
@@ -299,6 +297,8 @@ class LockEngine:
     def _bind(self, deployment: DeploymentRecord) -> None:
         """Count with the members of ``deployment`` (this machine's record)."""
         self.dep = deployment
+        self.name = lease_name(deployment.name)
+        self.path = lease_path(deployment.namespace, self.name)
         joint = list(getattr(deployment, "joint", None) or [])
         # One group normally; the old and the new set while a member change is under way.
         self.majorities = quorum.Majorities([list(deployment.clusters), *([joint] if joint else [])])
@@ -315,38 +315,46 @@ class LockEngine:
             [self.clusters.record(m).identity for m in joint] if joint else None,
         )
 
-    def _follow_record(self) -> bool:
-        """Take up this machine's record again when it moved on to a newer configuration
-        (a member change made here, e.g. by the child of `lock run`, while this engine
-        held the lock); True if it did. An older or equal epoch is never taken up."""
+    def _follow_record(self, stored: Iterable[Membership]) -> bool:
+        """Take up this machine's record again when it moved on to a configuration that the
+        members store (a member change made here, e.g. by the child of `lock run`, while
+        this engine held the lock); True if it did. ``stored``: the newer sets coordinator
+        wrote on the leases read. A record is followed only when it is the same deployment
+        (name, namespace, storage), at a newer epoch, and names exactly one of those sets:
+        a record edited by hand, or imported from another namespace, is not."""
         if self.follow is None:
             return False
         fresh = self.follow()
         if fresh is None or fresh.epoch <= self.dep.epoch:
             return False
+        if (fresh.name, fresh.namespace, fresh.storage) != (self.dep.name, self.dep.namespace, self.dep.storage):
+            return False
+        try:
+            joint = list(fresh.joint or [])
+            named = Membership.of(
+                (self.clusters.record(m).identity for m in fresh.clusters),
+                fresh.epoch,
+                [self.clusters.record(m).identity for m in joint] if joint else None,
+            )
+        except CoordinatorError:  # names a cluster this process does not know
+            return False
+        if not any(s == named and s.written_by_us for s in stored):
+            return False
         log.info("following the member change made here", deployment=fresh.name, epoch=fresh.epoch)
         self._bind(fresh)
         return True
-
-    def _newer_stored_set(self, view: LeaseView) -> Membership | None:
-        """A set ``view`` stores that a write of this engine must keep: one a coordinator
-        wrote under a newer epoch than this engine's, or another set under the same."""
-        stored = self.stored_membership(view)
-        if not isinstance(stored, Membership) or not stored.written_by_us or stored == self.membership:
-            return None
-        return stored if stored.epoch >= self.membership.epoch else None
 
     def agrees(self, stored: Membership) -> bool:
         """Whether a set a member stores is the one this engine counts with."""
         return stored == self.membership
 
     def other_set(self, view: LeaseView | None) -> Membership | None:
-        """The member set ``view`` stores when a coordinator wrote it and it is another
-        configuration than this engine's, at the same or a newer epoch: this engine's
-        record is behind (a change made since) or divergent. Such a set is never
-        overwritten, and a lease storing it is neither taken nor renewed by this engine."""
+        """The member set ``view`` stores when it is another configuration than this
+        engine's, at the same or a newer epoch, whoever wrote it: this engine's record is
+        behind (a change made since) or divergent, or the set was edited. A lease storing
+        it is neither taken nor renewed by this engine, nor its set written over."""
         stored = self.stored_membership(view) if view is not None else None
-        if not isinstance(stored, Membership) or not stored.written_by_us or self.agrees(stored):
+        if not isinstance(stored, Membership) or self.agrees(stored):
             return None
         return stored if stored.epoch >= self.membership.epoch else None
 
@@ -426,13 +434,11 @@ class LockEngine:
                 self._date_untrusted.discard(cluster)
         return new, stamp
 
-    def _annotations_common(self) -> dict[str, str]:
-        return {
-            A_MEMBERS: ",".join(self.members),
-            A_NAMESPACE: self.dep.namespace,
-            A_MAX_TTL: str(math.ceil(self.max_ttl_s)),
-            A_MEMBERSHIP: self.membership.dump(),
-        }
+    def _annotations_common(self, *, with_set: bool = True) -> dict[str, str]:
+        ann = {A_NAMESPACE: self.dep.namespace, A_MAX_TTL: str(math.ceil(self.max_ttl_s))}
+        if with_set:
+            ann |= {A_MEMBERS: ",".join(self.members), A_MEMBERSHIP: self.membership.dump()}
+        return ann
 
     def stored_membership(self, view: LeaseView) -> Stored:
         """What one member's lease says about the member set: nothing when it is missing
@@ -577,7 +583,10 @@ class LockEngine:
         command: str | None = None,
         renew_only: bool = False,
         keep_claim: bool = False,
+        with_set: bool | None = None,
     ) -> dict[str, Any]:
+        if with_set is None:
+            with_set = lock_id is not None and not renew_only  # a take
         now = micro_time(_now())
         if view.exists:
             obj = {k: v for k, v in view.obj.items() if k not in ("status",)}
@@ -628,17 +637,11 @@ class LockEngine:
             ann[A_TOKEN] = str(token)
         if view.exists and view.uid:
             ann[A_UID] = view.uid  # this very object was written by coordinator
-        kept = self._newer_stored_set(view)
-        ann.update(self._annotations_common())
-        if kept is not None:
-            # A newer configuration than this engine's (a member change made since it
-            # was built) stays: a renewal or a release must never put an older set back.
-            stored = (view.obj.get("metadata") or {}).get("annotations") or {}
-            for key in (A_MEMBERSHIP, A_MEMBERS):
-                if key in stored:
-                    ann[key] = stored[key]
-                else:
-                    ann.pop(key, None)
+        # The member set is written by takes and member changes only, which check first
+        # what the lease stores. A renewal or a release leaves it as it is: written there,
+        # an engine's set could put an older configuration back over a change made since
+        # (or over one someone edited, turning that edit into coordinator's own word).
+        ann.update(self._annotations_common(with_set=with_set))
         meta["annotations"] = ann
         labels = dict(meta.get("labels") or {})
         labels.update(owned_metadata(self.name, self.dep.name)["labels"])
@@ -1357,11 +1360,17 @@ class LockEngine:
 
         Succeeds only when a majority answered: a release that reached fewer leaves the
         lock possibly held there until the TTL, so it raises NoQuorumError (4). When this
-        machine's record moved on to a newer member set meanwhile (a change made under
-        this lock), the release goes to the members it names now."""
-        self._follow_record()
+        machine's record moved on to a member set the leases store (a change made under
+        this lock), the release goes to the members it names now too."""
         results = await fan_out(self.members, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
         self._raise_on_mismatch(results)
+        moved = [m for r in results.values() if r.value and (m := self.other_set(r.value.view)) is not None]
+        if moved and self._follow_record(moved):
+            more = [c for c in self.members if c not in results or not results[c].ok]
+            if more:
+                results |= await fan_out(more, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
+                self._raise_on_mismatch(results)
+            results = {c: r for c, r in results.items() if c in self.members}
         ours = [k for k, r in results.items() if r.ok and r.extra.get("ours")]
         observable = [k for k, r in results.items() if r.outcome.observable]
         if not self.majorities.reached(observable):
@@ -1444,7 +1453,7 @@ class LockEngine:
             until=lambda rs: bool(lost) or self.majorities.reached_by({k: r.outcome for k, r in rs.items()}),
         )
         self._raise_on_mismatch(results)
-        if moved and not lost and not _followed and self._follow_record():
+        if moved and not lost and not _followed and self._follow_record(moved.values()):
             # This machine's record followed the change: renew over the members it names now.
             return await self.renew(lock_id, token, ttl_s, holder, _followed=True)
         result = AcquireResult(
@@ -1487,8 +1496,27 @@ class LockEngine:
                 return failed(cluster, err)  # type: ignore[return-value]
 
             def decide(view: LeaseView) -> Decision:
+                stored = self.stored_membership(view)
+                if isinstance(stored, Membership) and stored.epoch > self.membership.epoch and self.agrees(stored):
+                    # a later step of this very change (being finished) is there: keep it
+                    if view.lock_id == lock_id:
+                        return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "member set written"))
+                other = self.other_set(view)
+                if other is not None:
+                    # Another configuration at this epoch or later: a change made meanwhile
+                    # (under this very lock id, from another machine) or an edit. Never
+                    # written over, and never counted as storing ours.
+                    return ClusterResult(
+                        cluster,
+                        Outcome.CONFLICT,
+                        ClusterLease(view, "other member set"),
+                        detail=f"it stores member set epoch {other.epoch}, another configuration than this "
+                        f"change's (epoch {self.membership.epoch})",
+                    )
                 if view.exists and view.lock_id == lock_id:
-                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
+                    body = self._lease_body(
+                        view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True, with_set=True
+                    )
                     return body, "member set written", ""
                 if cluster not in seeding:
                     return ClusterResult(

@@ -190,16 +190,20 @@ async def change_members(
                 os.kill(os.getpid(), signal.SIGKILL)  # the interrupted-change test
             if lost.is_set():
                 raise StateConflictError("The lock was lost during the change; run the same command again.")
+            # The joint set and the token floor are noted on the state objects of
+            # majorities of both sets first. From then on a state write that read the
+            # members before the change is refused wherever it lands (it counts with an
+            # older epoch); one that landed before is on a majority of the old set, which
+            # the copy reads. The floor: tokens granted before the change were recorded
+            # on old majorities only, and the new set must remember them without its
+            # leases (the change's own token is above all of them).
+            await LockEngine(c.clusters, joint_rec, background=c._tg).raise_token_floor(token, held.lock_id)
             # The copy takes the value from the old members (a read of a majority of them
             # meets the majority that confirmed the last write; what a joining member
             # holds is not this deployment's state yet) and writes every member.
             union = joint_rec.model_copy(update={"clusters": _union(rec, joint_rec), "joint": None})
             synced = await StateClient(c.clusters, union).sync(empty_ok=True, sources=list(rec.clusters))
             _confirm_copy(synced, rec, target)
-            # The token floor too: tokens granted before the change were recorded on
-            # old majorities only, and the new set must remember them without its
-            # leases (the change's own token is above all of them).
-            await LockEngine(c.clusters, joint_rec, background=c._tg).raise_token_floor(token, held.lock_id)
             report.steps.append(
                 "nothing to copy yet (no state written)"
                 if synced.get("empty")

@@ -51,7 +51,13 @@ from coordinator.kube.resources import (
     state_paths,
 )
 from coordinator.lease import history_known
-from coordinator.lock import LeaseView, _envelope_evidence, default_holder, first_kube_error
+from coordinator.lock import (
+    LeaseView,
+    _envelope_evidence,
+    default_holder,
+    first_kube_error,
+    set_on_state,
+)
 from coordinator.logs import get_logger
 from coordinator.membership import Check, Membership, Stored, Verdict, says_nothing, stored_in_lease
 from coordinator.membership import check as check_membership
@@ -339,6 +345,9 @@ class StateClient:
         if the replica's rule lets it take it; compare-and-swap, re-judged on each retry."""
         cluster = rep.cluster
         for _ in range(4):
+            fenced = self._fenced(rep)
+            if fenced is not None:
+                return ClusterResult(cluster, Outcome.CONFLICT, rep, detail=fenced)
             verdict = judge(rep, stamp, kind)
             if not verdict.accept:
                 return ClusterResult(cluster, Outcome.CONFLICT, rep, detail=verdict.reason)
@@ -364,6 +373,22 @@ class StateClient:
             except KubeError as err:
                 return _failed(cluster, err, definite=True)  # the last write was refused (409)
         return ClusterResult(cluster, Outcome.CONFLICT, rep, detail="lost the compare-and-swap race repeatedly")
+
+    def _fenced(self, rep: Replica) -> str | None:
+        """Why the object itself refuses this write, beyond the stamps' order: it notes a
+        newer member set (written by coordinator) than this command counts with, so a
+        member change began since this command read the members. A member change notes
+        its joint set on the state objects of a majority of both sets before it copies the
+        state, and every compare-and-swap is judged again on each retry: a write that
+        lands after the note is refused, one that landed before is on a majority the
+        copy reads."""
+        noted = set_on_state(rep.obj) if rep.obj else None
+        if noted is not None and noted.epoch > self.membership.epoch:
+            return (
+                f"refused: the members changed (member set epoch {noted.epoch} is noted here, this command "
+                f"counts with epoch {self.membership.epoch})"
+            )
+        return None
 
     async def _read_all(
         self, *, early: bool = False, newer_ok: bool = False, writing: bool = False
@@ -896,6 +921,13 @@ class StateClient:
         if sources is None:
             self._refuse_other_members(results)
         judged = results if sources is None else {k: r for k, r in results.items() if k in sources}
+        if sources is not None and sum(1 for r in judged.values() if r.ok) < quorum.quorum_size(len(sources)):
+            # The value is chosen from the old members: a majority of them must answer, to
+            # meet the majority that confirmed the last write.
+            raise NoQuorumError(
+                f"Cannot copy the state of {self.dep.name!r}: fewer than a majority of {', '.join(sources)} "
+                f"answered ({_per_cluster(judged)}). Nothing was copied; retry when they answer."
+            )
         choice, _ = self._judge(judged, q=None if sources is None else quorum.quorum_size(len(sources)))
         self._refuse_conflict(choice, "sync")
         winner = choice.winner
