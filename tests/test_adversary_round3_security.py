@@ -388,6 +388,7 @@ class _Hostile:
         import http.server
 
         self.answer: tuple[int, dict[str, str], bytes] = (200, {}, b"{}")
+        self.authorizations: set[str] = set()  # every Authorization header it was sent
         hostile = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -395,6 +396,7 @@ class _Hostile:
                 pass
 
             def _any(self) -> None:
+                hostile.authorizations.add(self.headers.get("Authorization") or "")
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)

@@ -46,6 +46,7 @@ from coordinator.kube.kubeconfig import (  # noqa: F401  (re-exported: the door'
     _merge_documents,
     _merged_cache,
     _merged_kubeconfig,
+    header_value,
     load_client_configuration,
     preload,
     service_account_dir,
@@ -450,7 +451,16 @@ async def _request_args(
     headers = dict(headers)
     for setting in (await cfg.auth_settings()).values():
         if setting.get("in") == "header" and setting.get("value"):
-            headers[setting["key"]] = setting["value"]
+            # A credential refreshed since the kubeconfig was checked (an exec plugin, a
+            # rotated token file) may end in a line break too: as kubectl, drop it.
+            value = header_value(str(setting["value"]))
+            if value is None:
+                raise KubeError(
+                    ERROR,
+                    "the credential of this context (from its exec plugin, auth provider or token "
+                    "file) holds a control character, which no HTTP header may carry",
+                )
+            headers[setting["key"]] = value
     args: dict[str, Any] = {"method": method, "url": url, "headers": headers}
     if cfg.proxy:
         args["proxy"] = cfg.proxy

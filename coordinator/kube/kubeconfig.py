@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from coordinator.errors import UsageError
 from coordinator.kube.tls import tls_context
+from coordinator.text import printable
 
 # Where Kubernetes mounts a pod's ServiceAccount credentials; COORDINATOR_SERVICEACCOUNT_DIR
 # (or ``cluster connect --serviceaccount-dir``) points elsewhere, e.g. for tests.
@@ -137,7 +138,8 @@ def _context_config(merged: Any, context: str) -> Any:
 def _merge_documents(existing: list[str], docs: list[dict[str, Any]]) -> Any:
     """What ``KubeConfigMerger(paths).config`` gives, from documents already parsed: the
     same rules (the first file naming a cluster, context or user wins; the last
-    current-context wins) and the same ``ConfigNode`` objects."""
+    current-context wins) and the same ``ConfigNode`` objects, except for their names:
+    ``FILE/users[2]``, where the library writes the entry's whole dict."""
     from kubernetes_asyncio.config.kube_config import ConfigNode
 
     merged: Any = None
@@ -149,9 +151,12 @@ def _merge_documents(existing: list[str], docs: list[dict[str, Any]]) -> Any:
                 base[item] = []
             merged = ConfigNode(path, base, path)
         for item in ("clusters", "contexts", "users"):
-            for new_item in config.get(item, []) or []:
+            for index, new_item in enumerate(config.get(item, []) or []):
                 if not any(exists["name"] == new_item["name"] for exists in merged.value[item]):
-                    merged.value[item].append(ConfigNode(f"{path}/{new_item}", new_item, path))
+                    # Named by file and place, never by the entry itself (the library's
+                    # merger names it by the whole dict, which every error about a
+                    # missing key then quotes: tokens and keys included).
+                    merged.value[item].append(ConfigNode(f"{path}/{item}[{index}]", new_item, path))
         if "current-context" in config:
             merged.value["current-context"] = config["current-context"]
     return merged
@@ -231,46 +236,154 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
     docs: list[Any] = []
     if key not in _merged_cache:  # files already parsed and merged passed these checks
         docs = [_check_kubeconfig_file(Path(path).expanduser()) for path in existing]
+    merged: Any = None
     try:
         merged = _merged_kubeconfig(existing, key, docs)
         contexts = [c["name"] for c in (merged.value.get("contexts") or [])] if merged else []
         given = _context_config(merged, endpoint.context) if endpoint.context in contexts else None
     except Exception as err:
+        # ``from None``: the library's own exception, shown by -v, may quote entries.
+        why = _library_error(err, merged.value if merged is not None else docs, with_kind=True)
         raise UsageError(
-            f"The kubeconfig {paths} cannot be read: {type(err).__name__}: {err}. "
-            "Check that it is a valid kubeconfig YAML file."
-        ) from err
+            f"The kubeconfig {printable(paths)} cannot be read: {why}. Check that it is a valid kubeconfig YAML file."
+        ) from None
     if endpoint.context not in contexts:
-        known = ", ".join(sorted(contexts)) or "none"
+        # Names are text of whoever wrote the kubeconfig: one line each, escaped.
+        known = ", ".join(sorted(repr(printable(str(c))) for c in contexts)) or "none"
         raise UsageError(
-            f"The kubeconfig {paths} has no context named {endpoint.context!r} "
+            f"The kubeconfig {printable(paths)} has no context named {printable(repr(endpoint.context))} "
             f"(contexts found: {known}). Pass one of those with --context."
         )
     cfg = Configuration()
+    where = f"The context {printable(repr(endpoint.context))} in {printable(paths)} cannot be used"
     try:
         loader = KubeConfigLoader(config_dict=given, active_context=endpoint.context, config_base_path=None)
         await loader.load_and_set(cfg)
     except (ConfigException, KeyError, TypeError, ValueError, AttributeError, OSError) as err:
-        raise UsageError(
-            f"The context {endpoint.context!r} in {paths} cannot be used: {err}. Check its cluster and user entries."
-        ) from err
+        why = _library_error(err, merged.value)
+        raise UsageError(f"{where}: {why}. Check its cluster and user entries.") from None
+    _check_credentials(cfg, where)
     _check_connection_settings(cfg, endpoint.context, paths)
     return cfg
+
+
+# Strings shorter than this are left in a quoted error: no credential is that short,
+# and masking "u" or "true" everywhere would garble the message.
+_SHORTEST_SECRET = 4
+REDACTED = "<redacted>"
+# Keys of a user entry whose values name things rather than prove anything: an error
+# about them says which file or plugin is wrong. Everything else is masked.
+_NOT_SECRET = frozenset(
+    {
+        "name",
+        "command",
+        "apiVersion",
+        "kind",
+        "tokenFile",
+        "client-certificate",
+        "client-key",
+        "installHint",
+        "interactiveMode",
+        "provideClusterInfo",
+    }
+)
+
+
+def _credentials_in(root: Any) -> set[str]:
+    """The strings of the ``users`` entries of a kubeconfig (merged, or its documents)
+    that may prove something: tokens, passwords, keys, auth-provider secrets, an exec
+    plugin's arguments and environment; anything but names, paths and plugin commands.
+    Whatever the entry's shape: a token one level too high is still a credential."""
+    from kubernetes_asyncio.config.kube_config import ConfigNode
+
+    found: set[str] = set()
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, ConfigNode):
+            value = value.value
+        if depth > 50:
+            return
+        if isinstance(value, str):
+            if len(value) >= _SHORTEST_SECRET:
+                found.add(value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if not (k in _NOT_SECRET and isinstance(v, str | bool | int)):
+                    walk(v, depth + 1)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, depth + 1)
+
+    roots = root if isinstance(root, list) else [root]
+    for doc in roots:
+        doc = doc.value if isinstance(doc, ConfigNode) else doc
+        users = doc.get("users") if isinstance(doc, dict) else None
+        for entry in users if isinstance(users, list) else []:
+            walk(entry, 0)
+    return found
+
+
+def _library_error(err: BaseException, root: Any, *, with_kind: bool = False) -> str:
+    """What the client library said about a kubeconfig, fit to print: every credential
+    of the kubeconfig's users masked (a message may quote an entry, in whole or in
+    part, as the library's node names and an exec plugin's stderr do), on one line,
+    escaped, and cut short."""
+    text = f"{type(err).__name__}: {err}" if with_kind else str(err)
+    try:
+        secrets = _credentials_in(root)
+    except Exception:  # an entry no walk can read: say only what kind of error it was
+        return type(err).__name__
+    for secret in sorted(secrets, key=len, reverse=True):
+        for form in {secret, repr(secret)[1:-1], repr(secret)}:
+            text = text.replace(form, REDACTED)
+    text = printable(text)
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+def _check_credentials(cfg: Any, where: str) -> None:
+    """A bearer token as kubectl takes it: whitespace around it (a token file saved with a
+    final CRLF) is dropped; any other control character is refused here, where the HTTP
+    client would fail on every request with an internal error."""
+    for key, value in list((cfg.api_key or {}).items()):
+        if not isinstance(value, str):
+            continue
+        value = header_value(value)
+        if value is None:
+            raise UsageError(
+                f"{where}: its user's credential (a token, or what its token file, exec plugin or auth "
+                "provider gave) holds a control character or a line break inside it, which no HTTP "
+                "header may carry. Check the token or tokenFile of its user entry; whitespace around "
+                "the token is ignored, as kubectl ignores it."
+            )
+        cfg.api_key[key] = value
+
+
+def header_value(value: str) -> str | None:
+    """``value`` for an HTTP header: surrounding whitespace dropped (inside a ``Bearer``
+    credential too); None when a control character is left in it."""
+    scheme, sep, rest = value.strip().partition(" ")
+    value = f"{scheme}{sep}{rest.strip()}" if sep and scheme in ("Bearer", "Basic") else value.strip()
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        return None
+    return value
 
 
 def _check_connection_settings(cfg: Any, context: str, paths: str) -> None:
     """Reject now what the HTTP client would only trip over later (as an internal error,
     or as a misleading "unreachable"): a server that is not a URL, TLS material that is
     not PEM."""
-    where = f"The context {context!r} in {paths} cannot be used"
-    server = urlsplit(str(cfg.host or ""))
+    where = f"The context {printable(repr(context))} in {printable(paths)} cannot be used"
+    host = str(cfg.host or "")
+    server = urlsplit(host)
     try:
         port_ok = server.port is None or server.port > 0
     except ValueError:
         port_ok = False
-    if server.scheme not in ("http", "https") or not server.hostname or not port_ok:
+    # urlsplit drops tabs and line breaks, so check the text itself too: a server with a
+    # line break would forge a line of every error that names it (kubectl refuses it).
+    if server.scheme not in ("http", "https") or not server.hostname or not port_ok or not host.isprintable():
         raise UsageError(
-            f"{where}: its server {cfg.host!r} is not an http(s) URL with a host name. Check the "
+            f"{where}: its server {printable(repr(host))} is not an http(s) URL with a host name. Check the "
             "server entry of its cluster."
         )
     try:
