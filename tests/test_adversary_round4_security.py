@@ -273,13 +273,7 @@ def test_a_writer_whose_clock_is_behind_does_not_erase_newer_history(monkeypatch
 # ================================================================== pure: the sandbox's files
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="umask 000; `coordinator sandbox up --dir /tmp/x/a/b/sb`: a and b are made 0777 "
-    "(sandbox/records.py locked: mkdir(parents=True)), so another local user may swap b/sb "
-    "for a folder of theirs (sandbox.json with pids `sandbox down` kills, a kubeconfig), the "
-    "attack 9da90d3 closed for the config folder",
-)
+# Broke before: under umask 000 the sandbox's parent folders were made 0777 (mkdir parents=True).
 def test_the_sandbox_folders_are_private_under_umask_000(tmp_path: Path) -> None:
     from coordinator.sandbox.records import Layout, locked
 
@@ -292,6 +286,8 @@ def test_the_sandbox_folders_are_private_under_umask_000(tmp_path: Path) -> None
         os.umask(old)
     for folder in (root, root.parent, root.parent.parent):
         assert folder.stat().st_mode & 0o077 == 0, (folder, oct(folder.stat().st_mode))
+    lock = Layout.of(root).lock
+    assert lock.stat().st_mode & 0o077 == 0, oct(lock.stat().st_mode)
 
 
 # ================================================================== live: a namespace writer under `coordinator`

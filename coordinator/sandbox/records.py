@@ -19,6 +19,7 @@ from filelock import Timeout as LockTimeout
 from pydantic import BaseModel, ValidationError
 
 from coordinator.errors import UsageError
+from coordinator.files import FILE_MODE, private_folder
 from coordinator.sandbox.pki import write_private
 from coordinator.sandbox.process import ProcessRef
 
@@ -295,10 +296,13 @@ class Layout:
 def locked(layout: Layout, *, create: bool = False, timeout: float = 600.0) -> Iterator[None]:
     """Hold the sandbox's lock; only ``create`` makes a directory that does not exist."""
     if create:
-        layout.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Every folder it makes is 0700 whatever the umask, parents included: another
+        # user who may write to a parent could put a sandbox of theirs in its place (a
+        # record whose pids `sandbox down` kills, a kubeconfig the tests trust).
+        private_folder(layout.root)
     elif not layout.root.is_dir():
         require_record(layout)  # raises: there is no sandbox there
-    lock = FileLock(str(layout.lock), timeout=timeout)
+    lock = FileLock(str(layout.lock), timeout=timeout, mode=FILE_MODE)
     try:
         with lock:
             yield
