@@ -246,8 +246,8 @@ def _map_identities(cfg: Any, identities: tuple[str, ...]) -> list[str]:
     if missing:
         raise UsageError(
             f"The deployment's members include {len(missing)} cluster(s) not connected here (identities "
-            f"{', '.join(missing)}). Connect them with `coordinator cluster connect NAME --context CTX`, "
-            "then import again."
+            f"{', '.join(printable(str(i)) for i in missing)}). Connect them with `coordinator cluster "
+            "connect NAME --context CTX`, then import again."
         )
     # in the order the clusters were connected here, which is how people list them
     order = {name: i for i, name in enumerate(cfg.clusters)}
@@ -264,7 +264,8 @@ def _map_members(cfg: Any, names: list[str], ids: dict[str, str]) -> list[str]:
         elif not ident and n in cfg.clusters:
             out.append(n)
         else:
-            missing.append(f"{n} (identity {ident})" if ident else n)
+            # Names and identities are the leases' text: escaped where they enter the message.
+            missing.append(f"{printable(str(n))} (identity {printable(str(ident))})" if ident else printable(str(n)))
     if missing:
         raise UsageError(
             f"The deployment's members include clusters not connected here: {', '.join(missing)}. "

@@ -1435,8 +1435,9 @@ class LockEngine:
                     return body, "renewed", ""
                 if verdict is RenewVerdict.BROKEN:
                     note = view.break_note or {}
-                    lost[cluster] = f"broken on {cluster} by {note.get('by') or 'someone'}"
-                    detail = f"the lock was broken by {note.get('by') or 'someone'}"
+                    by = printable(str(note.get("by") or "someone"))  # the lease's text: escaped
+                    lost[cluster] = f"broken on {cluster} by {by}"
+                    detail = f"the lock was broken by {by}"
                 elif verdict is RenewVerdict.TAKEN:
                     lost[cluster] = f"{cluster} is held by another lock ({_held_detail(view)})"
                     detail = _held_detail(view)
@@ -1909,9 +1910,11 @@ def _first_in_line(views: Iterable[LeaseView], lock_id: str, mine: TurnClaim | N
 
 
 def _reserved_detail(claim: TurnClaim) -> str:
-    who = claim.holder or "another contender"
+    # Holder and lock id are text of whoever wrote the lease: escaped here, where they
+    # enter a paragraph whose own line breaks are kept when it is printed.
+    who = printable(claim.holder or "another contender")
     return (
-        f"free, but the next turn is {who}'s (lock {claim.lock_id}), who has waited longer; "
+        f"free, but the next turn is {who}'s (lock {printable(claim.lock_id)}), who has waited longer; "
         f"it lapses if not taken within {HANDOFF_GRACE_S:.0f}s of the release"
     )
 
@@ -1924,15 +1927,18 @@ def _held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
             "the lease was deleted, so it counts as held by an unknown holder until a maximum TTL "
             f"({max_ttl_s:.0f}s) has passed since it was found missing{tail}"
         )
-    who = view.info.get("holder") or "an unknown holder"
+    # Holder and lock id are text of whoever wrote the lease: escaped where they enter
+    # the paragraph (errors keep their own line breaks when printed).
+    who = printable(str(view.info.get("holder") or "an unknown holder"))
+    lock = printable(str(view.lock_id))
     if view.own_write is None:
         return (
-            f"held by {who} (lock {view.lock_id}), expiry unknown: the lease carries no write of coordinator's "
+            f"held by {who} (lock {lock}), expiry unknown: the lease carries no write of coordinator's "
             "own (managedFields cleared?), so it counts as held until seen unchanged for a whole TTL"
         )
     rem = view.remaining_hint(max_ttl_s)
     tail = f", expires in {rem:.0f}s unless renewed" if rem is not None else ""
-    return f"held by {who} (lock {view.lock_id}){tail}"
+    return f"held by {who} (lock {lock}){tail}"
 
 
 def _summarize(results: dict[str, ClusterResult[ClusterLease]]) -> str:

@@ -79,7 +79,8 @@ def _confirm(engine: LockEngine, results: dict[str, ClusterResult[ClusterLease]]
     ok = [k for k, r in results.items() if r.ok]
     if engine.majorities.reached(ok):
         return
-    per = "; ".join(f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(results.items()))
+    # Details quote the leases (holders, lock ids): escaped, the message keeps its line breaks.
+    per = "; ".join(f"{k}: {r.outcome} ({printable(str(r.detail))})" for k, r in sorted(results.items()))
     raise NoQuorumError(
         f"Could not {what} on {engine.majorities.describe()}: done on {', '.join(sorted(ok)) or 'none'} ({per}). "
         "The change stopped in a safe state; run the same command again to finish it."
@@ -272,7 +273,7 @@ def _confirm_copy(synced: Mapping[str, Any], rec: DeploymentRecord, target: list
         names for names in (list(rec.clusters), list(target)) if len(holding.intersection(names)) < len(names) // 2 + 1
     ]
     if short:
-        failed_on = "; ".join(f"{k}: {why}" for k, why in sorted((synced.get("failed") or {}).items()))
+        failed_on = "; ".join(f"{k}: {printable(str(why))}" for k, why in sorted((synced.get("failed") or {}).items()))
         unreachable = ", ".join(synced.get("unreachable") or [])
         raise NoQuorumError(
             f"Could not copy the state of {rec.name!r} (version {synced.get('version')}) to a majority of "

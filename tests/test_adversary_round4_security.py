@@ -382,13 +382,8 @@ def test_an_imported_max_ttl_is_not_lowered_by_a_planted_note(sandbox3: Any, tmp
 # ================================================================== live: hostile text in errors and prompts
 
 
+# Broke before: `lock renew` named a new holder raw in 'is lost: ... held by X', a forged line.
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="alice holds on c1-c3; a namespace writer sets c3's holderIdentity and holder annotation "
-    "to 'x\\nError: forged line': `lock renew` says 'is lost: c3 is held by another lock (held by x' "
-    "+ a forged line (lock.py _held_detail puts the holder raw into the paragraph)",
-)
 def test_a_lost_renewal_names_the_new_holder_escaped(dep3: Env) -> None:
     taken = dep3.cli("-o", "json", "lock", "acquire", "web", "--ttl", "60s", "--holder", "alice")
     lock_id = json.loads(taken.stdout)["lock_id"]
@@ -405,13 +400,8 @@ def test_a_lost_renewal_names_the_new_holder_escaped(dep3: Env) -> None:
     _clean(proc.stdout + proc.stderr)
 
 
+# Broke before: the `lock break` prompt showed the holder raw (title set, prompt rewritten).
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="`lock break web` on a terminal asks 'Break the lock of 'web', held by HOLDER?' with "
-    "the holder raw (cli/lock.py break_ click.confirm): a holder '\\x1b]0;pwned\\x07\\x1b[2K\\rnobody' "
-    "sets the title and rewrites the prompt to 'held by nobody'",
-)
 def test_the_lock_break_prompt_shows_the_holder_escaped(dep3: Env) -> None:
     import pty
     import select
@@ -443,13 +433,8 @@ def test_the_lock_break_prompt_shows_the_holder_escaped(dep3: Env) -> None:
     assert "\\x1b]0;pwned" in text, text  # shown, escaped
 
 
+# Broke before: `deployment import` quoted a planted member identity raw.
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="a user granted `app` creates lease coordinator-lock-zzz (fieldManager=coordinator) whose "
-    "member set names identity 'x\\nError: forged line'; `deployment import zzz` quotes it raw "
-    "(importer.py _map_identities, _map_members)",
-)
 def test_deployment_import_quotes_a_planted_identity_escaped(dep3: Env, tmp_path: Path) -> None:
     minted = _minted(dep3, tmp_path)
     membership = json.dumps({"epoch": 1, "members": [f"x\n{FORGED}{TITLE}"]})

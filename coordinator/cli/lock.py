@@ -614,7 +614,11 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
                 return await c.status(deployment)
 
         st = run(peek)
-        who = st.holder or "nobody (by majority)"
+        from coordinator.text import printable
+
+        # The holder is the lease's text: a title-setting or line-rewriting sequence in it
+        # would change the question the user answers.
+        who = printable(st.holder) if st.holder else "nobody (by majority)"
         click.confirm(f"Break the lock of {deployment!r}, held by {who}? The holder is not told.", abort=True)
         c = _coordinator(ctx)
 
