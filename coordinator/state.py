@@ -66,6 +66,7 @@ from coordinator.outcome import Outcome
 from coordinator.register import (
     DATA_KEY,
     ENVELOPE_LIMIT,
+    MAX_DEPTH,
     OBJECT_LIMIT,
     Choice,
     Delivery,
@@ -82,6 +83,7 @@ from coordinator.register import (
     judge,
     lease_evidence,
     migrate,
+    nested_deeper,
     new_write_id,
     newer_token,
     next_stamp,
@@ -693,6 +695,13 @@ class StateClient:
         new = change(copy.deepcopy(old))
         if not isinstance(new, dict):
             raise UsageError("The state document must be a mapping at the top level. Nothing was written.")
+        if nested_deeper(new, MAX_DEPTH):
+            # Every reader takes a replica nested deeper for corrupt (register.decode_replica):
+            # written, it would replace the last readable version on every member.
+            raise UsageError(
+                f"The new state of {self.dep.name!r} is nested more than {MAX_DEPTH} levels deep, which no "
+                "reader takes for a state (it would read as corrupt everywhere). Nothing was written."
+            )
         problem = plain_data_problem(new)
         if problem:
             raise UsageError(
