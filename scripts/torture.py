@@ -17,7 +17,7 @@ deleted, an admission policy rejects state writes, an operator breaks the lock a
 `lock run` is SIGKILLed, and members are added, removed and replaced (the run starts a
 spare cluster for that); then checks mutual exclusion of the lock (no overlap, fencing
 tokens rising) and linearizability of the state (no lost acknowledged write). See
-tests/faults/workload.py for what exactly is recorded.
+tests/faults/contenders.py for what exactly is recorded.
 
 The last line of the output is always
 
@@ -39,15 +39,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the fault harness: tests/faults
 
-from faults.workload import (
-    FAULT_KINDS,
-    TARGETED_KINDS,
-    TortureOptions,
-    default_contenders,
-    extra_contenders,
-    run_torture,
-    sigterm_as_interrupt,
-)
+from faults.contenders import default_contenders, extra_contenders
+from faults.kinds import FAULT_KINDS, TARGETED_KINDS
+from faults.rig import TortureOptions
+from faults.run import run_torture, sigterm_as_interrupt
 
 QUICK_SECONDS = 60.0
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
+from faults.kinds import FAULT_KINDS
 from faults.toxiproxy import ToxiproxyNotFoundError, find_toxiproxy_binary
-from faults.workload import FAULT_KINDS
 
 from coordinator.errors import LockHeldError, StateConflictError
 

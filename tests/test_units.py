@@ -266,4 +266,4 @@ def test_the_installed_package_holds_no_test_tools() -> None:
     assert "coordinator" in found and "coordinator.kube" in found
     assert not [p for p in found if "test" in p or "fault" in p], found
     assert importlib.util.find_spec("coordinator.testing") is None
-    assert importlib.util.find_spec("faults.workload") is not None  # the harness, from tests/
+    assert importlib.util.find_spec("faults.run") is not None  # the harness, from tests/

@@ -1,8 +1,12 @@
 """The fault-injection suite's harness (``scripts/torture.py`` and the tests use it).
 
-- :mod:`faults.workload`: the sandbox rig, contender processes, recorder and fault
-  schedule of a run.
-
+- A torture run (``scripts/torture.py``), from the top down: :mod:`faults.run` sets it
+  up, runs it and judges it; :mod:`faults.rig` holds its options, the sandbox clusters
+  behind toxiproxy and the contender processes; :mod:`faults.schedule` injects the fault
+  kinds named in :mod:`faults.kinds`; :mod:`faults.contenders` is what each contender
+  process runs (and :mod:`faults.tree` the process tree of a ``lock run`` one);
+  :mod:`faults.recorder` collects their histories and writes the report; every time in
+  them is read on :mod:`faults.clock`.
 - :mod:`faults.checkers`: pure checkers that judge recorded histories
   (mutual exclusion of lock holders, linearizability of the replicated state).
 - :mod:`faults.toxiproxy`: a small controller for a local toxiproxy

@@ -1,0 +1,795 @@
+"""A seeded schedule of fault episodes, and how each kind is injected and undone.
+
+Longer than the other modules (about 750 lines) on purpose: it is one class,
+:class:`Faults`, because every episode draws from the one seeded random generator in
+turn (the seed reproduces the schedule), counts into the one tally and acts through the
+one rig and set of contender processes. Cut into modules, the kinds would share all of
+that through a base class without any of them reading more easily. The ``# --``
+comments mark the kinds' sections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coordinator.quorum import quorum_size
+from faults.clock import boot_to_machine, machine_clock
+from faults.contenders import DEPLOYMENT, STATE_KEY, tail
+from faults.kinds import DELETION_FAULTS, FAULT_KINDS, MEMBER_FAULTS, OTHER_CLIENT_FAULTS
+from faults.rig import Progress, Rig, TortureOptions, Workers
+from faults.tree import TREE_SCRIPT, TREE_TICK_S, alive
+
+if TYPE_CHECKING:
+    from coordinator.sandbox import Sandbox
+    from faults.toxiproxy import Proxy
+
+
+OTHER_MANAGER = "torture-other-client"
+
+
+class Faults:
+    """A seeded schedule of fault episodes; every episode undoes itself."""
+
+    def __init__(self, rig: Rig, workers: Workers, rng: random.Random, say: Progress, opts: TortureOptions) -> None:
+        self.rig = rig
+        self.workers = workers
+        self.rng = rng
+        self.say = say
+        self.gap = opts.fault_gap
+        self.length = opts.fault_length
+        self.kinds = tuple(opts.kinds) if opts.kinds else FAULT_KINDS
+        self.min_each = opts.min_each
+        self.long_stop = opts.long_stop
+        self.collectors: list[threading.Thread] = []
+        self.count: Counter[str] = Counter()
+        self.serial = 0
+
+    @property
+    def sandbox(self) -> Sandbox:
+        assert self.rig.sandbox is not None
+        return self.rig.sandbox
+
+    @property
+    def n(self) -> int:
+        """Members now (the membership faults change who, not how many, between episodes)."""
+        return len(self.rig.members)
+
+    @property
+    def q(self) -> int:
+        return quorum_size(self.n)
+
+    def _clusters(self, k: int) -> list[int]:
+        """``k`` of the current members, as cluster indices."""
+        return sorted(self.rng.sample(self.rig.members, k))
+
+    def _minority(self) -> list[int]:
+        return self._clusters(self.rng.randint(1, self.n - self.q))
+
+    def _majority(self) -> list[int]:
+        return self._clusters(self.rng.randint(self.q, self.n))
+
+    def _sleep(self, seconds: float) -> None:
+        until = machine_clock() + seconds
+        while True:
+            left = until - machine_clock()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.5))
+            self.workers.check(replace=True)
+
+    def short(self) -> list[str]:
+        """Kinds injected fewer than ``min_each`` times so far."""
+        return [k for k in self.kinds if self.count[k] < self.min_each]
+
+    def run(self, end: float, overtime: float) -> None:
+        """Episodes in shuffled rounds (every kind once per round) until ``end``; then
+        on, up to ``overtime`` more seconds, until every kind ran ``min_each`` times
+        (an episode that found nobody to act on does not count)."""
+        bag: list[str] = []
+        hard_end = end + overtime
+        while True:
+            now = machine_clock()
+            if now >= hard_end or (now >= end and not self.short()):
+                return
+            if not bag:
+                bag = list(self.kinds) if now < end else self.short()
+                self.rng.shuffle(bag)
+            kind = bag.pop()
+            limit = end if now < end else hard_end
+            room = max(1.0, limit - machine_clock())
+            self.episode(kind, room)
+            self.workers.check(replace=True)
+            self._sleep(min(self.rng.uniform(*self.gap), max(0.0, limit - machine_clock())))
+
+    def episode(self, kind: str, room: float) -> None:
+        d = min(room, self.rng.uniform(*self.length))
+        if kind in ("pause-minority", "pause-majority"):
+            targets = self._minority() if kind == "pause-minority" else self._majority()
+            self.say(f"fault: pause API servers {targets} for {d:.1f}s")
+            self.count[kind] += 1
+            paused: list[int] = []
+            try:
+                for i in targets:
+                    self.sandbox.pause(i)
+                    paused.append(i)
+                self._sleep(d)
+            finally:
+                for i in paused:
+                    self.sandbox.resume(i)
+        elif kind == "kill-apiserver":
+            targets = self._minority()
+            self.say(f"fault: kill API servers {targets}, start them again after {d:.1f}s")
+            self.count[kind] += 1
+            try:
+                for i in targets:
+                    self.sandbox.kill(i)
+                self._sleep(d)
+            finally:
+                for i in targets:
+                    self.sandbox.start(i)
+        elif kind == "latency":
+            targets = self._clusters(self.rng.randint(1, self.n))
+            ms = self.rng.randint(150, 1200)
+            d = min(room, 2 * self.rng.uniform(*self.length))
+            self.say(f"fault: {ms} ms latency to {targets} for {d:.1f}s")
+            self.count[kind] += 1
+            self._with_toxic(targets, d, lambda p: p.add_latency(ms, jitter_ms=ms // 4, name="torture-latency"))
+        elif kind in ("cut-minority", "cut-majority"):
+            targets = self._minority() if kind == "cut-minority" else self._majority()
+            self.say(f"fault: cut connections to {targets} for {d:.1f}s")
+            self.count[kind] += 1
+            proxies = [self.rig.proxies[i - 1] for i in targets]
+            try:
+                for p in proxies:
+                    p.disable()
+                self._sleep(d)
+            finally:
+                for p in proxies:
+                    p.enable()
+        elif kind == "lose-responses":
+            # Requests arrive and are applied; the answers never come back. Started while
+            # someone is inside, so that a write's outcome is likely to be unknown.
+            self.workers.holder_inside(self.rng, within=min(room, 8.0))
+            targets = self._minority() if self.rng.random() < 0.5 else self._majority()
+            self.say(f"fault: answers from {targets} are lost for {d:.1f}s")
+            self.count[kind] += 1
+            self._with_toxic(targets, d, lambda p: p.add_timeout(0, stream="downstream", name="torture-lose"))
+        elif kind == "drop-requests":
+            targets = self._minority() if self.rng.random() < 0.5 else self._majority()
+            self.say(f"fault: requests to {targets} are dropped (connection closed after 1s) for {d:.1f}s")
+            self.count[kind] += 1
+            self._with_toxic(targets, d, lambda p: p.add_timeout(1000, stream="upstream", name="torture-drop"))
+        elif kind == "sigkill-holder":
+            worker = self.workers.holder_inside(self.rng, within=min(room, 15.0))
+            if worker is None:
+                self.say("fault: no holder inside its critical section to SIGKILL")
+                return
+            self.say(f"fault: SIGKILL {worker.instance} inside its critical section")
+            self.count[kind] += 1
+            self.workers.kill(worker)
+            self.workers.replace(worker)
+        elif kind == "sigstop-holder":
+            worker = self.workers.holder_inside(self.rng, within=min(room, 15.0))
+            if worker is None:
+                self.say("fault: no holder inside its critical section to SIGSTOP")
+                return
+            # Short: it wakes up still valid. Long: its leases expire meanwhile and others
+            # take over; it must notice before acting, and fencing must refuse its writes.
+            d = self.rng.uniform(0.5, 2.5) if self.rng.random() < 0.4 else worker.spec.ttl + 3.0
+            if d > self.long_stop:
+                d = self.rng.uniform(0.5, 2.5)
+            self.say(f"fault: SIGSTOP {worker.instance} inside its critical section for {d:.1f}s")
+            self.count[kind] += 1
+            self.workers.pause(worker)
+            try:
+                self._sleep(d)
+            finally:
+                self.workers.resume(worker)
+        elif kind in OTHER_CLIENT_FAULTS:
+            self._other_client(kind, d, room)
+        elif kind in DELETION_FAULTS:
+            self._delete(kind, room)
+        elif kind in ("reject-writes-minority", "reject-writes-majority"):
+            self._reject_writes(kind, d)
+        elif kind == "break-holder":
+            self._break_holder(room)
+        elif kind == "sigkill-lock-run":
+            self._sigkill_lock_run(room)
+        elif kind in MEMBER_FAULTS:
+            self._change_members(kind, room)
+        elif kind == "split-write":
+            self._split_write()
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+
+    # -- other clients of the Lease ------------------------------------------------
+
+    def _kubectl(self, index: int, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """The real kubectl, straight to the API server (not through the proxy)."""
+        exe = shutil.which("kubectl")
+        assert exe is not None
+        return subprocess.run(
+            [exe, "--kubeconfig", str(self.sandbox.kubeconfig), "--context", f"sandbox-{index}",
+             "-n", self.rig.namespace, "--request-timeout=10s", *args],
+            input=stdin, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    def _lease(self) -> str:
+        from coordinator.kube.resources import lease_name
+
+        return lease_name(DEPLOYMENT)
+
+    def _held(self, within: float) -> bool:
+        """Wait up to ``within`` for someone to hold the lock (inside its section)."""
+        until = machine_clock() + within
+        while machine_clock() < until:
+            if self.workers.recorder.holders_inside() or self.workers.recorder.trees_running():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _other_client(self, kind: str, d: float, room: float) -> None:
+        """Another client edits the Lease of a live holder, again and again for ``d``
+        seconds: annotations and labels under its own field manager, a server-side apply
+        of a label, managedFields stripped, or leaseDurationSeconds cut to 1 s."""
+        if shutil.which("kubectl") is None:
+            self.say(f"fault: {kind} needs kubectl, which is not installed")
+            return
+        self._held(min(room, 10.0))
+        targets = self._majority() if kind in ("strip-managed-fields", "edit-lease-duration") else self._minority()
+        if self.rng.random() < 0.5:
+            targets = self._clusters(self.rng.randint(1, self.n))
+        lease = self._lease()
+        self.say(f"fault: {kind} on the Lease of {targets} for {d:.1f}s")
+        self.count[kind] += 1
+        until = machine_clock() + d
+        problems: list[str] = []
+        while True:
+            for i in targets:
+                self.serial += 1
+                n = str(self.serial)
+                if kind == "annotate-lease":
+                    runs = [
+                        self._kubectl(i, "annotate", "lease", lease, f"torture.example/seen={n}", "--overwrite",
+                                      f"--field-manager={OTHER_MANAGER}"),
+                        self._kubectl(i, "label", "lease", lease, f"torture.example/round={n}", "--overwrite",
+                                      f"--field-manager={OTHER_MANAGER}"),
+                    ]  # fmt: skip
+                elif kind == "apply-lease":
+                    manifest = json.dumps(
+                        {
+                            "apiVersion": "coordination.k8s.io/v1",
+                            "kind": "Lease",
+                            "metadata": {"name": lease, "labels": {"torture.example/applied": n}},
+                        }
+                    )
+                    runs = [self._kubectl(i, "apply", "--server-side", "--field-manager=torture-apply", "-f", "-",
+                                          stdin=manifest)]  # fmt: skip
+                elif kind == "strip-managed-fields":
+                    runs = [self._kubectl(i, "patch", "lease", lease, "--type=merge",
+                                          "-p", '{"metadata":{"managedFields":[{}]}}',
+                                          f"--field-manager={OTHER_MANAGER}")]  # fmt: skip
+                else:
+                    runs = [self._kubectl(i, "patch", "lease", lease, "--type=merge",
+                                          "-p", '{"spec":{"leaseDurationSeconds":1}}',
+                                          f"--field-manager={OTHER_MANAGER}")]  # fmt: skip
+                # A missing Lease (deleted, or a namespace being recreated) is not a problem here.
+                problems += [tail(r.stderr, 2) for r in runs if r.returncode != 0 and "NotFound" not in r.stderr]
+            if machine_clock() >= until:
+                break
+            self._sleep(min(0.5, max(0.0, until - machine_clock())))
+        if problems:
+            self.say(f"fault: {kind}: kubectl failed {len(problems)} times, e.g. {problems[0]}")
+
+    # -- deletions -------------------------------------------------------------------
+
+    def _delete(self, kind: str, room: float) -> None:
+        from coordinator.kube.resources import configmaps_path, lease_path, state_name
+
+        self._held(min(room, 10.0))
+        ns = self.rig.namespace
+        if kind == "delete-lease-all":
+            targets = list(self.rig.members)
+        else:
+            targets = self._clusters(1)
+        if kind in ("delete-lease-one", "delete-lease-all"):
+            self.say(f"fault: delete the Lease on {targets}")
+            self.count[kind] += 1
+            for i in targets:
+                self.sandbox.admin(i).delete(lease_path(ns, self._lease()))
+        elif kind == "delete-state-one":
+            self.say(f"fault: delete the state object on {targets}")
+            self.count[kind] += 1
+            for i in targets:
+                self.sandbox.admin(i).delete(f"{configmaps_path(ns)}/{state_name(DEPLOYMENT)}")
+        else:
+            (i,) = targets
+            self.say(f"fault: delete namespace {ns} on cluster {i} and create it again, empty")
+            self.count[kind] += 1
+            self._recreate_namespace(i)
+
+    def _recreate_namespace(self, index: int) -> None:
+        """Delete the namespace and create it again, empty. The sandbox runs no
+        controller-manager, so nothing would empty and finalize a deleted namespace:
+        do its work here. Deleting first makes the namespace Terminating, which turns
+        away creations in it; then its objects go, then the finalizer, then it is gone."""
+        from coordinator.kube.resources import configmaps_path, leases_path, namespace_path, secrets_path
+
+        admin = self.sandbox.admin(index, timeout=15)
+        ns = self.rig.namespace
+        admin.delete(namespace_path(ns))
+        for collection in (
+            leases_path(ns),
+            configmaps_path(ns),
+            secrets_path(ns),
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+        ):
+            reply = admin.request("DELETE", collection)
+            if reply.status not in (200, 404):
+                self.workers.recorder.problem(f"recreate-namespace: DELETE {collection} answered {reply.status}")
+        obj = admin.get(namespace_path(ns))
+        if obj is not None:
+            obj.setdefault("spec", {})["finalizers"] = []
+            reply = admin.request("PUT", f"{namespace_path(ns)}/finalize", obj)
+            if reply.status != 200:
+                self.workers.recorder.problem(f"recreate-namespace: finalize answered {reply.status}")
+        until = machine_clock() + 30
+        while admin.get(namespace_path(ns)) is not None and machine_clock() < until:
+            time.sleep(0.1)
+        admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+    # -- admission -------------------------------------------------------------------
+
+    def _reject_writes(self, kind: str, d: float) -> None:
+        """A ValidatingAdmissionPolicy turns away every CREATE and UPDATE of the state
+        object (and of a probe, to see when it is in force) on a minority or a majority,
+        as a policy engine, a quota or a webhook outage would; then it is removed."""
+        from coordinator.kube.resources import state_name
+
+        targets = self._minority() if kind == "reject-writes-minority" else self._majority()
+        # All writes, or only those that change the data (the rest of a write, e.g. a
+        # promise in the metadata, goes through): partial writes either way.
+        data_only = self.rng.random() < 0.5
+        what = "data changes of the state" if data_only else "state writes"
+        self.say(f"fault: an admission policy rejects {what} on {targets} for {d:.1f}s")
+        self.count[kind] += 1
+        added: list[int] = []
+        try:
+            for i in targets:
+                self._policy(i, state_name(DEPLOYMENT), create=True, data_only=data_only)
+                added.append(i)
+            for i in added:
+                self._probe(i, rejected=True)
+            self._sleep(d)
+        finally:
+            for i in added:
+                self._policy(i, state_name(DEPLOYMENT), create=False)
+            for i in added:
+                self._probe(i, rejected=False)
+        rest = [i for i in self.rig.members if i not in targets]
+        if kind == "reject-writes-majority" and rest:
+            # The members that took the rejected writes now miss the next ones: their
+            # replicas differ from the majority's, which reads must never return.
+            self.say(f"fault: then pause API servers {rest} for {d:.1f}s")
+            paused: list[int] = []
+            try:
+                for i in rest:
+                    self.sandbox.pause(i)
+                    paused.append(i)
+                self._sleep(d)
+            finally:
+                for i in paused:
+                    self.sandbox.resume(i)
+
+    def _policy_name(self) -> str:
+        return f"{self.rig.namespace}-reject-state"
+
+    def _policy(self, index: int, target: str, *, create: bool, data_only: bool = False) -> None:
+        vap = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+        binding = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+        admin = self.sandbox.admin(index, timeout=15)
+        name = self._policy_name()
+        if not create:
+            admin.delete(f"{binding}/{name}")
+            admin.delete(f"{vap}/{name}")
+            return
+        ns = self.rig.namespace
+        allowed = f"object.metadata.namespace != '{ns}' || !(object.metadata.name in ['{target}', '{name}'])"
+        if data_only:
+            allowed += (
+                " || (oldObject != null && (has(object.data) ? (has(oldObject.data) && object.data == oldObject.data)"
+                " : !has(oldObject.data)))"
+            )
+        admin.create(
+            vap,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "operations": ["CREATE", "UPDATE"],
+                                "resources": ["configmaps"],
+                            }
+                        ]
+                    },
+                    "validations": [{"expression": allowed, "message": "state writes rejected by the fault suite"}],
+                },
+            },
+        )
+        admin.create(
+            binding,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {"policyName": name, "validationActions": ["Deny"]},
+            },
+        )
+
+    def _probe(self, index: int, *, rejected: bool) -> None:
+        """Policies take effect a moment after they change: write a probe ConfigMap
+        (which the policy also rejects) until the answer says it is (no longer) in force."""
+        from coordinator.kube.resources import configmaps_path
+
+        admin = self.sandbox.admin(index, timeout=15)
+        name = self._policy_name()
+        path = f"{configmaps_path(self.rig.namespace)}/{name}"
+        until = machine_clock() + 20
+        status = 0
+        while machine_clock() < until:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name},
+                "data": {"n": str(time.time())},
+            }
+            reply = admin.request("PUT", path, body)
+            if reply.status == 404:
+                reply = admin.request("POST", configmaps_path(self.rig.namespace), body)
+            status = reply.status
+            if (status >= 400) == rejected and status not in (404, 409):
+                return
+            time.sleep(0.2)
+        self.say(f"fault: the admission policy on cluster {index} did not {'take' if rejected else 'stop taking'} "
+                 f"effect within 20 s (last answer {status})")  # fmt: skip
+
+    # -- a targeted schedule -----------------------------------------------------------
+
+    def _split_write(self) -> None:
+        """One holder (the harness, on the lock like anyone) writes twice under one token:
+        first while an admission policy rejects state writes on member A and member B is
+        paused, so the write can land on the third, C, alone (its outcome failed or
+        unknown); then, C paused first, A and B back, a write that succeeds on A and B.
+        C comes back, and the holder reads with A paused, then with B paused: each read
+        sees C's replica next to one holding the confirmed write. C is the middle member
+        by name, so whichever way a tie between equal stamps were broken by name, one of
+        the reads meets it. Every step is recorded like a contender's."""
+        import anyio
+
+        from coordinator.api import Coordinator
+        from coordinator.errors import CoordinatorError, LockHeldError, NoQuorumError, StateConflictError
+        from coordinator.kube.resources import state_name
+
+        if self.n != 3:
+            self.say("fault: split-write needs exactly 3 members")
+            return
+        a, c, b = self.rig.members
+        if self.rng.random() < 0.5:
+            a, b = b, a
+        self.serial += 1
+        instance = f"split{self.serial}"
+        recorder = self.workers.recorder
+        recorder.handle(instance, {"ev": "start", "mode": "api"})
+        self.count["split-write"] += 1
+        self.say(f"fault: split-write: reject state writes on c{a}, pause c{b}, write; then pause c{c}, write")
+        ops = 0
+
+        def record(event: str, **fields: Any) -> None:
+            recorder.handle(instance, {"ev": event, **fields})
+
+        async def write(state: Any, held: Any, value: str) -> None:
+            nonlocal ops
+            ops += 1
+            op = f"{instance}:{ops}"
+            record("invoke", op=op, kind="write", value=value, t=machine_clock())
+            status = "unknown"
+            try:
+                with anyio.fail_after(60):
+                    await state.set({STATE_KEY: value}, lock=held)
+                status = "ok"
+            except NoQuorumError:
+                status = "unknown"
+            except (StateConflictError, LockHeldError):
+                status = "fail"
+            except (CoordinatorError, TimeoutError) as err:
+                self.say(f"fault: split-write: the write of {value} raised {type(err).__name__}")
+            record("complete", op=op, status=status, t=machine_clock())
+            self.say(f"fault: split-write: write {value}: {status}")
+
+        async def read(state: Any) -> None:
+            nonlocal ops
+            ops += 1
+            op = f"{instance}:{ops}"
+            record("invoke", op=op, kind="read", value=None, t=machine_clock())
+            try:
+                with anyio.fail_after(60):
+                    data = await state.get()
+            except (CoordinatorError, TimeoutError):
+                record("complete", op=op, status="fail", t=machine_clock())
+                return
+            value = data.get(STATE_KEY) if isinstance(data, dict) else None
+            record("complete", op=op, status="ok", value=value, t=machine_clock())
+            self.say(f"fault: split-write: read {STATE_KEY}={value!r}")
+
+        def blocking(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+        async def scenario() -> None:
+            async with Coordinator.from_config(str(self.rig.config), timeout=2.0) as coord:
+                state = coord.state(DEPLOYMENT)
+                async with coord.lock(DEPLOYMENT, ttl=self.rig.max_ttl, wait=60, holder=instance) as held:
+                    until = boot_to_machine(held.result.valid_until())
+                    record("enter", t=machine_clock(), token=held.fencing_token, valid_until=until)
+                    try:
+                        await blocking(self._policy, a, state_name(DEPLOYMENT), create=True)
+                        await blocking(self._probe, a, rejected=True)
+                        await blocking(self.sandbox.pause, b)
+                        try:
+                            await write(state, held, f"{instance}x")
+                        finally:
+                            # C goes quiet before A and B are back, so that no reader
+                            # copies what C took onto them in between.
+                            await blocking(self.sandbox.pause, c)
+                            await blocking(self._policy, a, state_name(DEPLOYMENT), create=False)
+                            await blocking(self.sandbox.resume, b)
+                        try:
+                            await blocking(self._probe, a, rejected=False)
+                            await write(state, held, f"{instance}y")
+                        finally:
+                            await blocking(self.sandbox.resume, c)
+                        for quiet in (a, b):
+                            await blocking(self.sandbox.pause, quiet)
+                            try:
+                                await read(state)
+                            finally:
+                                await blocking(self.sandbox.resume, quiet)
+                    finally:
+                        left = machine_clock()
+                        until = boot_to_machine(held.result.valid_until())
+                        record("exit", t=min(left, until), overstay=left > until)
+
+        try:
+            anyio.run(scenario)
+        except CoordinatorError as err:
+            self.say(f"fault: split-write: {type(err).__name__}: {err.message[:300]}")
+        finally:
+            recorder.gone(instance, machine_clock(), "vanished")
+
+    # -- membership ------------------------------------------------------------------
+
+    def _change_members(self, kind: str, room: float) -> None:
+        """The operator changes the member set while the contenders run, with the CLI
+        (``deployment add-cluster/remove-cluster/replace-cluster --wait``, which takes
+        the lock like any contender), and brings it back to its size: add a spare, then
+        remove a member; remove a member, then add a spare; replace a member by a spare.
+        A removed member becomes a spare (its old Lease and state stay, an older set of
+        ours, which a later add takes over). The checks judge the histories as always."""
+        spares = [i for i in range(1, self.rig.n + self.rig.spares + 1) if i not in self.rig.members]
+        if not spares:
+            self.say(f"fault: {kind} needs a spare cluster, and there is none (--spares)")
+            return
+        spare = self.rng.choice(spares)
+        member = self.rng.choice(self.rig.members)
+        self.count[kind] += 1
+        if kind == "add-member":
+            self._member_command("add-cluster", f"c{spare}", room=room)
+            left = [i for i in self.rig.members if i != spare]
+            if spare in self.rig.members and left:
+                self._member_command("remove-cluster", f"c{self.rng.choice(left)}", room=room)
+        elif kind == "remove-member":
+            self._member_command("remove-cluster", f"c{member}", room=room)
+            if member not in self.rig.members:
+                self._member_command("add-cluster", f"c{spare}", room=room)
+        else:
+            self._member_command("replace-cluster", f"c{member}", f"c{spare}", room=room)
+
+    def _member_command(self, verb: str, *clusters: str, room: float) -> None:
+        """Run one change to its end: again when it could not finish (the lock stayed
+        held, or no quorum; a change in progress is finished by running it again)."""
+        home = self.rig.workdir / "operator"
+        home.mkdir(parents=True, exist_ok=True)
+        env = self.workers._environ("operator", self.workers.config_for(home))
+        wait = max(20.0, min(room, 60.0))
+        give_up = machine_clock() + max(60.0, min(room, 120.0))
+        attempt = 0
+        while True:
+            attempt += 1
+            before = list(self.rig.members)
+            self.say(
+                f"fault: deployment {verb} {' '.join(clusters)} (members {self._names(before)}), attempt {attempt}"
+            )
+            invoked = machine_clock()
+            # Contenders already waiting for the lock wait on (and follow the change);
+            # new attempts hold off, or the change could wait behind them for minutes.
+            self.workers.hold_off_file.touch()
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "coordinator", "deployment", verb, DEPLOYMENT, *clusters,
+                     "--wait", f"{wait:g}s", "--ttl", f"{self.rig.max_ttl:g}s", "--holder", "member-change"],
+                    capture_output=True, text=True, env=env, cwd=home, stdin=subprocess.DEVNULL, timeout=wait + 300,
+                )  # fmt: skip
+            finally:
+                self.workers.hold_off_file.unlink(missing_ok=True)
+            members, joint = self.rig.read_members()
+            self.rig.members = members
+            with (self.rig.workdir / "logs" / "member-changes.log").open("a") as log:
+                log.write(f"$ deployment {verb} {' '.join(clusters)}: exit {proc.returncode}\n")
+                log.write(proc.stdout + proc.stderr + "\n")
+            why = f" ({tail(proc.stderr, 2)})" if proc.returncode != 0 else ""
+            self.say(
+                f"fault: `deployment {verb}` exit {proc.returncode}{why} after {machine_clock() - invoked:.1f}s; "
+                f"members {self._names(members)}" + (f", change to {self._names(joint)} in progress" if joint else "")
+            )
+            if proc.returncode == 0 and joint is None:
+                return
+            if proc.returncode not in (0, 3, 4):
+                self.workers.recorder.problem(
+                    f"operator: `deployment {verb} {' '.join(clusters)}` exit {proc.returncode}: {tail(proc.stderr)}"
+                )
+                return
+            if machine_clock() >= give_up:
+                break
+            self._sleep(self.rng.uniform(0.5, 2.0))
+        self.workers.recorder.problem(
+            f"operator: `deployment {verb} {' '.join(clusters)}` did not finish in {attempt} runs "
+            f"(see {self.rig.workdir / 'logs' / 'member-changes.log'})"
+        )
+
+    @staticmethod
+    def _names(indices: Sequence[int] | None) -> str:
+        return ", ".join(f"c{i}" for i in indices or ())
+
+    # -- the operator and `lock run` ---------------------------------------------------
+
+    def _break_holder(self, room: float) -> None:
+        """An operator breaks the lock of a live holder (``lock break --yes``). From then
+        on the holder no longer holds it: its section ends there for the check
+        (checkers.apply_breaks), and fencing must refuse whatever it writes later."""
+        if not self._held(min(room, 15.0)):
+            self.say("fault: nobody holds the lock to break")
+            return
+        home = self.rig.workdir / "operator"
+        home.mkdir(parents=True, exist_ok=True)
+        env = self.workers._environ("operator", self.workers.config_for(home))
+        self.say("fault: an operator breaks the lock of its live holder")
+        self.count["break-holder"] += 1
+        invoked = machine_clock()
+        proc = subprocess.run(
+            [sys.executable, "-m", "coordinator", "lock", "break", DEPLOYMENT, "--yes", "--reason", "torture operator"],
+            capture_output=True, text=True, env=env, cwd=home, stdin=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+        completed = machine_clock()
+        self.say(f"fault: `lock break` exit {proc.returncode} after {completed - invoked:.1f}s")
+        if proc.returncode == 0:
+            self.workers.recorder.add_break(invoked, completed)
+        elif proc.returncode == 4:
+            # Not known to have reached a majority: it may still have cleared some leases.
+            self.workers.recorder.add_break(invoked, completed)
+            self.say("fault: the break did not reach a majority")
+        else:
+            self.workers.recorder.problem(f"operator: `lock break` exit {proc.returncode}: {tail(proc.stderr)}")
+
+    def _sigkill_lock_run(self, room: float) -> None:
+        """An operator's ``lock run`` of a long process tree; once the tree runs,
+        ``lock run`` itself (not its child) is SIGKILLed. What it started must still be
+        stopped before the lock can pass on: the tree's marks are judged like any other
+        section (collected in the background once its last process is gone)."""
+        self.serial += 1
+        instance = f"killedrun{self.serial}"
+        home = self.rig.workdir / "killed-runs"
+        home.mkdir(parents=True, exist_ok=True)
+        script = home / "tree.sh"
+        script.write_text(TREE_SCRIPT)
+        config = self.workers.config_for(home)
+        marks = home / f"marks-{self.serial}.txt"
+        marks.write_text("")
+        ticks = 50
+        wait = max(5.0, min(room, 40.0))
+        command = [
+            sys.executable, "-m", "coordinator", "lock", "run", DEPLOYMENT, "--ttl", "6s", "--wait", f"{wait:g}s",
+            "--holder", instance, "--reason", "torture", "--grace", "1s",
+            "--", "sh", str(script), str(marks), str(ticks),
+        ]  # fmt: skip
+        with (self.rig.workdir / "logs" / f"{instance}.log").open("w") as err:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=self.workers._environ(instance, config),
+                cwd=home,
+                start_new_session=True,
+            )
+        until = machine_clock() + wait + 30
+        started = False
+        while machine_clock() < until and proc.poll() is None:
+            if " start " in marks.read_text():
+                started = True
+                break
+            time.sleep(0.05)
+        if started:
+            self.say(f"fault: SIGKILL `lock run` (pid {proc.pid}) while its tree runs")
+            self.count["sigkill-lock-run"] += 1
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+        else:
+            self.say("fault: the `lock run` to SIGKILL did not get the lock")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        collector = threading.Thread(
+            target=self._collect_tree, args=(instance, marks, ticks), name=f"tree-{instance}", daemon=True
+        )
+        collector.start()
+        self.collectors.append(collector)
+
+    def _collect_tree(self, instance: str, marks: Path, ticks: int) -> None:
+        from faults.checkers import section_from_marks
+
+        until = machine_clock() + ticks * TREE_TICK_S * 3 + 60
+        pids: set[int] = set()
+        while machine_clock() < until:
+            pids = {int(p) for p, *_ in (line.split() for line in marks.read_text().splitlines()) if p.isdigit()}
+            if not any(alive(pid) for pid in pids):
+                break
+            time.sleep(0.1)
+        recorder = self.workers.recorder
+        if any(alive(pid) for pid in pids):
+            recorder.problem(f"{instance}: processes of its tree still ran long after `lock run` was killed")
+        tree = section_from_marks(marks.read_text().splitlines())
+        if tree is None:
+            return
+        if tree.token is None:
+            recorder.problem(f"{instance}: the child of `lock run` had no COORDINATOR_FENCING_TOKEN")
+            return
+        event = {"ev": "tree", "token": tree.token, "enter": tree.enter, "exit": tree.exit}
+        recorder.handle(instance, {**event, "processes": tree.processes})
+
+    def wait_collectors(self, timeout: float) -> None:
+        until = machine_clock() + timeout
+        for collector in self.collectors:
+            collector.join(timeout=max(0.0, until - machine_clock()))
+            if collector.is_alive():
+                self.workers.recorder.problem(f"{collector.name}: the tree was not collected in time")
+
+    def _with_toxic(self, targets: list[int], seconds: float, add: Callable[[Proxy], str]) -> None:
+        added: list[tuple[Proxy, str]] = []
+        try:
+            for i in targets:
+                proxy = self.rig.proxies[i - 1]
+                added.append((proxy, add(proxy)))
+            self._sleep(seconds)
+        finally:
+            for proxy, name in added:
+                proxy.remove_toxic(name)
