@@ -18,6 +18,8 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
+from faults.admission import add_policy, remove_policy
+from faults.kubectl import kubectl as run_kubectl
 from test_lock_hardening import LEASE, acquire, doc, holder_on, kubectl
 from test_rbac_live import _connect, _env, _grant, _ok, _user
 
@@ -158,40 +160,8 @@ def test_state_writes_refused_by_an_admission_policy_on_a_minority_or_a_majority
 
     def refuse_on(i: int) -> None:
         name = f"refuse-state-{ns}"
-        policy = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE", "UPDATE"],
-                            "resources": ["configmaps"],
-                        }
-                    ]
-                },
-                "validations": [
-                    {
-                        "expression": f"request.namespace != '{ns}' || object.metadata.name != '{STATE}'",
-                        "message": "state writes are frozen",
-                    }
-                ],
-            },
-        }
-        binding = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        }
-        admin = short.sandbox.admin(i)
-        admin.create("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", policy, exist_ok=False)
-        admin.create("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", binding,
-                     exist_ok=False)  # fmt: skip
+        expression = f"request.namespace != '{ns}' || object.metadata.name != '{STATE}'"
+        add_policy(short.sandbox.admin(i), name, expression, "state writes are frozen", exist_ok=False)
         names.append((i, name))
         deadline = time.monotonic() + 30
         while True:  # a new policy takes effect asynchronously: wait until a dry run is refused
@@ -216,9 +186,7 @@ def test_state_writes_refused_by_an_admission_policy_on_a_minority_or_a_majority
         assert short.cli("-o", "json", "lock", "status", "web").returncode in (0, 3)
     finally:
         for i, name in names:
-            admin = short.sandbox.admin(i)
-            admin.delete(f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}")
-            admin.delete(f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}")
+            remove_policy(short.sandbox.admin(i), name)
     deadline = time.monotonic() + 30
     while True:
         c = acquire(short, "carol", "--ttl", "8s")
@@ -230,16 +198,7 @@ def test_state_writes_refused_by_an_admission_policy_on_a_minority_or_a_majority
 
 
 def subprocess_kubectl(env: Env, index: int, *args: str) -> int:
-    import shutil
-    import subprocess
-
-    exe = shutil.which("kubectl")
-    assert exe is not None
-    return subprocess.run(
-        [exe, "--kubeconfig", env.kubeconfig, "--context", f"sandbox-{index}", "-n", env.namespace, *args],
-        capture_output=True,
-        timeout=30,
-    ).returncode
+    return run_kubectl(env.kubeconfig, index, env.namespace, *args).returncode
 
 
 # -- 2. deployment create and planted state

@@ -21,6 +21,8 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env
+from faults.admission import add_policy, remove_policy
+from faults.kubectl import kubectl
 
 from coordinator.config import ConfigStore
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
@@ -97,10 +99,7 @@ def _acquire(env: Env, holder: str, *extra: str) -> subprocess.CompletedProcess[
 
 
 def _kubectl(env: Env, index: int, *args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("kubectl")
-    assert exe is not None, "kubectl is missing"
-    return subprocess.run([exe, "--kubeconfig", env.kubeconfig, "--context", f"sandbox-{index}",
-                           "-n", env.namespace, *args], capture_output=True, text=True, timeout=30)  # fmt: skip
+    return kubectl(env.kubeconfig, index, env.namespace, *args)
 
 
 def _write_partially(env: Env, value: str, paused: int) -> None:
@@ -226,8 +225,6 @@ def test_a_release_from_a_machine_whose_record_is_stale_does_not_undo_a_change(d
 
 # -- 2. the state copy to the new member
 
-_POLICY_API = "/apis/admissionregistration.k8s.io/v1"
-
 
 def _refuse_state_data(env: Env, indices: tuple[int, ...]) -> list[tuple[int, str]]:
     """A ValidatingAdmissionPolicy on each of ``indices`` that refuses creating the state
@@ -236,36 +233,9 @@ def _refuse_state_data(env: Env, indices: tuple[int, ...]) -> list[tuple[int, st
     name = f"freeze-state-{ns}"
     expr = (f"request.namespace != '{ns}' || !(object.metadata.name in ['{STATE}', 'vap-probe']) || "
             "(oldObject != null && object.data == oldObject.data)")  # fmt: skip
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["configmaps"],
-                    }
-                ]
-            },
-            "validations": [{"expression": expr, "message": "state data frozen"}],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
     made = []
     for i in indices:
-        admin = env.sandbox.admin(i)
-        admin.create(f"{_POLICY_API}/validatingadmissionpolicies", policy, exist_ok=False)
-        admin.create(f"{_POLICY_API}/validatingadmissionpolicybindings", binding, exist_ok=False)
+        add_policy(env.sandbox.admin(i), name, expr, "state data frozen", exist_ok=False)
         made.append((i, name))
     for i in indices:
         deadline = time.monotonic() + 30
@@ -278,9 +248,7 @@ def _refuse_state_data(env: Env, indices: tuple[int, ...]) -> list[tuple[int, st
 
 def _drop_policies(env: Env, made: list[tuple[int, str]]) -> None:
     for i, name in made:
-        admin = env.sandbox.admin(i)
-        admin.delete(f"{_POLICY_API}/validatingadmissionpolicybindings/{name}")
-        admin.delete(f"{_POLICY_API}/validatingadmissionpolicies/{name}")
+        remove_policy(env.sandbox.admin(i), name)
     for i, _ in made:
         deadline = time.monotonic() + 30
         while _kubectl(env, i, "create", "configmap", "vap-probe", "--from-literal=a=b",

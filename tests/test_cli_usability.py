@@ -14,6 +14,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from faults.kubectl import kubectl
 
 from coordinator.cli import cli
 
@@ -307,14 +308,7 @@ def test_refusal_and_status_json_name_the_holder_in_fields(dep3: Any) -> None:
 
 
 def _kubectl(env: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    import shutil
-
-    exe = shutil.which("kubectl")
-    assert exe is not None, "kubectl is missing"
-    return subprocess.run(
-        [exe, "--kubeconfig", env.kubeconfig, "--context", "sandbox-1", "-n", env.namespace, *args],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    return kubectl(env.kubeconfig, 1, env.namespace, *args)
 
 
 def test_kubectl_users_see_who_holds_the_lock_and_what_not_to_edit(dep3: Any) -> None:

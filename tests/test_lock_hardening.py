@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
+from faults.kubectl import kubectl as run_kubectl
 
 from coordinator.errors import LockHeldError
 from coordinator.kube.client import KubeError
@@ -32,15 +33,9 @@ LEASE = "coordinator-lock-web"
 
 def kubectl(env: Env, index: int, *args: str) -> str:
     """A real other client: kubectl on cluster ``index``, in the deployment's namespace."""
-    exe = shutil.which("kubectl")
-    if exe is None:
+    if shutil.which("kubectl") is None:
         pytest.fail("kubectl is missing: scripts/setup.sh installs Debian's kubernetes-client")
-    proc = subprocess.run(
-        [exe, "--kubeconfig", env.kubeconfig, "--context", f"sandbox-{index}", "-n", env.namespace, *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = run_kubectl(env.kubeconfig, index, env.namespace, *args)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faults.admission import add_policy, remove_policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -437,58 +438,23 @@ def test_wait_reports_progress(dep3: Any) -> None:
 
 # ------------------------------------------------------------------ the grace never outlives the lock
 
-_VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-_VAPB = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
-
 
 def _refuse_renewals_of(env: Any, index: int, holder: str) -> None:
     """A ValidatingAdmissionPolicy on cluster ``index`` that rejects every update of a
     lease still held by ``holder`` (its renewals), while others may take it over."""
-    admin = env.sandbox.admin(index)
-    name = f"no-renewal-{holder}"
-    admin.create(
-        _VAP,
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": ["coordination.k8s.io"],
-                            "apiVersions": ["v1"],
-                            "operations": ["UPDATE"],
-                            "resources": ["leases"],
-                        }
-                    ]
-                },
-                "validations": [
-                    {
-                        "expression": f"!(has(object.spec.holderIdentity) && "
-                        f"object.spec.holderIdentity.startsWith('{holder}/'))",
-                        "message": "renewals refused for this test",
-                    }
-                ],
-            },
-        },
-    )
-    admin.create(
-        _VAPB,
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        },
+    add_policy(
+        env.sandbox.admin(index),
+        f"no-renewal-{holder}",
+        f"!(has(object.spec.holderIdentity) && object.spec.holderIdentity.startsWith('{holder}/'))",
+        "renewals refused for this test",
+        operations=["UPDATE"],
+        api_group="coordination.k8s.io",
+        resource="leases",
     )
 
 
 def _allow_renewals_of(env: Any, index: int, holder: str) -> None:
-    admin = env.sandbox.admin(index)
-    admin.delete(f"{_VAPB}/no-renewal-{holder}")
-    admin.delete(f"{_VAP}/no-renewal-{holder}")
+    remove_policy(env.sandbox.admin(index), f"no-renewal-{holder}")
 
 
 def test_a_slow_cleanup_is_cut_short_before_the_lock_can_pass_on(dep3: Any, tree: Tree) -> None:

@@ -14,13 +14,12 @@ from typing import Any
 
 import anyio
 import pytest
+from faults.admission import add_policy, remove_policy
 
 from coordinator.kube.resources import configmaps_path
 
 pytestmark = pytest.mark.integration
 
-VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-VAP_BINDING = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 PROBE = "vap-probe"
 
 
@@ -63,47 +62,12 @@ def _freeze_updates(env: Any, index: int, *, data_only: bool) -> None:
         allowed += (
             " || (has(object.data) ? (has(oldObject.data) && object.data == oldObject.data) : !has(oldObject.data))"
         )
-    admin.create(
-        VAP,
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["UPDATE"],
-                            "resources": ["configmaps"],
-                        }
-                    ]
-                },
-                "validations": [{"expression": allowed, "message": "state updates are frozen by a test policy"}],
-            },
-        },
-        exist_ok=False,
-    )
-    admin.create(
-        VAP_BINDING,
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        },
-        exist_ok=False,
-    )
+    add_policy(admin, name, allowed, "state updates are frozen by a test policy", operations=["UPDATE"], exist_ok=False)
     _wait_for_probe(env, index, rejected=True)
 
 
 def _thaw_updates(env: Any, index: int) -> None:
-    admin = env.sandbox.admin(index)
-    name = f"freeze-{env.namespace}"
-    admin.delete(f"{VAP_BINDING}/{name}")
-    admin.delete(f"{VAP}/{name}")
+    remove_policy(env.sandbox.admin(index), f"freeze-{env.namespace}")
     _wait_for_probe(env, index, rejected=False)
 
 

@@ -12,6 +12,9 @@
 - :mod:`faults.toxiproxy`: a small controller for a local toxiproxy
   server, to put latency, black holes and cut connections between the tool and
   its control planes.
+- :mod:`faults.admission` (admission policies that turn writes away) and
+  :mod:`faults.kubectl` (the real kubectl): other clients of a sandbox cluster, for the
+  fault schedule and the tests.
 
 It lives under tests/ and is not part of the installed package: nothing here is
 imported by the tool itself.

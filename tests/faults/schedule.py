@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordinator.quorum import quorum_size
+from faults.admission import add_policy, remove_policy
 from faults.clock import boot_to_machine, machine_clock
 from faults.contenders import DEPLOYMENT, STATE_KEY, tail
 from faults.kinds import DELETION_FAULTS, FAULT_KINDS, MEMBER_FAULTS, OTHER_CLIENT_FAULTS
+from faults.kubectl import kubectl
 from faults.rig import Progress, Rig, TortureOptions, Workers
 from faults.tree import TREE_SCRIPT, TREE_TICK_S, alive
 
@@ -219,13 +221,9 @@ class Faults:
 
     def _kubectl(self, index: int, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """The real kubectl, straight to the API server (not through the proxy)."""
-        exe = shutil.which("kubectl")
-        assert exe is not None
-        return subprocess.run(
-            [exe, "--kubeconfig", str(self.sandbox.kubeconfig), "--context", f"sandbox-{index}",
-             "-n", self.rig.namespace, "--request-timeout=10s", *args],
-            input=stdin, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        return kubectl(
+            self.sandbox.kubeconfig, index, self.rig.namespace, "--request-timeout=10s", *args, stdin=stdin, timeout=60
+        )
 
     def _lease(self) -> str:
         from coordinator.kube.resources import lease_name
@@ -399,13 +397,10 @@ class Faults:
         return f"{self.rig.namespace}-reject-state"
 
     def _policy(self, index: int, target: str, *, create: bool, data_only: bool = False) -> None:
-        vap = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-        binding = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
         admin = self.sandbox.admin(index, timeout=15)
         name = self._policy_name()
         if not create:
-            admin.delete(f"{binding}/{name}")
-            admin.delete(f"{vap}/{name}")
+            remove_policy(admin, name)
             return
         ns = self.rig.namespace
         allowed = f"object.metadata.namespace != '{ns}' || !(object.metadata.name in ['{target}', '{name}'])"
@@ -414,37 +409,7 @@ class Faults:
                 " || (oldObject != null && (has(object.data) ? (has(oldObject.data) && object.data == oldObject.data)"
                 " : !has(oldObject.data)))"
             )
-        admin.create(
-            vap,
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {
-                        "resourceRules": [
-                            {
-                                "apiGroups": [""],
-                                "apiVersions": ["v1"],
-                                "operations": ["CREATE", "UPDATE"],
-                                "resources": ["configmaps"],
-                            }
-                        ]
-                    },
-                    "validations": [{"expression": allowed, "message": "state writes rejected by the fault suite"}],
-                },
-            },
-        )
-        admin.create(
-            binding,
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": {"name": name},
-                "spec": {"policyName": name, "validationActions": ["Deny"]},
-            },
-        )
+        add_policy(admin, name, allowed, "state writes rejected by the fault suite")
 
     def _probe(self, index: int, *, rejected: bool) -> None:
         """Policies take effect a moment after they change: write a probe ConfigMap
