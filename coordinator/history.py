@@ -37,9 +37,13 @@ What this module promises, and what it does not:
 - Who may write it: ``deployment create`` makes an empty copy on every member, so that
   someone allowed only to *create* ConfigMaps (a right Kubernetes cannot limit by name)
   finds the name taken. A copy whose data no coordinator field manager wrote (per its
-  managedFields) is not read, and is replaced by the next event recorded there; events
-  dated further ahead than :data:`MAX_FUTURE_S` are dropped, so that no planted event
-  can pass for the newest and push the real ones out of the bounded list. Whoever may
+  managedFields) is not read, and is replaced by the next event recorded there (deleted
+  and created again, by uid, where it refuses updates: one made ``immutable``); events
+  dated further ahead of the API server's time than :data:`MAX_FUTURE_S` are not read
+  and not counted in the bound, so that no planted event can pass for the newest and
+  push the real ones out of the bounded list. Writers keep them all the same: "ahead"
+  depends on a clock, and a writer whose clock is behind must not erase what others
+  recorded. Whoever may
   *update* the ConfigMap (those granted the deployment) can still rewrite it, under any
   field manager: a record for people, not evidence.
 """
@@ -79,8 +83,9 @@ DATA_KEY = "history.json"
 NOTE_ANNOTATION = ANNOTATION_PREFIX + "note"
 NOTE = "managed by coordinator: the lock's history (`coordinator lock history`); do not edit"
 WRITE_RETRIES = 4
-# How far ahead of this machine's clock an event may be dated and still be read: the
-# writers' clocks may be off (minutes), a planted event dated in the year 9000 is not.
+# How far ahead of the API server's clock (the Date of the read) an event may be dated
+# and still be read: the writers' clocks may be off (minutes), a planted event dated in
+# the year 9000 is not.
 MAX_FUTURE_S = 15 * 60
 
 ACQUIRED = "acquired"
@@ -233,10 +238,9 @@ def written_by_us(obj: Mapping[str, Any]) -> bool:
     return False
 
 
-def decode(obj: Mapping[str, Any] | None, *, now: datetime | None = None) -> list[dict[str, Any]]:
-    """The events stored in one history ConfigMap: none when it is absent, unreadable or
-    not written by coordinator; without those dated more than :data:`MAX_FUTURE_S` after
-    ``now`` (this machine's clock by default)."""
+def stored(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Every well-formed event stored in one history ConfigMap, whenever it is dated:
+    none when it is absent, unreadable or not written by coordinator."""
     if not obj or not written_by_us(obj):
         return []
     data = obj.get("data") or {}
@@ -249,8 +253,40 @@ def decode(obj: Mapping[str, Any] | None, *, now: datetime | None = None) -> lis
         return []
     if not isinstance(loaded, list):
         return []
-    latest = (now or datetime.now(UTC)) + timedelta(seconds=MAX_FUTURE_S)
-    return [e for e in (clean(item) for item in loaded) if e is not None and _when(e) <= latest]
+    return [e for e in (clean(item) for item in loaded) if e is not None]
+
+
+def _latest(now: datetime | None) -> datetime:
+    return (now or datetime.now(UTC)) + timedelta(seconds=MAX_FUTURE_S)
+
+
+def decode(obj: Mapping[str, Any] | None, *, now: datetime | None = None) -> list[dict[str, Any]]:
+    """The events of one history ConfigMap that a reader shows: :func:`stored`, without
+    those dated more than :data:`MAX_FUTURE_S` after ``now`` (the API server's time of
+    the read; this machine's clock when it sent none)."""
+    latest = _latest(now)
+    return [e for e in stored(obj) if _when(e) <= latest]
+
+
+def merge_for_write(
+    have: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]], *, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """What a writer stores: the copy's events and ``events``, merged and bounded, and the
+    copy's events dated more than :data:`MAX_FUTURE_S` after ``now`` (the server's time)
+    kept as they were beside them.
+
+    Those are not read, and not counted in the bound, so a planted event in the year
+    9000 pushes no real one out; but they are not dropped either. Whether an event is
+    "ahead" depends on a clock, and a writer whose clock is behind (or a server's) must
+    not erase what the others recorded: the events of a writer whose clock was ahead
+    are read once their time has come. They are bounded on their own, to :data:`LIMIT`
+    lock ids."""
+    latest = _latest(now)
+    have = list(have)
+    kept = merge([e for e in have if _when(e) <= latest], events)
+    keys = {(e["lock_id"], e["event"]) for e in kept}
+    ahead = [e for e in merge([e for e in have if _when(e) > latest]) if (e["lock_id"], e["event"]) not in keys]
+    return sorted(kept + ahead, key=_order)
 
 
 def _when(e: Mapping[str, Any]) -> datetime:
@@ -369,6 +405,15 @@ def _object(deployment: str, events: list[dict[str, Any]], old: Mapping[str, Any
     }
 
 
+def _refused_for_good(err: KubeError, old: Mapping[str, Any]) -> bool:
+    """Will this copy refuse every update? An ``immutable`` ConfigMap answers 422 to any
+    change of its data; so may a copy whose data no coordinator wrote (planted where the
+    name was free, which nobody could read anyway)."""
+    if err.status != 422:
+        return False
+    return old.get("immutable") is True or not written_by_us(old)
+
+
 class HistoryStore:
     """The history ConfigMaps of one deployment on its member clusters."""
 
@@ -379,24 +424,28 @@ class HistoryStore:
         self.members = list(members)
         self.path = history_path(namespace, deployment)
 
-    async def _get(self, cluster: str) -> dict[str, Any] | None:
+    async def _get(self, cluster: str) -> tuple[dict[str, Any] | None, datetime | None]:
+        """This member's copy (None where it has none) and the server's time of the read
+        (None when it sent no Date)."""
         try:
             resp = await self.clusters.client(cluster).request("GET", self.path)
         except KubeError as err:
             if err.kind == kube.NOT_FOUND:
-                return None
+                return None, None
             raise
-        return resp.body
+        return resp.body, resp.server_time
 
     async def _append_one(self, cluster: str, events: list[dict[str, Any]]) -> ClusterResult[int]:
         client = self.clusters.client(cluster)
         try:
             await self.clusters.check_identity(cluster)
             for _ in range(WRITE_RETRIES):
-                old = await self._get(cluster)
-                have = decode(old)
-                merged = merge(have, events)
-                if merged == merge(have):
+                old, server_now = await self._get(cluster)
+                have = stored(old)
+                # Judged by the server's clock, and nothing is dropped for being ahead of it.
+                merged = merge_for_write(have, events, now=server_now)
+                unchanged = merged == merge_for_write(have, [], now=server_now)
+                if unchanged and (old is None or written_by_us(old)):
                     return ClusterResult(cluster, Outcome.OK, len(merged), detail="already recorded")
                 body = _object(self.deployment, merged, old)
                 query = {"fieldManager": FIELD_MANAGER}
@@ -408,11 +457,34 @@ class HistoryStore:
                 except KubeError as err:
                     if err.kind in (kube.CONFLICT, kube.ALREADY_EXISTS):
                         continue  # another writer got there first: merge with theirs
+                    if old is not None and _refused_for_good(err, old):
+                        await self._replace(cluster, old)
+                        continue  # gone: the next round creates a fresh copy
                     raise
                 return ClusterResult(cluster, Outcome.OK, len(merged), detail="recorded")
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
         return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+
+    async def _replace(self, cluster: str, old: Mapping[str, Any]) -> None:
+        """Delete a copy that refuses every update (made ``immutable`` by whoever created
+        it where the name was free), but only that very object: a uid precondition, so
+        that a fresh copy another writer made meanwhile stays. Its events are in the
+        list the caller writes next, as far as a reader would have read them."""
+        uid = (old.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        log.warning(
+            "lock history copy refuses updates (immutable, or not written by coordinator); replacing it",
+            deployment=self.deployment,
+            cluster=cluster,
+        )
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": str(uid)}}
+        try:
+            await self.clusters.client(cluster).request("DELETE", self.path, body=options)
+        except KubeError as err:
+            if err.kind not in (kube.NOT_FOUND, kube.CONFLICT):  # gone already, or another copy now
+                raise
 
     async def append(self, events: list[dict[str, Any]], *, timeout: float) -> dict[str, ClusterResult[int]]:
         """Add ``events`` to every member's copy; per-cluster outcomes, never raises for a
@@ -456,10 +528,10 @@ class HistoryStore:
         async def one(cluster: str) -> ClusterResult[int]:
             try:
                 await self.clusters.check_identity(cluster)
-                obj = await self._get(cluster)
+                obj, server_now = await self._get(cluster)
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
-            copies[cluster] = decode(obj)
+            copies[cluster] = decode(obj, now=server_now)
             return ClusterResult(cluster, Outcome.OK, len(copies[cluster]))
 
         results = await fan_out(self.members, one, timeout=timeout)

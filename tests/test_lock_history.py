@@ -299,20 +299,29 @@ def test_history_is_bounded_on_the_clusters(dep3: Any) -> None:
 @pytest.mark.integration
 def test_a_history_that_cannot_be_written_is_a_warning_and_the_lock_works(dep3: Any) -> None:
     env = dep3
-    # An immutable ConfigMap under the history's name on every member: no write can land.
+    path = f"{configmaps_path(env.namespace)}/{history_name('web')}"
+    # An immutable ConfigMap under the history's name on every member, which a finalizer
+    # keeps when deleted: no update lands, and the delete that replaces such a copy
+    # leaves it where it is (nothing here removes the finalizer but the test).
     for i in (1, 2, 3):
-        anyio.run(env.raw, i, "DELETE", f"{configmaps_path(env.namespace)}/{history_name('web')}")  # the create's
+        anyio.run(env.raw, i, "DELETE", path)  # the create's
         body = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": history_name("web")},
+            "metadata": {"name": history_name("web"), "finalizers": ["coordinator.test/keep"]},
             "data": {history.DATA_KEY: "[]"},
             "immutable": True,
         }
         anyio.run(env.raw, i, "POST", configmaps_path(env.namespace), body)
-    taken = env.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice")
-    assert taken.returncode == 0 and _json(taken)["acquired"] is True
-    assert "lock history not recorded" in taken.stderr
-    released = env.cli("lock", "release", "web", "--holder", "alice")
-    assert released.returncode == 0, released.stderr
-    assert _history(env)["tenures"] == []
+    try:
+        taken = env.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice")
+        assert taken.returncode == 0 and _json(taken)["acquired"] is True
+        assert "lock history not recorded" in taken.stderr
+        released = env.cli("lock", "release", "web", "--holder", "alice")
+        assert released.returncode == 0, released.stderr
+        assert _history(env)["tenures"] == []
+    finally:
+        for i in (1, 2, 3):  # let the kept copies go
+            kept = anyio.run(env.raw, i, "GET", path)
+            kept["metadata"]["finalizers"] = []
+            anyio.run(env.raw, i, "PUT", path, kept)
