@@ -41,6 +41,12 @@ class Membership:
     writers: tuple[str, ...] | None = field(default=None, compare=False)
 
     @property
+    def unowned(self) -> bool:
+        """Read from a lease whose managedFields name no owner of the annotation (they were
+        stripped): who wrote it is not known, neither coordinator nor anyone else."""
+        return self.writers == ("",)
+
+    @property
     def written_by_us(self) -> bool:
         """False when read from a lease where no coordinator field manager owns the
         annotation: someone else (``kubectl annotate``, a planted lease) set it, so it is
@@ -237,10 +243,13 @@ def foreign_set(stored: Stored, ours: Membership) -> bool:
     not this deployment's: one no coordinator wrote, one at our epoch or newer that is not
     ours, or one that shares no member with our current set (another deployment of the
     same name and namespace, made elsewhere). An older set of ours (a cluster that was a
-    member before) shares members with ours and may be replaced."""
+    member before) shares members with ours and may be replaced, also when the lease's
+    managedFields were stripped (its writer is then unknown: a set planted by another
+    client names that client as its owner, and its lease does not name its own uid,
+    which a change refuses as well)."""
     if not isinstance(stored, Membership) or stored == ours:
         return False
-    if not stored.written_by_us or stored.epoch >= ours.epoch:
+    if (not stored.written_by_us and not stored.unowned) or stored.epoch >= ours.epoch:
         return True
     return not set(stored.members).intersection(ours.members)
 

@@ -285,3 +285,20 @@ def test_every_lease_deleted_after_a_change_does_not_wedge_the_deployment(dep5: 
     for i in (1, 2, 4):
         stored = _stored(dep5, i)
         assert set(stored.members) == _identities(dep5, "c1", "c2", "c4")
+
+
+def test_a_removed_member_whose_managed_fields_were_stripped_can_be_added_again(dep5: Env) -> None:
+    """Found by the fault suite: c3 leaves the deployment, someone strips its lease's
+    managedFields (`kubectl patch ... managedFields: [{}]`), and adding it back was
+    refused as "not this deployment's": with its owner gone, the old set it stores looked
+    planted. Its writer is unknown, not someone else: the lease still names its own uid,
+    and the set it stores is an older one of this deployment."""
+    from faults.kubectl import kubectl
+
+    _pay(dep5, "c1", "c2", "c3")
+    _ok(dep5.cli("deployment", "remove-cluster", "pay", "c3"))
+    stripped = kubectl(dep5.kubeconfig, 3, dep5.namespace, "patch", "lease", "coordinator-lock-pay",
+                       "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')  # fmt: skip
+    assert stripped.returncode == 0, stripped.stderr
+    _ok(dep5.cli("deployment", "add-cluster", "pay", "c3"))
+    assert _stored(dep5, 3).epoch == 5 and set(_stored(dep5, 3).members) == _identities(dep5, "c1", "c2", "c3")

@@ -168,6 +168,12 @@ def test_a_new_member_storing_another_set_is_not_taken_over() -> None:
     # an older set of this deployment (d was a member before) may be replaced
     ours_before = in_lease_object(_lease_with(Membership.of(["a", "b"], epoch=1), by_us))
     assert not foreign_set(ours_before, joint)
+    # the same with its managedFields stripped: its writer is unknown, it still may be
+    # (a planted set names its planter; a stripped newer or disjoint set is still foreign)
+    stripped = in_lease_object(_lease_with(Membership.of(["a", "b"], epoch=1)))
+    assert isinstance(stripped, Membership) and stripped.unowned and not foreign_set(stripped, joint)
+    assert foreign_set(in_lease_object(_lease_with(Membership.of(["a", "d"], epoch=4))), joint)
+    assert foreign_set(in_lease_object(_lease_with(Membership.of(["x", "y"], epoch=1))), joint)
     assert not foreign_set(joint, joint) and not foreign_set(None, joint) and not foreign_set(LEGACY, joint)
 
 
