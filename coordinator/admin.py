@@ -41,6 +41,7 @@ from coordinator.kube.resources import (
     state_name,
     state_paths,
 )
+from coordinator.lease import MAX_MAX_TTL_S
 from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.outcome import Outcome
 from coordinator.text import printable
@@ -353,6 +354,15 @@ async def create_deployment(
         raise UsageError("A deployment needs at least one member cluster: pass --cluster NAME (repeatable).")
     if len(set(members)) != len(members):
         raise UsageError("A cluster is listed twice in --cluster; each member counts once.")
+    if max_ttl_s is not None and max_ttl_s < 1:
+        raise UsageError(f"--max-ttl must be at least 1s, not {max_ttl_s:g}s.")
+    if max_ttl_s is not None and max_ttl_s > MAX_MAX_TTL_S:
+        # The leases store it, and a longer note is not believed (a planted one could
+        # keep a dead holder's lock for years): other machines would wait out less.
+        raise UsageError(
+            f"--max-ttl may be at most {MAX_MAX_TTL_S // 3600}h, not {max_ttl_s:g}s: contenders wait it "
+            "out for a lease found deleted, and no lease note claiming longer is believed."
+        )
     cfg = store.load()
     if name in cfg.deployments:
         raise UsageError(f"Deployment {name!r} already exists; `coordinator deployment show {name}` describes it.")
@@ -360,8 +370,6 @@ async def create_deployment(
         clusters.record(m)
     record = DeploymentRecord(name=name, namespace=namespace, clusters=members, storage=storage)  # type: ignore[arg-type]
     if max_ttl_s is not None:
-        if max_ttl_s < 1:
-            raise UsageError(f"--max-ttl must be at least 1s, not {max_ttl_s:g}s.")
         record.max_ttl_s = max_ttl_s
 
     async def ensure_namespace(cluster: str) -> ClusterResult[str]:

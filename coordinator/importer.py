@@ -8,6 +8,7 @@ choose the members a majority is counted over."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from coordinator.admin import valid_name
@@ -18,12 +19,15 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, lease_path, state_name
-from coordinator.lease import LeaseView
+from coordinator.lease import DEFAULT_MAX_TTL_S, LeaseView
+from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, LEGACY, Membership, Stored, in_lease_object
 from coordinator.models import MAX_DEPLOYMENT_NAME, DeploymentRecord
 from coordinator.outcome import Outcome
 from coordinator.state import decode_replica
 from coordinator.text import printable
+
+log = get_logger(__name__)
 
 
 async def _list(cs: ClusterSet, cluster: str, path: str, selector: str, name: str) -> list[dict[str, Any]]:
@@ -117,16 +121,16 @@ async def _import(
         # One cluster's word is not enough: anyone who may write that lease could have
         # set it. A majority of the set's own members (of both sets, during a change)
         # must store it, as every change that coordinator commits leaves it.
-        await _confirm_elsewhere(cs, cfg, name, ns, stored, members, joint)
+        views = await _confirm_elsewhere(cs, cfg, name, ns, stored, members, joint)
         kind_found = next((k for k, o in found if str(o["metadata"]["namespace"]) == ns), "configmap")
         storage_kind: Literal["configmap", "secret"] = "secret" if kind_found == "secret" else "configmap"
-        # the deployment's maximum TTL, as the lock reads it: only where coordinator wrote it
-        max_ttl = LeaseView.parse(lease).max_ttl_note
         record = DeploymentRecord(
             name=name, namespace=ns, clusters=members, storage=storage_kind, epoch=stored.epoch, joint=joint
         )
-        if max_ttl is not None:
-            record.max_ttl_s = max_ttl
+        max_ttl, why = imported_max_ttl({m: views.get(m) for m in dict.fromkeys([*members, *(joint or [])])})
+        if why:
+            log.warning(why, deployment=name, max_ttl_s=max_ttl)
+        record.max_ttl_s = max_ttl
         return _save(store, record), f"lock lease (member set epoch {stored.epoch})"
     for kind, obj in found:
         rep = decode_replica(source, obj, kind, deployment=name)
@@ -160,12 +164,14 @@ async def _confirm_elsewhere(
     stored: Membership,
     members: list[str],
     joint: list[str] | None,
-) -> None:
+) -> dict[str, LeaseView]:
     """Read the deployment's lease on every cluster connected here and refuse unless a
     majority of ``stored``'s members (and of its new set, during a change) store exactly
     ``stored``, written by coordinator, and no other set written by coordinator that
-    shares members with it is stored by a majority of its own members."""
+    shares members with it is stored by a majority of its own members. Returns the
+    leases read (by cluster; a missing one is not there)."""
     path = lease_path(ns, lease_name(name))
+    views: dict[str, LeaseView] = {}
 
     async def one(cluster: str) -> ClusterResult[Stored]:
         try:
@@ -175,6 +181,7 @@ async def _confirm_elsewhere(
             if err.kind == kube.NOT_FOUND:
                 return ClusterResult(cluster, Outcome.OK, None)
             return failed(cluster, err)  # type: ignore[return-value]
+        views[cluster] = LeaseView.parse(resp.body)
         return ClusterResult(cluster, Outcome.OK, in_lease_object(resp.body))
 
     results = await fan_out(list(cfg.clusters), one, timeout=cs.timeout)
@@ -200,7 +207,7 @@ async def _confirm_elsewhere(
         and confirmed(v)
     }
     if confirmed(stored) and not rivals:
-        return
+        return views
 
     def said(cluster: str) -> str:
         r = results.get(cluster)
@@ -233,6 +240,38 @@ async def _confirm_elsewhere(
         "that one cluster alone stores may have been planted there. Import from a member where a majority of "
         "the members store the same set, or retry when the members that could not be read answer."
     )
+
+
+def imported_max_ttl(members: Mapping[str, LeaseView | None]) -> tuple[float, str | None]:
+    """The maximum TTL to record for a deployment whose members' leases read as
+    ``members`` (None: not read, or no lease), and a warning when they do not agree.
+
+    A note counts only where a coordinator field manager wrote it (no longer than a day,
+    see ``lease.MAX_MAX_TTL_S``), but anyone may name that manager, so no one lease's
+    note is taken: the largest note of the members read, and never less than the
+    default maximum unless every member stores the same note and no lease's own duration
+    is longer than it (coordinator never takes a lease for longer than the maximum). A
+    lowered maximum is what makes a contender wait out less; a raised one only costs
+    waiting."""
+    notes = {m: (v.max_ttl_note if v is not None and v.exists else None) for m, v in members.items()}
+    known = [n for n in notes.values() if n is not None]
+    if not known:
+        return DEFAULT_MAX_TTL_S, None
+    largest = float(max(known))
+    agree = len(set(notes.values())) == 1 and all(
+        v is not None and (v.ttl_s is None or not v.ttl_owned or v.ttl_s <= largest) for v in members.values()
+    )
+    chosen = largest if agree else max(largest, DEFAULT_MAX_TTL_S)
+    if agree:
+        return chosen, None
+    said = ", ".join(f"{m}: {f'{n}s' if n is not None else 'none'}" for m, n in notes.items())
+    longer = [m for m, v in members.items() if v is not None and v.ttl_owned and (v.ttl_s or 0) > largest]
+    why = (
+        f"the members' leases store different maximum TTLs ({said})"
+        if len(set(notes.values())) > 1
+        else f"leases on {', '.join(longer)} are held for longer than the maximum TTL they store ({said})"
+    )
+    return chosen, f"{why}; recorded {chosen:g}s, the largest, and never below the default {DEFAULT_MAX_TTL_S:g}s"
 
 
 def _ours_and_equal(found: Stored, value: Membership) -> bool:

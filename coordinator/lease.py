@@ -23,7 +23,8 @@ another manager) gives no evidence: it lapses only by local observation — our 
 unchanged for a whole TTL plus margin on the contender's own clock, as client-go's
 leader election judges. A ``leaseDurationSeconds`` that another manager changed is not
 believed: the deployment's maximum TTL applies instead; nor is a ``coordinator.io/max-ttl``
-note that no coordinator field manager wrote.
+note that no coordinator field manager wrote, or one longer than a day. What is written
+under a coordinator field manager is taken as coordinator's own: anyone may name it.
 
 A lease that existed and is gone (deleted, namespace recreated, etcd restored) is not
 free: the first contender to see it missing records a *tombstone* (a holderless lease
@@ -85,8 +86,13 @@ DEFAULT_MAX_TTL_S = 600.0
 HANDOFF_GRACE_S = 2.0
 # The last second a datetime holds (9999-12-31T23:59:59Z): a claim dated later is no date.
 LAST_EPOCH_S = 253_402_300_799
-# A maximum-TTL note above this (about 317 years) is no duration a deployment was made with.
-MAX_TTL_NOTE_S = 10**10
+# The longest maximum TTL a deployment may have (`deployment create --max-ttl`), and so the
+# largest `coordinator.io/max-ttl` note a lease may carry. A note above it is not believed
+# even where a coordinator field manager wrote it: anyone who names that manager
+# (`kubectl annotate --field-manager=coordinator`) could otherwise keep a dead holder's
+# lock, or a deleted lease, for years. A day is longer than any step a lock guards.
+MAX_MAX_TTL_S = 24 * 3600
+MAX_TTL_NOTE_S = MAX_MAX_TTL_S
 
 # What reading an annotation may raise besides ValueError. Annotations are written by
 # whoever may create or edit a Lease in the namespace: a number no float or datetime holds
@@ -205,10 +211,11 @@ def _positive_int(raw: Any) -> int | None:
 
 def _max_ttl_note(obj: dict[str, Any], raw: Any) -> int | None:
     """The deployment's maximum TTL as this lease stores it, when a coordinator wrote the
-    note. Anyone who may edit the lease can write ``coordinator.io/max-ttl`` under another
-    field manager: believed, a note of 100000000 would keep a dead holder's lock for
-    years. Unowned (or stripped with the managedFields) it says nothing, and the
-    deployment record's maximum applies."""
+    note and it is no longer than any deployment's may be (:data:`MAX_MAX_TTL_S`).
+    Anyone who may edit the lease can write ``coordinator.io/max-ttl``: believed, a note
+    of 100000000 would keep a dead holder's lock for years. Unowned (or stripped with the
+    managedFields), or longer than a day, it says nothing, and the deployment record's
+    maximum applies."""
     value = _positive_int(raw)
     if value is None or value > MAX_TTL_NOTE_S:
         return None

@@ -290,6 +290,61 @@ def _stored_copy(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _noted(note: str | None, duration: int | None = 60) -> Any:
+    """A lease as coordinator leaves it: its max-TTL note and its duration under the
+    coordinator field manager."""
+    from coordinator.lease import LeaseView
+
+    fields: dict[str, Any] = {"f:spec": {"f:leaseDurationSeconds": {}}}
+    annotations = {}
+    if note is not None:
+        annotations["coordinator.io/max-ttl"] = note
+        fields["f:metadata"] = {"f:annotations": {"f:coordinator.io/max-ttl": {}}}
+    obj = {
+        "metadata": {
+            "name": "coordinator-lock-web",
+            "annotations": annotations,
+            "managedFields": [{"manager": "coordinator", "operation": "Update", "fieldsV1": fields}],
+        },
+        "spec": {"leaseDurationSeconds": duration} if duration else {},
+    }
+    return LeaseView.parse(obj)
+
+
+def test_a_max_ttl_note_longer_than_a_day_is_not_believed_even_under_the_coordinator_manager() -> None:
+    from coordinator.lease import MAX_MAX_TTL_S, effective_ttl
+
+    assert _noted(str(MAX_MAX_TTL_S)).max_ttl_note == MAX_MAX_TTL_S
+    for note in (str(MAX_MAX_TTL_S + 1), "100000000"):
+        view = _noted(note, duration=None)
+        assert view.max_ttl_note is None
+        assert effective_ttl(view, 6) == 6
+
+
+def test_a_deployment_cannot_be_made_with_a_max_ttl_no_lease_note_would_be_believed_for(tmp_path: Path) -> None:
+    proc = _cli(tmp_path, "deployment", "create", "web", "-n", "ns", "--cluster", "c1", "--max-ttl", "25h")
+    assert proc.returncode == 2 and "at most 24h" in proc.stderr, proc.stderr
+
+
+def test_import_takes_the_largest_note_and_never_less_than_the_default_unless_all_agree() -> None:
+    from coordinator.importer import imported_max_ttl
+    from coordinator.lease import DEFAULT_MAX_TTL_S
+
+    # Every member stores the same short maximum, and no lease is held for longer: taken.
+    assert imported_max_ttl({"c1": _noted("15", 10), "c2": _noted("15", 15), "c3": _noted("15", None)}) == (15, None)
+    # A note planted on one member is outvoted, either way: the largest, never below the default.
+    low, why = imported_max_ttl({"c1": _noted("1"), "c2": _noted("120"), "c3": _noted("120")})
+    assert low == DEFAULT_MAX_TTL_S and why and "c1: 1s" in why
+    high, why = imported_max_ttl({"c1": _noted("3600"), "c2": _noted("120"), "c3": None})
+    assert high == 3600 and why and "c3: none" in why
+    # All lowered alike, but a live lease is held for longer than the note says: planted.
+    planted, why = imported_max_ttl({"c1": _noted("1", 60), "c2": _noted("1", 60), "c3": _noted("1", 60)})
+    assert planted == DEFAULT_MAX_TTL_S and why and "held for longer" in why
+    # A member that could not be read is no agreement; no note anywhere: the default.
+    assert imported_max_ttl({"c1": _noted("15", 10), "c2": _noted("15", 10), "c3": None})[0] == DEFAULT_MAX_TTL_S
+    assert imported_max_ttl({"c1": _noted(None), "c2": None}) == (DEFAULT_MAX_TTL_S, None)
+
+
 # ================================================================== pure: the sandbox's files
 
 
@@ -330,14 +385,8 @@ def _patch_lease(env: Env, index: int, body: dict[str, Any], manager: str) -> No
     anyio.run(go)
 
 
+# Broke before: a max-ttl note of 100000000 under the coordinator manager was believed: bob would wait ~3 years.
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="alice (TTL 5s, max 6s) dies; `kubectl annotate --field-manager=coordinator lease "
-    "coordinator-lock-web coordinator.io/max-ttl=100000000` and a duration edit on every member: "
-    "the note is believed (lease.py _max_ttl_note trusts the manager's name), bob waits ~3 years; "
-    "the README says such a note is not believed",
-)
 def test_a_max_ttl_note_under_the_coordinator_field_manager_does_not_keep_a_dead_holders_lock(
     sandbox3: Any, tmp_path: Path
 ) -> None:
@@ -353,10 +402,12 @@ def test_a_max_ttl_note_under_the_coordinator_field_manager_does_not_keep_a_dead
 @integration
 @pytest.mark.xfail(
     strict=True,
-    reason="alice holds (TTL 60s); `kubectl patch --field-manager=coordinator lease "
-    'coordinator-lock-web -p \'{"spec":{"leaseDurationSeconds":1}}\'` on every member: the '
-    "duration counts as coordinator's own (lease.py _owns_ttl) and bob takes the live lock in ~9s; "
-    "the README says duration edits neither renew nor expire a lease",
+    reason="open, an assumption (README: What is assumed): alice holds (TTL 60s); `kubectl patch "
+    '--field-manager=coordinator lease coordinator-lock-web -p \'{"spec":{"leaseDurationSeconds":1}}\'` '
+    "on every member: a write under the coordinator field manager is taken as coordinator's, so the "
+    "duration is believed and bob takes the live lock in ~9s. No field of the lease ties a duration to "
+    "the holder's own write; closing it needs the holder to note its TTL in the same write (lock.py "
+    "_lease_body), and contenders to believe a duration only where that note agrees",
 )
 def test_a_duration_edit_under_the_coordinator_field_manager_does_not_expire_a_live_lock(
     sandbox3: Any, tmp_path: Path
@@ -377,14 +428,8 @@ def _bob(env: Env, tmp_path: Path) -> Env:
     return bob
 
 
+# Broke before: import took one lease's max-ttl note (1s, planted as coordinator's); bob took a live lock.
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="max TTL 120s, alice holds (TTL 60s); a namespace writer annotates max-ttl=1 under "
-    "--field-manager=coordinator; bob runs `deployment import web --cluster c1` (record max TTL "
-    "1s, importer.py takes one lease's note, no bound below); the writer edits the duration: bob "
-    "takes alice's live lock in ~6s",
-)
 def test_an_imported_max_ttl_is_not_lowered_by_a_planted_note(sandbox3: Any, tmp_path: Path) -> None:
     env = make_env(sandbox3, tmp_path, max_ttl_s=120.0)
     assert env.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0

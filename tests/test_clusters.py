@@ -500,7 +500,7 @@ def test_local_delete_then_import_from_the_state(lone: Env, tmp_path: Path) -> N
 
     imported = doc(lone, "deployment", "import", name, "--cluster", "c2")
     assert imported == {"name": name, "namespace": lone.namespace, "clusters": ["c1", "c2", "c3"],
-                        "source": "lock lease (member set epoch 1)"}
+                        "source": "lock lease (member set epoch 1)", "max_ttl_s": 600.0}
     assert doc(lone, "state", "get", name) == {"replicas": 3}
 
     # Members are matched by identity, so a machine that named the clusters differently
@@ -518,7 +518,7 @@ def test_import_from_the_lock_lease_when_there_is_no_state(lone: Env) -> None:
     ok(lone, "deployment", "delete", name)
     imported = doc(lone, "deployment", "import", name, "--cluster", "c3")
     assert imported == {"name": name, "namespace": lone.namespace, "clusters": ["c1", "c2", "c3"],
-                        "source": "lock lease (member set epoch 1)"}
+                        "source": "lock lease (member set epoch 1)", "max_ttl_s": 600.0}
     assert doc(lone, "lock", "status", name)["lock_id"] == held["lock_id"]
     ok(lone, "lock", "release", name)
 

@@ -34,7 +34,8 @@ def deployment() -> None:
     "--max-ttl",
     default="10m",
     show_default=True,
-    help="Longest lease TTL allowed; a lease found deleted counts as held by an unknown holder this long.",
+    help="Longest lease TTL allowed (at most 24h); a lease found deleted counts as held by an unknown "
+    "holder this long.",
 )
 @click.pass_context
 def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ...], storage: str, max_ttl: str) -> None:
@@ -201,10 +202,16 @@ def import_(ctx: click.Context, name: str, source: str, namespace: str | None) -
     rec, origin = run(lambda: import_deployment(_store(ctx), name, source, namespace, timeout=app.timeout))
     emit(
         ctx,
-        {"name": rec.name, "namespace": rec.namespace, "clusters": rec.clusters, "source": origin},
+        {
+            "name": rec.name,
+            "namespace": rec.namespace,
+            "clusters": rec.clusters,
+            "source": origin,
+            "max_ttl_s": rec.max_ttl_s,
+        },
         lambda: say(
             f"Imported deployment {rec.name} (namespace {rec.namespace}, clusters "
-            f"{', '.join(rec.clusters)}) from the {origin} on {source}."
+            f"{', '.join(rec.clusters)}, max TTL {rec.max_ttl_s:g}s) from the {origin} on {source}."
         ),
     )
 
