@@ -723,26 +723,39 @@ def test_a_backup_over_a_symlink_replaces_the_link_not_its_target(dep3: Env, tmp
 # ================================================================== live: the sandbox
 
 
+# Broke before: every sandbox etcd served plain HTTP to anyone on the machine (curl .../v3/kv/range).
 @integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="every sandbox etcd listens on http://127.0.0.1:PORT without authentication (sandbox "
-    "control.py: --listen-client-urls=http://...): any local user reads every Secret and "
-    'ConfigMap (the state) and can write leases, past RBAC; e.g. curl -d \'{"key":"L3JlZ2lzdHJ5Lw=="}\' '
-    "http://127.0.0.1:PORT/v3/kv/range",
-)
 def test_the_sandbox_etcd_is_not_open_to_every_local_user(sandbox3: Any) -> None:
+    """Plain HTTP, TLS without a client certificate, and TLS with a user's certificate of
+    the clusters' CA (the restricted user's, which RBAC confines): etcd lists nothing to
+    any of them. Its own CA's client, the kube-apiserver, is the only way in."""
+    import ssl
+
     port = sandbox3.record.clusters[0].etcd_client_port
+    pki = sandbox3.dir / "pki"
     key = "L3JlZ2lzdHJ5L2NvbmZpZ21hcHMv"  # base64 of /registry/configmaps/
     end = "L3JlZ2lzdHJ5L2NvbmZpZ21hcHMw"  # ... up to /registry/configmaps0
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v3/kv/range",
-        data=json.dumps({"key": key, "range_end": end, "keys_only": True}).encode(),
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            answer = json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return  # refused: safe
-    assert not answer.get("kvs"), f"{answer.get('count')} ConfigMaps listed by an unauthenticated client"
+    body = json.dumps({"key": key, "range_end": end, "keys_only": True}).encode()
+
+    def bare() -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        return context
+
+    as_user = bare()
+    as_user.load_cert_chain(pki / "restricted.crt", pki / "restricted.key")
+    attempts: list[tuple[str, ssl.SSLContext | None]] = [
+        ("http", None),
+        ("https", bare()),
+        ("https", as_user),
+    ]
+    for scheme, context in attempts:
+        request = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/v3/kv/range", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=context) as resp:
+                answer = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            continue  # refused: safe
+        assert not answer.get("kvs"), f"{scheme}: {answer.get('count')} ConfigMaps listed by another local user"
+    # ...while the clusters themselves work (the kube-apiserver is etcd's client).
+    assert sandbox3.admin(1).get("/api/v1/namespaces/default") is not None

@@ -5,7 +5,8 @@ A sandbox is a directory. Everything a later command (in another process) needs 
 
     DIR/sandbox.json             what is running (written before waiting on anything)
     DIR/kubeconfig               contexts sandbox-I, sandbox-I-restricted, sandbox-I-token
-    DIR/pki/                     CA, serving and client certificates, token file, SA keys
+    DIR/pki/                     CA, serving and client certificates, token file, SA keys;
+                                 etcd's own CA certificate and the certificates of its TLS
     DIR/cluster-I/etcd/          etcd data of cluster I
     DIR/logs/cluster-I-*.log     output of etcd and kube-apiserver of cluster I
     DIR/cluster-I/proxy.json     HA clusters (--apiservers N): the front proxy's configuration
@@ -23,6 +24,7 @@ import re
 import secrets
 import shutil
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -98,9 +100,25 @@ def _admin(layout: Layout, port: int, timeout: float = 5.0) -> AdminClient:
 # --------------------------------------------------------------------------- start-up
 
 
+# etcd serves its clients and its peer port over TLS, and only to a client certificate of
+# its own CA (the kube-apiserver's): on plain HTTP any local user could read every Secret
+# and ConfigMap, or write leases, past RBAC.
+ETCD_CA = "etcd-ca.crt"
+ETCD_SERVER = ("etcd-server.crt", "etcd-server.key")
+ETCD_CLIENT = ("etcd-client.crt", "etcd-client.key")
+
+
+def _etcd_tls(layout: Layout) -> bool:
+    """Does this sandbox's etcd speak TLS? (One made by an older version does not: its
+    servers are restarted with the arguments they were first given.)"""
+    return (layout.pki / ETCD_CA).is_file()
+
+
 def _etcd_args(bins: Binaries, layout: Layout, c: ClusterRecord) -> list[str]:
-    client = f"http://127.0.0.1:{c.etcd_client_port}"
-    peer = f"http://127.0.0.1:{c.etcd_peer_port}"
+    p = layout.pki
+    client = f"https://127.0.0.1:{c.etcd_client_port}"
+    peer = f"https://127.0.0.1:{c.etcd_peer_port}"
+    cert, key = (p / name for name in ETCD_SERVER)
     return [
         str(bins.etcd),
         f"--name={c.name}",
@@ -111,6 +129,14 @@ def _etcd_args(bins: Binaries, layout: Layout, c: ClusterRecord) -> list[str]:
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster={c.name}={peer}",
         "--initial-cluster-state=new",
+        f"--cert-file={cert}",
+        f"--key-file={key}",
+        "--client-cert-auth=true",
+        f"--trusted-ca-file={p / ETCD_CA}",
+        f"--peer-cert-file={cert}",
+        f"--peer-key-file={key}",
+        "--peer-client-cert-auth=true",
+        f"--peer-trusted-ca-file={p / ETCD_CA}",
         # Throw-away data: skip fsync, which dominates latency on slow CI disks.
         "--unsafe-no-fsync=true",
         "--log-level=warn",
@@ -123,7 +149,10 @@ def _apiserver_args(
     p = layout.pki
     return [
         str(bins.kube_apiserver),
-        f"--etcd-servers=http://127.0.0.1:{c.etcd_client_port}",
+        f"--etcd-servers=https://127.0.0.1:{c.etcd_client_port}",
+        f"--etcd-cafile={p / ETCD_CA}",
+        f"--etcd-certfile={p / ETCD_CLIENT[0]}",
+        f"--etcd-keyfile={p / ETCD_CLIENT[1]}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
         f"--secure-port={c.apiserver_port if port is None else port}",
@@ -161,6 +190,13 @@ def _make_pki(layout: Layout) -> str:
     ).write(d / "serving.crt", d / "serving.key")
     pki.issue(ca, ADMIN_USER, organizations=("system:masters",)).write(d / "admin.crt", d / "admin.key")
     pki.issue(ca, RESTRICTED_USER).write(d / "restricted.crt", d / "restricted.key")
+    etcd_ca = pki.new_ca("coordinator-sandbox-etcd-ca")
+    pki.issue(
+        etcd_ca, "etcd", dns_names=("localhost",), ip_addresses=("127.0.0.1",), server=True, client_too=True
+    ).write(*(d / name for name in ETCD_SERVER))
+    pki.issue(etcd_ca, "kube-apiserver-etcd-client").write(*(d / name for name in ETCD_CLIENT))
+    # The CA's key is not kept: nothing is issued later, and no one may mint an etcd client.
+    pki.write_private(d / ETCD_CA, etcd_ca.cert_pem, mode=0o644)
     sa_private, sa_public = pki.new_signing_key()
     pki.write_private(d / "sa.key", sa_private)
     pki.write_private(d / "sa.pub", sa_public, mode=0o644)
@@ -207,8 +243,15 @@ def _write_kubeconfig(layout: Layout, record: SandboxRecord) -> None:
     kubeconfig.write(layout.kubeconfig, document)
 
 
-def _etcd_healthy(port: int) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1.0)
+def _etcd_healthy(layout: Layout, port: int) -> bool:
+    conn: http.client.HTTPConnection
+    if _etcd_tls(layout):
+        p = layout.pki
+        context = ssl.create_default_context(cafile=str(p / ETCD_CA))
+        context.load_cert_chain(p / ETCD_CLIENT[0], p / ETCD_CLIENT[1])
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=1.0, context=context)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1.0)
     try:
         conn.request("GET", "/health")
         reply = conn.getresponse()
@@ -310,7 +353,7 @@ def _start_wave(
                     f"{server.log}; last lines:\n{_tail(server.log)}"
                 )
             if kind == "etcd":
-                ok, why[index] = _etcd_healthy(c.etcd_client_port), "etcd /health is not ok yet"
+                ok, why[index] = _etcd_healthy(layout, c.etcd_client_port), "etcd /health is not ok yet"
             else:
                 ok, why[index] = _apiserver_ready(layout, c.apiserver_port)
             if ok:
@@ -1067,7 +1110,7 @@ def start(dir: Path | str | None, index: int, *, timeout: float = 120.0) -> None
             _respawn("etcd", layout, c)
             save_record(layout, record)
             deadline = time.monotonic() + timeout
-            while not _etcd_healthy(c.etcd_client_port):
+            while not _etcd_healthy(layout, c.etcd_client_port):
                 if process.state(c.etcd.ref) == "gone" or time.monotonic() > deadline:
                     raise SandboxError(
                         f"etcd of cluster {index} did not come back. Its log is "
@@ -1105,7 +1148,7 @@ def _start_ha_cluster(layout: Layout, record: SandboxRecord, c: ClusterRecord, t
             )
         c.etcd = _respawn_server(c.etcd)
         save_record(layout, record)
-        while not _etcd_healthy(c.etcd_client_port):
+        while not _etcd_healthy(layout, c.etcd_client_port):
             if process.state(c.etcd.ref) == "gone" or time.monotonic() > deadline:
                 raise SandboxError(
                     f"etcd of cluster {index} did not come back. Its log is {c.etcd.log}; "

@@ -1,7 +1,9 @@
 """A throw-away certificate authority for the sandbox clusters.
 
 One CA signs every certificate of a sandbox: the kube-apiservers' serving certificate
-and the client certificates of its users. Sharing the CA across clusters is deliberate:
+and the client certificates of its users. etcd has a CA of its own, whose only client is
+the kube-apiserver: a user's certificate of the cluster's CA must not open etcd, which
+would bypass RBAC. Sharing the CA across clusters is deliberate:
 a context re-pointed at another sandbox cluster still authenticates, which is exactly
 what identity-mismatch tests need.
 
@@ -102,12 +104,14 @@ def issue(
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
     server: bool = False,
+    client_too: bool = False,
 ) -> KeyPair:
     """A leaf certificate signed by ``ca``.
 
     For a client certificate, Kubernetes reads the user name from the common name and
     the groups from the organizations. ``server=True`` makes a serving certificate for
-    the given DNS names and IP addresses.
+    the given DNS names and IP addresses; with ``client_too`` it may also authenticate
+    as a client (etcd's peer listener checks the certificate of a peer that dials in).
     """
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -115,7 +119,9 @@ def issue(
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     key = _new_key()
     now = dt.datetime.now(dt.UTC)
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+    if client_too or not server:
+        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name, organizations))
@@ -139,7 +145,7 @@ def issue(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
             critical=False,
