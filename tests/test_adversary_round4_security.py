@@ -144,8 +144,8 @@ def test_a_kubeconfig_server_url_cannot_forge_a_line_of_the_error(tmp_path: Path
 
 # Broke before: a token file ending in CRLF made every command an internal error (ValueError in headers).
 def test_a_token_file_ending_in_crlf_is_no_internal_error(tmp_path: Path) -> None:
-    """The token is sent trimmed, as kubectl sends it: the stand-in API server answers
-    only a request that carries exactly `Bearer SECRET-TOKEN-3`, and the connect works."""
+    """The token is sent trimmed, as kubectl sends it: the connect works, and every
+    request the stand-in API server got carried exactly `Bearer SECRET-TOKEN-3`."""
     hostile = _Hostile(tmp_path)
     body = {"metadata": {"uid": "0c7d3f9e-round4"}, "gitVersion": "v1.34.0"}
     hostile.answer = (200, {}, json.dumps(body).encode())
