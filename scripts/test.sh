@@ -3,6 +3,11 @@
 #
 #   scripts/test.sh              # everything (unit + integration on real control planes)
 #   scripts/test.sh -k lock      # extra arguments go to pytest
+#   scripts/test.sh -n 0         # one process (the default is two workers, see below)
+#
+# Two pytest workers (pytest-xdist) by default, COORDINATOR_TEST_WORKERS to change it: most
+# integration tests wait on real API servers (TTLs, timeouts, watches) rather than compute,
+# and each worker starts sandboxes of its own, so two of them halve the wait on two cores.
 #
 # Set-up, each step skipped when already done: Debian's faketime (clock-skew tests),
 # a virtualenv in .venv with the package and its test extras, and the Go builds of
@@ -10,4 +15,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
-exec "${VENV}/bin/python" -m pytest -q -p no:cacheprovider "$@"
+exec "${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-2}" "$@"
