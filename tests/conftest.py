@@ -13,6 +13,11 @@
     A fresh namespace (random DNS-1123 name) on every cluster of ``sandbox3``.
 
 Missing binaries make these fixtures *fail*, not skip: run scripts/build-controlplane.sh.
+
+Every test under ``tests/unit/`` is marked ``unit`` and every one under
+``tests/integration/`` ``integration`` here, by folder (``scripts/test.sh -m unit`` runs
+the fast half). A unit test that asks for a sandbox, or a test file in neither folder,
+stops the run before anything starts.
 """
 
 from __future__ import annotations
@@ -112,6 +117,32 @@ def namespace(sandbox3: sb.Sandbox) -> Iterator[str]:
             exist_ok=False,
         )
     yield name
+
+
+_TESTS = Path(__file__).resolve().parent
+_SANDBOX_FIXTURES = frozenset({"sandbox3", "sandbox5"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Marked by folder, so that no test file has to remember it.
+    misplaced: list[str] = []
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(_TESTS).parts[0]
+        except ValueError:
+            continue  # a test file outside tests/, named on the command line
+        if folder == "unit":
+            item.add_marker(pytest.mark.unit)
+            sandboxes = _SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            if sandboxes or item.get_closest_marker("integration"):
+                why = f"uses {', '.join(sorted(sandboxes))}" if sandboxes else "is marked integration"
+                misplaced.append(f"{item.nodeid} {why}: it belongs under tests/integration/")
+        elif folder == "integration":
+            item.add_marker(pytest.mark.integration)
+        else:
+            misplaced.append(f"{item.nodeid}: a test file goes under tests/unit/ or tests/integration/")
+    if misplaced:
+        raise pytest.UsageError("\n".join(misplaced))
 
 
 @pytest.hookimpl(wrapper=True)

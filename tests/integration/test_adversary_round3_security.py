@@ -480,7 +480,7 @@ def test_connecting_through_a_proxy_that_answers_deep_json_is_not_a_crash(tmp_pa
 
 LEAK_SCRIPT = """
 import sys, anyio
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests", "tests/integration"]  # where this file and its helpers live
 from pathlib import Path
 from test_adversary_round3_security import _Hostile, HOSTILE_ANSWERS, BUG
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
@@ -524,7 +524,7 @@ def test_an_unexpected_error_in_a_request_never_prints_the_bearer_token(tmp_path
     verbosity. Now: the line alone by default, a plain traceback (no locals) with -v."""
     proc = subprocess.run(
         [sys.executable, "-c", LEAK_SCRIPT, str(tmp_path), BUG, "console", str(verbosity)],
-        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
         env=dict(os.environ, NO_COLOR="1", FORCE_COLOR="1"),
     )  # fmt: skip
     assert "outcome error" in proc.stdout, proc.stdout + proc.stderr[-2000:]
@@ -538,7 +538,7 @@ def test_an_unexpected_error_in_a_request_never_prints_the_bearer_token(tmp_path
 def test_what_the_proxy_sends_is_an_answer_or_a_classified_error_never_a_token(tmp_path: Path, case: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", LEAK_SCRIPT, str(tmp_path), case, "console", "0"],
-        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
         env=dict(os.environ, NO_COLOR="1"),
     )  # fmt: skip
     assert "SECRET-TOKEN" not in proc.stderr, [line for line in proc.stderr.splitlines() if "SECRET" in line]
@@ -551,7 +551,7 @@ def test_json_log_lines_of_an_unexpected_error_carry_no_token(tmp_path: Path, ve
     traceback by default, with a plain one (no locals) under "exception" with -v."""
     proc = subprocess.run(
         [sys.executable, "-c", LEAK_SCRIPT, str(tmp_path), BUG, "json", str(verbosity)],
-        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
         env=dict(os.environ, NO_COLOR="1"),
     )  # fmt: skip
     assert "outcome error" in proc.stdout, proc.stdout + proc.stderr[-2000:]
