@@ -18,6 +18,15 @@ two kube-apiservers on its etcd behind a front proxy on the cluster's address
     ha = up(3, "/tmp/ha", apiservers=2, date_offset=3)  # two kube-apiservers per cluster
     ha.proxy_stats(1)              # requests each one served through the front proxy
 
+The modules, bottom up: ``records`` (the state file, the directory, the results),
+``process`` (spawning and signalling processes), ``binaries`` (where etcd and
+kube-apiserver are), ``pki`` and ``kubeconfig`` (certificates and kubeconfig files),
+``adminclient`` (a small cluster-admin HTTPS client),
+``credentials`` (the sandbox's users, certificates and RBAC), ``servers`` (the programs of
+a cluster: arguments, spawning, health), ``startup`` (``up``), ``shutdown`` (``down``),
+``operations`` (``status``, ``pause``, ``resume``, ``kill``, ``start``, ``heal``, the date
+offset), ``handle`` (:class:`Sandbox`), and ``frontproxy``, the HA clusters' proxy process.
+
 This package does not import the lock and state engine, nor the Kubernetes client.
 """
 
@@ -30,22 +39,9 @@ from coordinator.sandbox.binaries import (
     default_bin_dir,
     find_binaries,
 )
-from coordinator.sandbox.control import (
-    RESTRICTED_NAMESPACE,
-    RESTRICTED_USER,
-    Sandbox,
-    SandboxError,
-    down,
-    heal,
-    kill,
-    mint_kubeconfig,
-    pause,
-    resume,
-    set_date_offset,
-    start,
-    status,
-    up,
-)
+from coordinator.sandbox.credentials import RESTRICTED_NAMESPACE, RESTRICTED_USER, mint_kubeconfig
+from coordinator.sandbox.handle import Sandbox
+from coordinator.sandbox.operations import heal, kill, pause, resume, set_date_offset, start, status
 from coordinator.sandbox.records import (
     BackendStatus,
     ClusterStatus,
@@ -54,6 +50,9 @@ from coordinator.sandbox.records import (
     UserKubeconfig,
     default_dir,
 )
+from coordinator.sandbox.servers import SandboxError
+from coordinator.sandbox.shutdown import down
+from coordinator.sandbox.startup import up
 
 __all__ = [
     "BUILD_SCRIPT",

@@ -1,7 +1,20 @@
 """What a sandbox is made of on disk, and what its commands report.
 
-``sandbox.json`` holds a :class:`SandboxRecord`: everything a later command, in another
-process, needs to act on the sandbox (pids and start times, ports, exact arguments).
+A sandbox is a directory. ``sandbox.json`` holds a :class:`SandboxRecord`: everything a
+later command, in another process, needs to act on the sandbox (pids and start times,
+ports, exact arguments). Layout::
+
+    DIR/sandbox.json             what is running (written before waiting on anything)
+    DIR/kubeconfig               contexts sandbox-I, sandbox-I-restricted, sandbox-I-token
+    DIR/pki/                     CA, serving and client certificates, token file, SA keys;
+                                 etcd's own CA certificate and the certificates of its TLS
+    DIR/cluster-I/etcd/          etcd data of cluster I
+    DIR/logs/cluster-I-*.log     output of etcd and kube-apiserver of cluster I
+    DIR/cluster-I/proxy.json     HA clusters (--apiservers N): the front proxy's configuration
+    DIR/users/                   kubeconfigs minted for RBAC tests
+
+Every mutating command takes ``DIR/.sandbox.lock`` (:func:`locked`) so two commands
+never interleave.
 """
 
 from __future__ import annotations
