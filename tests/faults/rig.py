@@ -49,7 +49,11 @@ class TortureOptions:
     seed: int = 1
     contenders: list[ContenderSpec] = field(default_factory=default_contenders)
     request_timeout: float = 2.0
-    wait: float = 20.0
+    # The longest wait of an API contender (one wait in four). Longer than the maximum TTL
+    # plus margin (15 s + 1 % + 2 s + 5 s): a lease that carries no stamp of ours (its
+    # managedFields stripped) lapses only once one process watched it that long unchanged,
+    # so without such a waiter a stripped tombstone on a majority stops every section.
+    wait: float = 30.0
     workdir: Path | None = None  # kept afterwards; default: a temporary directory, removed
     fault_gap: tuple[float, float] = (1.0, 3.0)  # quiet time between fault episodes, s
     fault_length: tuple[float, float] = (2.0, 6.0)  # how long most faults last, s
