@@ -105,6 +105,25 @@ def test_stripped_managed_fields_do_not_make_a_live_lease_look_free(dep3: Env) -
     assert all(holder_on(dep3, i) == doc(a)["lock_id"] for i in (1, 2, 3))
 
 
+def test_a_stripped_lease_of_a_gone_holder_is_taken_only_by_a_long_enough_wait(short: Env) -> None:
+    # alice takes the lock and never renews (as if she died); then every lease loses its
+    # managedFields, so no stamp says when she last wrote. Lapsed by any clock, the lease
+    # still lapses only for a contender that itself watched it unchanged for the maximum
+    # TTL plus margin (8 s + 1 % + 2 s, with no skew allowed): 10.1 s.
+    a = acquire(short, "alice", "--ttl", "4s")
+    assert a.returncode == 0, a.stderr
+    for i in (1, 2, 3):
+        kubectl(short, i, "patch", "lease", LEASE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
+    time.sleep(12)
+    for _ in range(3):
+        b = acquire(short, "bob", "--max-server-skew", "0s", "--wait", "4s")
+        assert b.returncode == 3, b.stderr
+    assert all(holder_on(short, i) == doc(a)["lock_id"] for i in (1, 2, 3))
+    b = acquire(short, "bob", "--max-server-skew", "0s", "--wait", "30s")
+    assert b.returncode == 0, b.stderr
+    assert all(holder_on(short, i) == doc(b)["lock_id"] for i in (1, 2, 3))
+
+
 # -- 2. another client keeps editing the lease of a dead holder
 
 
