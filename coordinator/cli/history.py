@@ -75,6 +75,7 @@ def history(ctx: click.Context, deployment: str, since: str | None, limit: int |
       coordinator lock history payments -o json
     """
     from coordinator.api import Coordinator
+    from coordinator.verdicts import history_verdict
 
     start = _since(since)
     app = app_of(ctx)
@@ -86,9 +87,8 @@ def history(ctx: click.Context, deployment: str, since: str | None, limit: int |
 
     found, results = run(go)
     shown = select(found, since=start, limit=limit)
-    unread = {name: f"{r.outcome}: {r.detail}" for name, r in sorted(results.items()) if not r.ok}
-    members = list(dict.fromkeys([*c.config.deployments[deployment].clusters, *results]))
-    unread.update({m: "not waited for" for m in members if m not in results})
+    verdict = history_verdict(deployment, c.config.deployments[deployment].clusters, results)
+    members, unread = verdict.members, verdict.unread
     doc = {
         "deployment": deployment,
         "tenures": [t.to_json() for t in shown],
@@ -132,13 +132,5 @@ def history(ctx: click.Context, deployment: str, since: str | None, limit: int |
             + "; ".join(f"{k} ({v})" for k, v in unread.items())
             + ": entries recorded only there are missing above."
         )
-    from coordinator.quorum import quorum_size
-
-    read = len(members) - len(unread)
-    if read < quorum_size(len(members)):
-        from coordinator.errors import NoQuorumError
-
-        raise NoQuorumError(
-            f"The lock history of {deployment!r} was read on only {read} of {len(members)} members; "
-            "entries may be missing. Try again when they answer."
-        )
+    if (problem := verdict.problem()) is not None:
+        raise problem

@@ -132,32 +132,19 @@ def _wait_reporter() -> Any:
 
     def report(result: Any, left: float) -> None:
         from coordinator.durations import format_duration
-        from coordinator.outcome import Outcome
-        from coordinator.text import printable
+        from coordinator.verdicts import waiting
 
-        def holder_of(view: Any) -> str:
-            if view.vanished:
-                return "an unknown holder (deleted lease)"
-            return printable(view.info.get("holder") or "") or "an unnamed holder"
-
-        holders = sorted(
-            {
-                holder_of(r.value.view)
-                for r in result.results.values()
-                if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view
-            }
+        w = waiting(result.results)
+        who = (
+            f"held by {', '.join(w.holders)}"
+            if w.holders
+            else f"not taken yet ({', '.join(w.other_outcomes) or 'no answer'})"
         )
-        rems = [
-            r.value.view.remaining_s()
-            for r in result.results.values()
-            if r.outcome is Outcome.HELD_BY_OTHER
-            and r.value
-            and r.value.view
-            and r.value.view.remaining_s() is not None
-        ]
-        others = sorted({str(r.outcome) for r in result.results.values() if r.outcome is not Outcome.HELD_BY_OTHER})
-        who = f"held by {', '.join(holders)}" if holders else f"not taken yet ({', '.join(others) or 'no answer'})"
-        exp = f"; its lease expires in {format_duration(min(rems))} unless renewed" if rems else ""
+        exp = (
+            f"; its lease expires in {format_duration(w.expires_in_s)} unless renewed"
+            if w.expires_in_s is not None
+            else ""
+        )
         line = f"waiting for {result.deployment}: {who}{exp}; giving up in {format_duration(left)}"
         now = time.monotonic()
         if tty:
@@ -346,7 +333,7 @@ def status_document(st: Any) -> dict[str, Any]:
 
 def _status_text(st: Any) -> None:
     from coordinator.durations import format_duration
-    from coordinator.outcome import Outcome
+    from coordinator.verdicts import status_verdict
 
     if st.held_by_majority:
         info = st.info
@@ -356,8 +343,7 @@ def _status_text(st: Any) -> None:
             f"majority held for {format_duration(st.expires_in_s or 0)} more unless renewed."
         )
     else:
-        unobservable = (Outcome.UNREACHABLE, Outcome.FORBIDDEN, Outcome.ERROR, Outcome.IDENTITY_MISMATCH)
-        unseen = [r.name for r in st.clusters if r.status in unobservable]
+        unseen = status_verdict(st.deployment, st.clusters, st.quorum).not_seen
         extra = f" ({', '.join(unseen)} could not be observed)" if unseen else ""
         say(f"{st.deployment} is not held by a majority of {st.quorum}{extra}.")
     if st.next_in_line is not None:
@@ -556,16 +542,10 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
 
         st = run(once)
         emit(ctx, status_document(st), lambda: _status_text(st))
-        seen = [r.name for r in st.clusters if r.status in ("held", "free", "expired")]
-        if len(seen) < st.quorum:
-            from coordinator.errors import NoQuorumError
+        from coordinator.verdicts import status_verdict
 
-            unseen = ", ".join(f"{r.name} ({r.status})" for r in st.clusters if r.name not in seen)
-            raise NoQuorumError(
-                f"Only {len(seen)} of {len(st.clusters)} clusters of {deployment!r} could be observed "
-                f"({unseen}); {st.quorum} are needed to say who holds the lock. Nobody is assumed to hold "
-                "it or not; check the clusters with `coordinator cluster info NAME`."
-            )
+        if (problem := status_verdict(deployment, st.clusters, st.quorum).problem()) is not None:
+            raise problem
         return
 
     async def follow() -> None:
@@ -634,16 +614,10 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
         table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
 
     emit(ctx, {"deployment": deployment, "clusters": rows}, text)
-    from coordinator.quorum import quorum_size
+    from coordinator.verdicts import break_verdict
 
-    done = sum(1 for r in results.values() if r.ok)
-    if done < quorum_size(len(results)):
-        from coordinator.errors import NoQuorumError
-
-        raise NoQuorumError(
-            f"The lock of {deployment!r} was cleared on only {done} of {len(results)} clusters; "
-            "the others could not be observed. Run the command again when they are reachable."
-        )
+    if (problem := break_verdict(deployment, results).problem()) is not None:
+        raise problem
 
 
 @lock.command("run", context_settings={"ignore_unknown_options": True})

@@ -1,0 +1,192 @@
+"""What a command's per-cluster answers add up to: plain results in, a typed verdict out.
+
+The CLI prints what a command found and then exits with the code the verdict gives
+(through the error it returns); it does no majority arithmetic of its own. Pure: no I/O,
+no clock, nothing heavier to import than the outcome and quorum rules, so that a
+command's ``--help`` does not pay for the engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from coordinator.errors import NoQuorumError
+from coordinator.outcome import Outcome
+from coordinator.quorum import quorum_size
+
+# ``lock status`` row statuses that say who holds a lease (or that nobody does).
+OBSERVED_STATUSES = ("held", "free", "expired")
+# The rows ``lock status`` names, for people, as not observed.
+UNOBSERVABLE_STATUSES = (Outcome.UNREACHABLE, Outcome.FORBIDDEN, Outcome.ERROR, Outcome.IDENTITY_MISMATCH)
+
+
+class StatusRow(Protocol):
+    """One cluster's row of ``lock status`` (``coordinator.lock.ClusterStatus``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+
+class Answer(Protocol):
+    """One cluster's answer to an operation (``coordinator.fanout.ClusterResult``)."""
+
+    @property
+    def outcome(self) -> Outcome: ...
+
+    @property
+    def detail(self) -> str: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+
+# ------------------------------------------------------------------ lock status
+
+
+@dataclass(frozen=True)
+class StatusVerdict:
+    """Whether ``lock status`` saw enough clusters to say who holds the lock."""
+
+    deployment: str
+    quorum: int
+    observed: list[str]  # clusters whose lease was read (held, free or expired)
+    unobserved: list[tuple[str, str]]  # (cluster, status) of the others
+    not_seen: list[str]  # named for people: unreachable, forbidden, error, identity mismatch
+
+    @property
+    def total(self) -> int:
+        return len(self.observed) + len(self.unobserved)
+
+    @property
+    def decided(self) -> bool:
+        return len(self.observed) >= self.quorum
+
+    def problem(self) -> NoQuorumError | None:
+        """The error the command ends with (exit 4) when too few clusters were observed."""
+        if self.decided:
+            return None
+        unseen = ", ".join(f"{name} ({status})" for name, status in self.unobserved)
+        return NoQuorumError(
+            f"Only {len(self.observed)} of {self.total} clusters of {self.deployment!r} could be observed "
+            f"({unseen}); {self.quorum} are needed to say who holds the lock. Nobody is assumed to hold "
+            "it or not; check the clusters with `coordinator cluster info NAME`."
+        )
+
+
+def status_verdict(deployment: str, rows: Sequence[StatusRow], quorum: int) -> StatusVerdict:
+    """``lock status``: ``rows`` in the order they are shown; ``quorum`` of the deployment."""
+    observed = [r.name for r in rows if r.status in OBSERVED_STATUSES]
+    return StatusVerdict(
+        deployment=deployment,
+        quorum=quorum,
+        observed=observed,
+        unobserved=[(r.name, r.status) for r in rows if r.name not in observed],
+        not_seen=[r.name for r in rows if r.status in UNOBSERVABLE_STATUSES],
+    )
+
+
+# ------------------------------------------------------------------ lock break
+
+
+@dataclass(frozen=True)
+class BreakVerdict:
+    """Whether ``lock break`` cleared the lock on a majority of the members."""
+
+    deployment: str
+    cleared: int
+    total: int
+
+    @property
+    def quorum(self) -> int:
+        return quorum_size(self.total)
+
+    @property
+    def done(self) -> bool:
+        return self.cleared >= self.quorum
+
+    def problem(self) -> NoQuorumError | None:
+        if self.done:
+            return None
+        return NoQuorumError(
+            f"The lock of {self.deployment!r} was cleared on only {self.cleared} of {self.total} clusters; "
+            "the others could not be observed. Run the command again when they are reachable."
+        )
+
+
+def break_verdict(deployment: str, results: Mapping[str, Answer]) -> BreakVerdict:
+    return BreakVerdict(deployment, sum(1 for r in results.values() if r.ok), len(results))
+
+
+# ------------------------------------------------------------------ lock history
+
+
+NOT_WAITED_FOR_MEMBER = "not waited for"
+
+
+@dataclass(frozen=True)
+class HistoryVerdict:
+    """Which members' copies of the lock history were read, and whether a majority was."""
+
+    deployment: str
+    members: list[str]  # the record's members, then any other cluster that answered
+    unread: dict[str, str]  # member -> why its copy is missing ("outcome: detail")
+
+    @property
+    def read(self) -> int:
+        return len(self.members) - len(self.unread)
+
+    @property
+    def complete(self) -> bool:
+        return self.read >= quorum_size(len(self.members))
+
+    def problem(self) -> NoQuorumError | None:
+        if self.complete:
+            return None
+        return NoQuorumError(
+            f"The lock history of {self.deployment!r} was read on only {self.read} of {len(self.members)} "
+            "members; entries may be missing. Try again when they answer."
+        )
+
+
+def history_verdict(deployment: str, members: Iterable[str], results: Mapping[str, Answer]) -> HistoryVerdict:
+    unread = {name: f"{r.outcome}: {r.detail}" for name, r in sorted(results.items()) if not r.ok}
+    everyone = list(dict.fromkeys([*members, *results]))
+    unread.update({m: NOT_WAITED_FOR_MEMBER for m in everyone if m not in results})
+    return HistoryVerdict(deployment, everyone, unread)
+
+
+# ------------------------------------------------------------------ a waiting acquire
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Where a waiting ``lock acquire`` stands after one attempt."""
+
+    holders: list[str] = field(default_factory=list)  # who holds the leases it was refused, named
+    expires_in_s: float | None = None  # the soonest of those leases to expire
+    other_outcomes: list[str] = field(default_factory=list)  # the other answers' outcomes
+
+
+def waiting(results: Mapping[str, Any]) -> Waiting:
+    """From an attempt's results (``ClusterResult`` whose value has the lease ``view``)."""
+    from coordinator.text import printable
+
+    def holder_of(view: Any) -> str:
+        if view.vanished:
+            return "an unknown holder (deleted lease)"
+        return printable(view.info.get("holder") or "") or "an unnamed holder"
+
+    refused = [
+        r.value.view for r in results.values() if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view
+    ]
+    remaining = [rem for view in refused if (rem := view.remaining_s()) is not None]
+    return Waiting(
+        holders=sorted({holder_of(view) for view in refused}),
+        expires_in_s=min(remaining) if remaining else None,
+        other_outcomes=sorted({str(r.outcome) for r in results.values() if r.outcome is not Outcome.HELD_BY_OTHER}),
+    )

@@ -1,0 +1,173 @@
+"""What per-cluster answers add up to (coordinator.verdicts): no cluster needed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from coordinator.errors import ExitCode, NoQuorumError
+from coordinator.outcome import Outcome
+from coordinator.verdicts import break_verdict, history_verdict, status_verdict, waiting
+
+
+@dataclass
+class Row:
+    name: str
+    status: str
+
+
+@dataclass
+class Answer:
+    outcome: Outcome
+    detail: str = ""
+    value: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+
+@dataclass
+class View:
+    holder: str = ""
+    remaining: float | None = None
+    vanished: bool = False
+    info: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.holder:
+            self.info["holder"] = self.holder
+
+    def remaining_s(self) -> float | None:
+        return self.remaining
+
+
+@dataclass
+class Attempt:
+    view: View | None
+
+
+# ------------------------------------------------------------------ lock status
+
+
+def test_status_with_a_majority_observed_is_decided() -> None:
+    v = status_verdict("pay", [Row("a", "held"), Row("b", "free"), Row("c", "unreachable")], quorum=2)
+    assert v.decided
+    assert v.problem() is None
+    assert v.observed == ["a", "b"]
+    assert v.unobserved == [("c", "unreachable")]
+    assert v.not_seen == ["c"]
+
+
+def test_status_with_too_few_observed_is_exit_4_naming_the_unseen() -> None:
+    rows = [Row("a", "expired"), Row("b", "forbidden"), Row("c", "identity-mismatch")]
+    v = status_verdict("pay", rows, quorum=2)
+    assert not v.decided
+    err = v.problem()
+    assert isinstance(err, NoQuorumError) and err.exit_code == ExitCode.NO_QUORUM
+    assert err.message.startswith("Only 1 of 3 clusters of 'pay' could be observed")
+    assert "(b (forbidden), c (identity-mismatch)); 2 are needed" in err.message
+
+
+def test_status_counts_only_held_free_and_expired_as_observed() -> None:
+    # A status no rule knows (a newer engine's) is not an observation, and not named as
+    # unobservable for people either.
+    v = status_verdict("pay", [Row("a", "held"), Row("b", "throttled"), Row("c", "error")], quorum=2)
+    assert not v.decided
+    assert v.unobserved == [("b", "throttled"), ("c", "error")]
+    assert v.not_seen == ["c"]
+
+
+def test_status_of_a_single_cluster() -> None:
+    assert status_verdict("pay", [Row("a", "free")], quorum=1).decided
+    assert not status_verdict("pay", [Row("a", "unreachable")], quorum=1).decided
+
+
+# ------------------------------------------------------------------ lock break
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "done"),
+    [
+        ([Outcome.OK, Outcome.OK, Outcome.UNREACHABLE], True),
+        ([Outcome.OK, Outcome.FORBIDDEN, Outcome.UNREACHABLE], False),
+        ([Outcome.OK, Outcome.OK, Outcome.ERROR, Outcome.ERROR], False),  # 2 of 4: q is 3
+        ([Outcome.OK, Outcome.OK, Outcome.OK, Outcome.ERROR], True),
+        ([Outcome.OK], True),
+    ],
+)
+def test_break_needs_a_majority_cleared(outcomes: list[Outcome], done: bool) -> None:
+    v = break_verdict("pay", {f"c{i}": Answer(o) for i, o in enumerate(outcomes)})
+    assert v.done is done
+    assert (v.problem() is None) is done
+
+
+def test_break_on_a_minority_is_exit_4() -> None:
+    err = break_verdict("pay", {"a": Answer(Outcome.OK), "b": Answer(Outcome.UNREACHABLE)}).problem()
+    assert isinstance(err, NoQuorumError)
+    assert err.message.startswith("The lock of 'pay' was cleared on only 1 of 2 clusters;")
+
+
+# ------------------------------------------------------------------ lock history
+
+
+def test_history_names_unread_and_unanswered_members() -> None:
+    results = {"b": Answer(Outcome.OK), "a": Answer(Outcome.FORBIDDEN, "no get on configmaps")}
+    v = history_verdict("pay", ["a", "b", "c"], results)
+    assert v.members == ["a", "b", "c"]
+    assert v.unread == {"a": "forbidden: no get on configmaps", "c": "not waited for"}
+    assert v.read == 1
+    err = v.problem()
+    assert isinstance(err, NoQuorumError)
+    assert "read on only 1 of 3 members" in err.message
+
+
+def test_history_read_on_a_majority_is_complete() -> None:
+    results = {"a": Answer(Outcome.OK), "b": Answer(Outcome.OK), "c": Answer(Outcome.UNREACHABLE, "timeout")}
+    v = history_verdict("pay", ["a", "b", "c"], results)
+    assert v.complete and v.problem() is None
+    assert v.unread == {"c": "unreachable: timeout"}
+
+
+def test_history_counts_a_cluster_that_answered_beyond_the_record() -> None:
+    # A member that answered but is no longer in this machine's record still counts among
+    # the members read (the record may be behind a member change).
+    v = history_verdict("pay", ["a"], {"a": Answer(Outcome.ERROR, "x"), "z": Answer(Outcome.OK)})
+    assert v.members == ["a", "z"]
+    assert v.read == 1 and not v.complete
+
+
+# ------------------------------------------------------------------ a waiting acquire
+
+
+def test_waiting_names_holders_and_the_soonest_expiry() -> None:
+    results = {
+        "a": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("ci-7", 30.0))),
+        "b": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("ci-7", 12.5))),
+        "c": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("", None, vanished=True))),
+        "d": Answer(Outcome.UNREACHABLE),
+    }
+    w = waiting(results)
+    assert w.holders == ["an unknown holder (deleted lease)", "ci-7"]
+    assert w.expires_in_s == 12.5
+    assert w.other_outcomes == ["unreachable"]
+
+
+def test_waiting_escapes_holder_names_and_names_the_unnamed() -> None:
+    results = {
+        "a": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("evil\x1b]0;title\x07"))),
+        "b": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View(""))),
+    }
+    w = waiting(results)
+    assert "an unnamed holder" in w.holders
+    assert all("\x1b" not in h and "\x07" not in h for h in w.holders)
+    assert w.expires_in_s is None
+
+
+def test_waiting_with_no_refusal_lists_the_other_outcomes() -> None:
+    w = waiting({"a": Answer(Outcome.CONFLICT), "b": Answer(Outcome.FORBIDDEN), "c": Answer(Outcome.CONFLICT)})
+    assert w.holders == [] and w.expires_in_s is None
+    assert w.other_outcomes == ["conflict", "forbidden"]
+    assert waiting({}).other_outcomes == []
