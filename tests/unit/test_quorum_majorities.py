@@ -1,0 +1,144 @@
+"""Majorities of a member set and of a joint configuration (coordinator/quorum.py's
+``Majorities``), and the small helpers test_quorum.py leaves out.
+
+The rule that makes joint consensus safe: whatever two decisions it allows, each had a
+majority of every group, so two decisions always share a member of each group.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator import quorum
+from coordinator.outcome import Outcome
+from coordinator.quorum import Majorities
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def test_server_elapsed_is_the_difference_of_two_server_times() -> None:
+    assert quorum.server_elapsed(T0 + timedelta(seconds=12.5), T0) == 12.5
+    assert quorum.server_elapsed(T0, T0 + timedelta(seconds=3)) == -3.0  # a write stamped after the read
+    assert quorum.server_elapsed(None, T0) is None
+    assert quorum.server_elapsed(T0, None) is None
+    assert quorum.server_elapsed(None, None) is None
+
+
+def test_count_counts_only_the_outcome_asked_for() -> None:
+    outcomes = [Outcome.OK, Outcome.OK, Outcome.CONFLICT, Outcome.UNREACHABLE, Outcome.OK]
+    assert quorum.count(outcomes) == 3
+    assert quorum.count(outcomes, Outcome.CONFLICT) == 1
+    assert quorum.count(outcomes, Outcome.FORBIDDEN) == 0
+    assert quorum.count([]) == 0
+    assert quorum.count(iter(outcomes)) == 3  # any iterable, read once
+
+
+def test_drift_allowance_grows_with_the_ttl() -> None:
+    assert quorum.drift_allowance(0) == pytest.approx(0.05)
+    assert quorum.drift_allowance(60) == pytest.approx(0.65)
+    assert quorum.remaining_validity(60, 0) == pytest.approx(60 - 0.65)
+
+
+# ------------------------------------------------------------------ Majorities
+
+
+def test_a_configuration_needs_groups_that_are_not_empty() -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        Majorities([])
+    with pytest.raises(ValueError, match="non-empty"):
+        Majorities([["a"], []])
+
+
+def test_members_once_each_in_order_and_joint_for_two_groups() -> None:
+    single = Majorities([["a", "b", "a", "c"]])
+    assert single.groups == [["a", "b", "c"]] and single.members == ["a", "b", "c"]
+    assert not single.joint and single.quorum == 2
+    joint = Majorities([["a", "b", "c"], ["c", "d", "e", "f", "g"]])
+    assert joint.joint and joint.members == ["a", "b", "c", "d", "e", "f", "g"]
+    assert joint.quorum == 2  # for display: the current (first) group's
+
+
+def test_reached_and_impossible_of_one_group() -> None:
+    m = Majorities([["a", "b", "c"]])
+    assert m.reached(["a", "b"]) and m.reached(["a", "b", "c"]) and not m.reached(["a"])
+    assert not m.reached(["a", "x", "y"])  # answers of non-members do not count
+    assert not m.impossible(["a"]) and m.impossible(["a", "b"])
+    assert not m.impossible(["x", "y", "z"])
+
+
+def test_a_joint_decision_needs_a_majority_of_each_group() -> None:
+    m = Majorities([["a", "b", "c"], ["c", "d", "e"]])
+    assert not m.reached(["a", "b"])  # the old set alone
+    assert not m.reached(["d", "e"])  # the new set alone
+    assert m.reached(["a", "c", "d"]) and m.reached(["a", "b", "d", "e"])
+    assert m.impossible(["d", "e"])  # the new group can no longer decide
+    assert not m.impossible(["a", "d"])
+
+
+def test_reached_by_and_impossible_by_read_outcomes() -> None:
+    m = Majorities([["a", "b", "c"], ["c", "d", "e"]])
+    results = {"a": Outcome.OK, "c": Outcome.OK, "d": Outcome.OK, "b": Outcome.CONFLICT}
+    assert m.reached_by(results) and not m.impossible_by(results)
+    # an answer that is not OK counts against, whatever kind of no it is
+    for no in (Outcome.CONFLICT, Outcome.UNREACHABLE, Outcome.HELD_BY_OTHER, Outcome.FORBIDDEN, Outcome.ERROR):
+        results = {"a": Outcome.OK, "b": Outcome.OK, "d": no, "e": no}
+        assert not m.reached_by(results) and m.impossible_by(results), no
+    assert not m.reached_by({}) and not m.impossible_by({})
+
+
+outcome_values = st.sampled_from(list(Outcome))
+
+
+@given(st.integers(1, 6), st.integers(0, 6), st.integers(1, 6), st.data())
+def test_reached_and_impossible_never_both_and_two_decisions_meet(
+    old: int, shared: int, new: int, data: st.DataObject
+) -> None:
+    first = [f"o{i}" for i in range(old)]
+    second = first[: min(shared, old)] + [f"n{i}" for i in range(new)]
+    m = Majorities([first, second])
+    results = {c: data.draw(outcome_values) for c in m.members if data.draw(st.booleans())}
+    assert not (m.reached_by(results) and m.impossible_by(results))
+    # Two sets that both reach the joint quorum share a member of each group.
+    one = {c for c in m.members if data.draw(st.booleans())}
+    two = {c for c in m.members if data.draw(st.booleans())}
+    if m.reached(one) and m.reached(two):
+        for g in m.groups:
+            assert one & two & set(g)
+
+
+def test_reached_by_agrees_with_quorum_reached_for_one_group() -> None:
+    members = ["a", "b", "c", "d", "e"]
+    m = Majorities([members])
+    for combo in itertools.product([Outcome.OK, Outcome.UNREACHABLE], repeat=len(members)):
+        results = dict(zip(members, combo, strict=True))
+        assert m.reached_by(results) is quorum.quorum_reached(combo, len(members))
+        assert m.impossible_by(results) is quorum.quorum_impossible(combo, len(members))
+
+
+def test_holder_holds_a_majority_of_every_group() -> None:
+    m = Majorities([["a", "b", "c"], ["c", "d", "e"]])
+    assert m.holder({"a": "L1", "b": "L1", "c": "L1", "d": "L1"}) == "L1"
+    assert m.holder({"a": "L1", "b": "L1", "d": "L2", "e": "L2"}) is None  # each has one group only
+    assert m.holder({"a": None, "b": None, "c": None}) is None
+    assert m.holder({}) is None
+    assert Majorities([["a", "b", "c"]]).holder({"a": "L2", "b": "L1", "c": "L1"}) == "L1"
+
+
+def test_expiry_is_the_soonest_groups_qth_longest_remaining_time() -> None:
+    single = Majorities([["a", "b", "c"]])
+    assert single.expiry({"a": 30.0, "b": 10.0, "c": 20.0}) == 20.0
+    assert single.expiry({"a": 30.0}) is None  # too few leases to speak for a majority
+    joint = Majorities([["a", "b", "c"], ["c", "d", "e"]])
+    assert joint.expiry({"a": 30.0, "b": 25.0, "c": 20.0, "d": 5.0, "e": 4.0}) == 5.0
+    assert joint.expiry({"a": 30.0, "b": 25.0, "c": 20.0, "d": 5.0}) == 5.0
+    assert joint.expiry({"a": 30.0, "b": 25.0, "c": 20.0}) is None
+
+
+def test_describe_names_each_groups_quorum() -> None:
+    assert Majorities([["a", "b", "c"]]).describe() == "2 of 3 (a, b, c)"
+    assert Majorities([["a", "b"], ["b", "c", "d", "e"]]).describe() == "2 of 2 (a, b) and 3 of 4 (b, c, d, e)"
