@@ -34,15 +34,11 @@ for.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,7 +49,14 @@ from anyio.abc import TaskGroup
 from coordinator.errors import CoordinatorError, ExitCode, LockHeldError, StateConflictError, UsageError
 from coordinator.lease import boot_clock
 from coordinator.logs import get_logger
-from coordinator.text import printable
+from coordinator.procgroup import (
+    Ended,
+    ProcessGroup,
+    Watchdog,
+    say_stderr,
+    seconds_text,
+    signal_name,
+)
 
 if TYPE_CHECKING:
     from coordinator.api import Coordinator
@@ -65,310 +68,7 @@ log = get_logger(__name__)
 # an interruption. The others are only forwarded.
 INTERRUPTING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED = (*INTERRUPTING, signal.SIGUSR1, signal.SIGUSR2)
-# The watchdog acts this long (at most --grace) before the end of the validity it was last
-# told of, and SIGKILLs no later than that end: after it, a contender may hold the lock.
-# ``lock run`` itself declares a loss earlier (--grace, at most a third of the TTL, ahead)
-# and must be the one to act when it can.
-WATCHDOG_LEAD_S = 1.0
-# The watchdog's exit status when it had to stop the group (not a failure of its own).
-WATCHDOG_ACTED = 3
 TICK_S = 0.25
-POLL_S = 0.05
-
-
-def _say(text: str) -> None:
-    # A closed or broken stderr (`2>&1 | head -1`, a cancelled CI job's pipe) must never
-    # end `lock run` or its watchdog: what they do next is what keeps the lock safe.
-    try:
-        sys.stderr.write(f"coordinator: {printable(text)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
-def _signame(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _seconds(value: float) -> str:
-    return f"{value:g}s"
-
-
-# ------------------------------------------------------------------ the process group
-
-
-def group_members(pgid: int) -> list[int] | None:
-    """Pids of the live (not zombie) processes of group ``pgid``; None without /proc."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    members = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[0] not in (b"Z", b"X", b"x") and int(fields[2]) == pgid:
-            members.append(int(name))
-    return members
-
-
-@dataclass
-class Ended:
-    """How the command ended: its exit status, or the signal that killed it."""
-
-    code: int
-    signum: int | None = None
-
-    @property
-    def status(self) -> int:
-        """As a shell reports it: 128+N for a command killed by signal N."""
-        return 128 + self.signum if self.signum is not None else self.code
-
-    def __str__(self) -> str:
-        if self.signum is not None:
-            return f"was killed by {_signame(self.signum)} (exit {self.status})"
-        return f"exited {self.code}"
-
-    def brief(self) -> str:
-        if self.signum is not None:
-            return f"killed by {_signame(self.signum)}, exit {self.status}"
-        return f"exit {self.code}"
-
-
-class ProcessGroup:
-    """The command, started as the leader of a new session and process group.
-
-    The leader is waited for without being reaped (``WNOWAIT``): while it is a zombie
-    its pid, which is the group's id, cannot be given to another process, so signalling
-    the group can never reach an unrelated one. :meth:`reap` ends that.
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.pgid = proc.pid
-        self.ended: Ended | None = None
-
-    @classmethod
-    def start(cls, command: list[str], env: dict[str, str]) -> ProcessGroup:
-        return cls(subprocess.Popen(command, env=env, start_new_session=True))
-
-    def signal(self, signum: int) -> None:
-        if self.ended is not None and not self.members():
-            return
-        try:
-            os.killpg(self.pgid, signum)
-        except ProcessLookupError:
-            pass
-        except PermissionError as err:  # members that changed user (setuid programs)
-            log.warning("could not signal the child's process group", signal=_signame(signum), error=str(err))
-
-    def members(self) -> list[int]:
-        found = group_members(self.pgid)
-        if found is None:  # no /proc: only the command itself can be followed
-            return [] if self.ended is not None else [self.pgid]
-        return found
-
-    def _peek(self) -> Ended | None:
-        try:
-            info = os.waitid(os.P_PID, self.pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return self.ended or Ended(0)
-        if info is None or info.si_pid == 0:
-            return None
-        if info.si_code == os.CLD_EXITED:
-            return Ended(info.si_status)
-        return Ended(0, info.si_status)
-
-    async def wait(self) -> Ended:
-        """Until the leader has exited (it stays unreaped)."""
-        try:
-            pidfd: int | None = os.pidfd_open(self.pgid)
-        except (AttributeError, OSError):
-            pidfd = None
-        try:
-            while (ended := self._peek()) is None:
-                if pidfd is not None:
-                    await anyio.wait_readable(pidfd)
-                else:
-                    await anyio.sleep(POLL_S)
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
-        self.ended = ended
-        return ended
-
-    async def wait_empty(self, every: float = POLL_S) -> None:
-        waited = 0.0
-        while members := self.members():
-            await anyio.sleep(every)
-            waited += every
-            if waited >= 10:
-                log.warning("processes of the child's group are still alive", pids=members[:10])
-                waited = 0.0
-
-    def reap(self) -> None:
-        try:
-            os.waitpid(self.pgid, 0)
-        except ChildProcessError:
-            pass
-        # Popen must not wait for (or report) a pid that is no longer its child.
-        self.proc.returncode = self.ended.status if self.ended else 0
-
-
-# ------------------------------------------------------------------ the watchdog
-
-
-class Watchdog:
-    """The parent's side of the watchdog: a pipe it writes to, never reads.
-
-    Lines: ``group PGID`` (what to stop), ``deadline T`` (CLOCK_BOOTTIME seconds until
-    which the lock is confirmed), ``done`` (the group is gone: exit without acting).
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes], fd: int) -> None:
-        self.proc = proc
-        self.fd = fd
-        self.broken = False
-
-    @classmethod
-    def start(cls, grace_s: float) -> Watchdog | None:
-        import coordinator
-
-        read_end, write_end = os.pipe()
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(coordinator.__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        try:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-P",
-                    "-m",
-                    "coordinator.lockrun",
-                    "--watchdog",
-                    str(read_end),
-                    str(os.getpid()),
-                    repr(grace_s),
-                ],
-                pass_fds=(read_end,),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as err:
-            os.close(write_end)
-            _say(f"warning: could not start the watchdog ({err}); if this process dies, its child is not stopped")
-            return None
-        finally:
-            os.close(read_end)
-        return cls(proc, write_end)
-
-    def send(self, line: str) -> None:
-        if self.check():
-            try:
-                os.write(self.fd, line.encode() + b"\n")
-            except OSError as err:
-                self._gone(str(err))
-
-    def check(self) -> bool:
-        """Whether the watchdog is still there (said once when it is not)."""
-        if not self.broken and self.proc.poll() is not None:
-            if self.proc.returncode == WATCHDOG_ACTED:  # it stopped the group, as it should
-                self.broken = True
-            else:
-                self._gone(f"exit status {self.proc.returncode}")
-        return not self.broken
-
-    def _gone(self, why: str) -> None:
-        self.broken = True
-        _say(f"warning: the watchdog is gone ({why}); if this process dies, its child is not stopped")
-
-    def disarm(self) -> None:
-        """The group is gone: the watchdog exits without acting (waited for, so that the
-        group's id is not given away while it could still signal it)."""
-        try:
-            os.write(self.fd, b"done\n")
-        except OSError:  # it has exited already
-            pass
-        os.close(self.fd)
-        try:
-            self.proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _watchdog(fd: int, parent: int, grace_s: float) -> int:
-    """Stop group PGID when the pipe closes, or when the deadline passes unconfirmed."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
-        signal.signal(signum, signal.SIG_IGN)
-    pgid: int | None = None
-    deadline: float | None = None
-    pending = b""
-    open_pipe = True
-    while True:
-        # Act ahead of the validity's end, so that the group is gone before it ends.
-        lead = min(grace_s, WATCHDOG_LEAD_S)
-        wait = None if pgid is None or deadline is None else max(0.0, deadline - lead - boot_clock())
-        ready, _, _ = select.select([fd], [], [], wait)
-        if not ready:
-            why = "has not confirmed its lock, and the lock's validity is about to end (stopped or hung)"
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            why = "is gone"
-            open_pipe = False
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            word, _, arg = line.decode().partition(" ")
-            if word == "group":
-                pgid = int(arg)
-            elif word == "deadline":
-                deadline = float(arg)
-            elif word == "done":
-                return 0
-    if pgid is None or not group_members(pgid):
-        return 0
-    _say(
-        f"watchdog: `lock run` (pid {parent}) {why}; stopping its child's process group "
-        f"{pgid} (SIGTERM, then SIGKILL after {_seconds(grace_s)} at most, and no later than the lock's validity)"
-    )
-    for signum in (signal.SIGTERM, signal.SIGCONT):
-        _killpg_quietly(pgid, signum)
-    kill_at = boot_clock() + grace_s
-    if deadline is not None:
-        kill_at = min(kill_at, deadline)  # never past the validity: a contender may take it then
-    while group_members(pgid):
-        if boot_clock() >= kill_at:
-            _killpg_quietly(pgid, signal.SIGKILL)
-            kill_at = float("inf")
-        if open_pipe and select.select([fd], [], [], POLL_S)[0]:
-            chunk = os.read(fd, 4096)
-            open_pipe = bool(chunk)
-            if b"done" in chunk:
-                break
-        elif not open_pipe:
-            time.sleep(POLL_S)
-    return WATCHDOG_ACTED
-
-
-def _killpg_quietly(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except OSError:
-        pass
 
 
 # ------------------------------------------------------------------ lock run
@@ -386,6 +86,9 @@ class RunOptions:
     lock_id: str | None = None  # run under this lock, already held
     release: bool = False  # with lock_id: release it afterwards
     on_wait: Callable[[Any, float], Awaitable[None] | None] | None = None
+    on_wait_end: Callable[[], None] | None = None  # after a wait reported through on_wait
+    # What `lock run` tells the user (and the warnings of its watchdog): one line each.
+    say: Callable[[str], None] = say_stderr
 
 
 def unrunnable(command: list[str], path: str | None) -> tuple[int, str] | None:
@@ -455,7 +158,7 @@ class _Run:
                 assert self.group is not None
                 if signum in INTERRUPTING and self.interrupted is None:
                     self.interrupted = signum
-                log.info("forwarding signal to the child's group", signal=_signame(signum))
+                log.info("forwarding signal to the child's group", signal=signal_name(signum))
                 self.group.signal(signum)
                 if self.suspended:
                     # Stopped processes act on a signal only once continued; the lock is
@@ -503,9 +206,9 @@ class _Run:
         if self.lost is not None:
             return
         self.lost = reason
-        _say(
+        self.opts.say(
             f"LOCK LOST on {self.opts.deployment}: {reason}; stopping the child's process group "
-            f"(SIGTERM, then SIGKILL after {_seconds(self.opts.grace_s)})"
+            f"(SIGTERM, then SIGKILL after {seconds_text(self.opts.grace_s)})"
         )
         assert self.tg is not None
         self.tg.start_soon(self.stop_group)
@@ -557,7 +260,6 @@ class _Run:
 
     async def take(self) -> AcquireResult | None:
         opts = self.opts
-        tty = sys.stderr.isatty() and opts.on_wait is not None
         with anyio.CancelScope() as scope:
             self.acquire_scope = scope
             try:
@@ -575,9 +277,8 @@ class _Run:
                 raise self._with_hint(err) from None
             finally:
                 self.acquire_scope = None
-                if tty:
-                    with contextlib.suppress(OSError, ValueError):
-                        sys.stderr.write("\n")
+                if opts.on_wait is not None and opts.on_wait_end is not None:
+                    opts.on_wait_end()
         return None
 
     def _with_hint(self, err: LockHeldError) -> LockHeldError:
@@ -608,7 +309,7 @@ class _Run:
         else:
             problem = await self.release(held)
             what = f"could not release it again ({problem})" if problem else "released it again"
-        _say(f"interrupted by {_signame(self.interrupted)} while taking the lock; {what}")
+        self.opts.say(f"interrupted by {signal_name(self.interrupted)} while taking the lock; {what}")
         return 128 + self.interrupted
 
     async def run_held(self, held: AcquireResult) -> int:
@@ -622,7 +323,7 @@ class _Run:
             }
         )
         how = "running under" if opts.lock_id else "locked"
-        _say(
+        self.opts.say(
             f"{how} {opts.deployment} (lock {held.lock_id}, token {held.fencing_token}); "
             f"running {shlex.join(opts.command)}"
         )
@@ -639,7 +340,7 @@ class _Run:
         async with keep_renewed(engine, held, on_lost=reasons.append, lead_s=opts.grace_s) as lost:
             async with anyio.create_task_group() as tg:
                 self.tg = tg
-                self.watchdog = Watchdog.start(opts.grace_s)
+                self.watchdog = Watchdog.start(opts.grace_s, opts.say)
                 # No checkpoint from here to phase "run": a signal is either handled
                 # before the command exists or forwarded to it.
                 try:
@@ -694,12 +395,12 @@ class _Run:
         after = f"lock {held.lock_id} stays held" if kept else "released the lock"
         if problem:
             after = f"could not release lock {held.lock_id} ({problem})"
-        _say(f"cannot run {self.opts.command[0]!r}: {err.strerror or err}; {after}")
+        self.opts.say(f"cannot run {self.opts.command[0]!r}: {err.strerror or err}; {after}")
         return code
 
     async def finish(self, held: AcquireResult, ended: Ended) -> int:
         opts, dep = self.opts, self.opts.deployment
-        grace = _seconds(opts.grace_s)
+        grace = seconds_text(opts.grace_s)
         if self.lost is not None:
             await self.release(held)  # whatever is still ours, e.g. on a minority
             if not self.stop_started:
@@ -708,14 +409,14 @@ class _Run:
                 how = f"stopped the child (SIGTERM, then SIGKILL after {grace})"
             else:
                 how = "stopped the child (SIGTERM)"
-            _say(f"lost the lock on {dep} ({self.lost}): {how}; exit 7")
+            self.opts.say(f"lost the lock on {dep} ({self.lost}): {how}; exit 7")
             return int(ExitCode.LOCK_LOST)
         left = ""
         if self.leftovers:
             how = f"SIGTERM, then SIGKILL after {grace}" if self.killed else "SIGTERM"
             left = f"{self.leftovers} process(es) it left in its group: {how}"
         if opts.lock_id and not opts.release:
-            valid = _seconds(round(held.expires_in()))
+            valid = seconds_text(round(held.expires_in()))
             outcome = f"lock {held.lock_id} of {dep} stays held (valid for {valid} unless renewed)"
         else:
             problem = await self.release(held)
@@ -726,11 +427,11 @@ class _Run:
             )
         if self.interrupted is not None:
             detail = ended.brief() + (f"; then {left}" if left else "")
-            _say(f"interrupted by {_signame(self.interrupted)}: stopped the child ({detail}); {outcome}")
+            self.opts.say(f"interrupted by {signal_name(self.interrupted)}: stopped the child ({detail}); {outcome}")
         elif outcome.startswith("released"):
-            _say(f"{outcome} after the child {ended}" + (f" (then stopped {left})" if left else ""))
+            self.opts.say(f"{outcome} after the child {ended}" + (f" (then stopped {left})" if left else ""))
         else:
-            _say(f"the child {ended}" + (f" (then stopped {left})" if left else "") + f"; {outcome}")
+            self.opts.say(f"the child {ended}" + (f" (then stopped {left})" if left else "") + f"; {outcome}")
         return ended.status
 
 
@@ -741,7 +442,7 @@ def run_locked(c: Coordinator, opts: RunOptions) -> int:
     problem = unrunnable(opts.command, os.environ.get("PATH"))
     if problem is not None:
         code, why = problem
-        _say(f"cannot run {opts.command[0]!r}: {why}; the lock was not taken")
+        opts.say(f"cannot run {opts.command[0]!r}: {why}; the lock was not taken")
         return code
 
     async def main() -> int:
@@ -762,4 +463,8 @@ def run_locked(c: Coordinator, opts: RunOptions) -> int:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--watchdog"]:
-    sys.exit(_watchdog(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
+    # The watchdog's former address: a `lock run` started before an upgrade in place
+    # still starts its watchdog here.
+    from coordinator.procgroup import watchdog_main
+
+    sys.exit(watchdog_main(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))

@@ -125,6 +125,15 @@ def _acquired_text(result: Any) -> None:
     say(f"Release with: coordinator lock release {result.deployment} --lock-id {result.lock_id}")
 
 
+def _end_live_line() -> None:
+    """End the line a waiting acquire kept rewriting (on a terminal only)."""
+    if sys.stderr.isatty():
+        try:
+            sys.stderr.write("\n")
+        except (OSError, ValueError):  # a closed stderr ends nothing
+            pass
+
+
 def _wait_reporter() -> Any:
     """A live status line on a terminal; a log line now and then otherwise."""
     last = [0.0]
@@ -700,6 +709,7 @@ def run_(
         lock_id=lock_id,
         release=release,
         on_wait=_wait_reporter() if wait_s > 0 and not lock_id else None,
+        on_wait_end=_end_live_line,
     )
     code = run_locked(c, opts)
     sys.stdout.flush()
