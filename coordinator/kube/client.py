@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlencode
 
@@ -64,6 +65,7 @@ __all__ = [
     "CONFLICT",
     "ERROR",
     "FORBIDDEN",
+    "IDENTITY_MISMATCH",
     "IN_CLUSTER_CONTEXT",
     "NOT_FOUND",
     "SERVICE_ACCOUNT_DIR",
@@ -72,6 +74,7 @@ __all__ = [
     "USER_AGENT",
     "ApiResponse",
     "Endpoint",
+    "ErrorKind",
     "KubeClient",
     "KubeError",
     "environment_has_proxy_or_netrc",
@@ -94,19 +97,35 @@ _READ_BUFSIZE = 2**21
 # run, for one) through the root handler; they reach the user once, in our own words.
 logging.getLogger("kubernetes_asyncio").addHandler(logging.NullHandler())
 
-# Kinds of failure, finer than Outcome: "not-found" and "already-exists" are answers
-# that the lock and state engines decide on, never reported to users as such.
-UNREACHABLE = "unreachable"
-FORBIDDEN = "forbidden"
-NOT_FOUND = "not-found"
-CONFLICT = "conflict"
-ALREADY_EXISTS = "already-exists"
-# 429: API Priority and Fairness (or an admission webhook, or a proxy) refused the request
-# before doing anything; it may say when to come back (Retry-After).
-THROTTLED = "throttled"
-# The cluster answered, but it is not the one recorded (its kube-system UID differs).
-IDENTITY_MISMATCH = "identity-mismatch"
-ERROR = "error"
+
+
+class ErrorKind(StrEnum):
+    """Kinds of failure, finer than Outcome: "not-found" and "already-exists" are answers
+    that the lock and state engines decide on, never reported to users as such. Members
+    are strings and compare equal to their values (``ErrorKind.NOT_FOUND == "not-found"``)."""
+
+    UNREACHABLE = "unreachable"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not-found"
+    CONFLICT = "conflict"
+    ALREADY_EXISTS = "already-exists"
+    # 429: API Priority and Fairness (or an admission webhook, or a proxy) refused the
+    # request before doing anything; it may say when to come back (Retry-After).
+    THROTTLED = "throttled"
+    # The cluster answered, but it is not the one recorded (its kube-system UID differs).
+    IDENTITY_MISMATCH = "identity-mismatch"
+    ERROR = "error"
+
+
+# The module's names of the kinds, as importers have used them (``kube.NOT_FOUND``).
+UNREACHABLE = ErrorKind.UNREACHABLE
+FORBIDDEN = ErrorKind.FORBIDDEN
+NOT_FOUND = ErrorKind.NOT_FOUND
+CONFLICT = ErrorKind.CONFLICT
+ALREADY_EXISTS = ErrorKind.ALREADY_EXISTS
+THROTTLED = ErrorKind.THROTTLED
+IDENTITY_MISMATCH = ErrorKind.IDENTITY_MISMATCH
+ERROR = ErrorKind.ERROR
 
 # A throttled request is sent again after the server's Retry-After only when the retry
 # would still have this long (or a quarter of the request timeout, if less) before the
@@ -129,13 +148,16 @@ def _tell(event: str) -> None:
 
 
 class KubeError(Exception):
-    """A request to one cluster failed; ``kind`` is one of the constants above.
+    """A request to one cluster failed; ``kind`` says how (an :class:`ErrorKind`; its
+    text value is taken too, and an unknown one is a ValueError).
 
     ``retry_after`` is the server's Retry-After, in seconds, on a throttled request."""
 
-    def __init__(self, kind: str, detail: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+    def __init__(
+        self, kind: ErrorKind | str, detail: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(detail)
-        self.kind = kind
+        self.kind = ErrorKind(kind)
         self.detail = detail
         self.status = status
         self.retry_after = retry_after

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from coordinator.kube.client import ALREADY_EXISTS, FORBIDDEN, NOT_FOUND, KubeClient, KubeError
+from coordinator.kube.client import ErrorKind, KubeClient, KubeError
 from coordinator.kube.resources import (
     IDENTITY_CONFIGMAP,
     configmaps_path,
@@ -44,7 +44,7 @@ async def _read_uuid_configmap(client: KubeClient, namespace: str) -> str | None
     try:
         resp = await client.request("GET", f"{configmaps_path(namespace)}/{IDENTITY_CONFIGMAP}")
     except KubeError as err:
-        if err.kind == NOT_FOUND:
+        if err.kind == ErrorKind.NOT_FOUND:
             return None
         raise
     value = (resp.body.get("data") or {}).get("uuid")
@@ -56,7 +56,7 @@ def _checked(value: str, namespace: str) -> str:
     and printed, so it must be one line of plain text (a UUID is)."""
     if len(value) > MAX_IDENTITY or not value.isprintable() or value != value.strip():
         raise KubeError(
-            "error",
+            ErrorKind.ERROR,
             f"the identity ConfigMap {namespace}/{IDENTITY_CONFIGMAP} holds a uuid that is no identity "
             f"(not one line of at most {MAX_IDENTITY} printable characters); ask whoever edited it",
         )
@@ -71,7 +71,7 @@ async def discover_identity(client: KubeClient, fallback_namespace: str) -> Iden
         if uid:
             return Identity(str(uid), KUBE_SYSTEM_UID)
     except KubeError as err:
-        if err.kind not in (FORBIDDEN, NOT_FOUND):
+        if err.kind not in (ErrorKind.FORBIDDEN, ErrorKind.NOT_FOUND):
             raise
     existing = await _read_uuid_configmap(client, fallback_namespace)
     if existing:
@@ -85,12 +85,12 @@ async def discover_identity(client: KubeClient, fallback_namespace: str) -> Iden
     try:
         await client.request("POST", configmaps_path(fallback_namespace), body=body)
     except KubeError as err:
-        if err.kind != ALREADY_EXISTS:
+        if err.kind != ErrorKind.ALREADY_EXISTS:
             raise
     # Read back: whoever created it first, this is the value everyone uses.
     value = await _read_uuid_configmap(client, fallback_namespace)
     if not value:
-        raise KubeError("error", "identity ConfigMap vanished right after it was created")
+        raise KubeError(ErrorKind.ERROR, "identity ConfigMap vanished right after it was created")
     return Identity(_checked(value, fallback_namespace), CONFIGMAP_UUID, fallback_namespace)
 
 
