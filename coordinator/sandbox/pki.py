@@ -9,6 +9,12 @@ what identity-mismatch tests need.
 
 Every certificate starts being valid two days in the past, so that processes run under
 ``faketime`` with a clock minutes (or hours) off still accept them.
+
+The certificates are made with ``cryptography``, which only the sandbox needs: it is the
+``sandbox`` extra (``pip install 'coordinator[sandbox]'``), and without it importing the
+sandbox fails with a :class:`~coordinator.errors.UsageError` that says so. (trustme, made
+for test CAs, does not fit: a leaf gets one organization, where a client certificate needs
+one per RBAC group, and every leaf is a client and server certificate at once.)
 """
 
 from __future__ import annotations
@@ -20,10 +26,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from coordinator.errors import UsageError
+
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+except ImportError as err:
+    raise UsageError(
+        "The sandbox makes its certificates with the Python package 'cryptography', which cannot be "
+        f"imported here ({err}). It is an optional part of coordinator: install it with "
+        "`pip install 'coordinator[sandbox]'` (in a checkout: `pip install -e '.[sandbox]'`). "
+        "Everything but `coordinator sandbox` works without it."
+    ) from err
 
 BACKDATE = dt.timedelta(days=2)
 CA_LIFETIME = dt.timedelta(days=3650)
