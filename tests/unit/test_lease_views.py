@@ -345,3 +345,15 @@ def test_verified_blocking_and_fingerprint() -> None:
     assert view(token="4").fingerprint != lease.fingerprint
     assert view(holder="alice/next").fingerprint != lease.fingerprint
     assert view(uid="uid-2", uid_note="uid-2").fingerprint != lease.fingerprint
+
+
+def test_effective_ttl_method_is_the_rule_of_the_lease_it_is_called_on() -> None:
+    own = view(ttl=30)
+    assert own.effective_ttl(600) == effective_ttl(own, 600) == 30
+    stone = view(holder=None, annotations={A_VANISHED: "x"})
+    assert stone.effective_ttl(600) == 600
+    # a duration our field manager did not set is not believed: the maximum TTL applies
+    foreign = view(ttl=30)
+    foreign.obj["metadata"]["managedFields"][0]["fieldsV1"] = {"f:spec": {"f:holderIdentity": {}}}
+    reparsed = LeaseView.parse(foreign.obj)
+    assert not reparsed.ttl_owned and reparsed.effective_ttl(600) == 600
