@@ -54,8 +54,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeAlias, assert_never
 
+from coordinator import cas
 from coordinator.clusters import ClusterSet, failed
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -414,6 +415,10 @@ def _refused_for_good(err: KubeError, old: Mapping[str, Any]) -> bool:
     return old.get("immutable") is True or not written_by_us(old)
 
 
+# A member's copy as read: the object (None where it has none) and the server's time.
+_Copy: TypeAlias = tuple[dict[str, Any] | None, datetime | None]
+
+
 class HistoryStore:
     """The history ConfigMaps of one deployment on its member clusters."""
 
@@ -437,34 +442,52 @@ class HistoryStore:
 
     async def _append_one(self, cluster: str, events: list[dict[str, Any]]) -> ClusterResult[int]:
         client = self.clusters.client(cluster)
+
+        def decide(copy: _Copy) -> cas.Put[tuple[dict[str, Any], int]] | cas.Keep[int]:
+            old, server_now = copy
+            have = stored(old)
+            # Judged by the server's clock, and nothing is dropped for being ahead of it.
+            merged = merge_for_write(have, events, now=server_now)
+            unchanged = merged == merge_for_write(have, [], now=server_now)
+            if unchanged and (old is None or written_by_us(old)):
+                return cas.Keep(len(merged))
+            return cas.Put((_object(self.deployment, merged, old), len(merged)))
+
+        async def write(copy: _Copy, step: tuple[dict[str, Any], int]) -> int:
+            body, count = step
+            query = {"fieldManager": FIELD_MANAGER}
+            if copy[0] is None:
+                await client.request("POST", configmaps_path(self.namespace), body=body, query=query)
+            else:
+                await client.request("PUT", self.path, body=body, query=query)
+            return count
+
+        async def retry(copy: _Copy, err: KubeError) -> bool:
+            if await cas.lost_race(copy, err):
+                return True  # another writer got there first: merge with theirs
+            old = copy[0]
+            if old is not None and _refused_for_good(err, old):
+                await self._replace(cluster, old)
+                return True  # gone: the next round creates a fresh copy
+            return False
+
         try:
             await self.clusters.check_identity(cluster)
-            for _ in range(WRITE_RETRIES):
-                old, server_now = await self._get(cluster)
-                have = stored(old)
-                # Judged by the server's clock, and nothing is dropped for being ahead of it.
-                merged = merge_for_write(have, events, now=server_now)
-                unchanged = merged == merge_for_write(have, [], now=server_now)
-                if unchanged and (old is None or written_by_us(old)):
-                    return ClusterResult(cluster, Outcome.OK, len(merged), detail="already recorded")
-                body = _object(self.deployment, merged, old)
-                query = {"fieldManager": FIELD_MANAGER}
-                try:
-                    if old is None:
-                        await client.request("POST", configmaps_path(self.namespace), body=body, query=query)
-                    else:
-                        await client.request("PUT", self.path, body=body, query=query)
-                except KubeError as err:
-                    if err.kind in (kube.CONFLICT, kube.ALREADY_EXISTS):
-                        continue  # another writer got there first: merge with theirs
-                    if old is not None and _refused_for_good(err, old):
-                        await self._replace(cluster, old)
-                        continue  # gone: the next round creates a fresh copy
-                    raise
-                return ClusterResult(cluster, Outcome.OK, len(merged), detail="recorded")
-        except KubeError as err:
+            result = await cas.compare_and_swap(
+                lambda: self._get(cluster), decide, write, attempts=WRITE_RETRIES, retry=retry
+            )
+        except KubeError as err:  # the identity check, or replacing a copy that refuses updates
             return failed(cluster, err)  # type: ignore[return-value]
-        return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+        match result:
+            case cas.Written(value=count):
+                return ClusterResult(cluster, Outcome.OK, count, detail="recorded")
+            case cas.Decided(value=count):
+                return ClusterResult(cluster, Outcome.OK, count, detail="already recorded")
+            case cas.ReadFailed(error=error) | cas.WriteFailed(error=error):
+                return failed(cluster, error)  # type: ignore[return-value]
+            case cas.Raced():
+                return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+        assert_never(result)
 
     async def _replace(self, cluster: str, old: Mapping[str, Any]) -> None:
         """Delete a copy that refuses every update (made ``immutable`` by whoever created

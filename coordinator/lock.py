@@ -62,12 +62,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, assert_never
 
 import anyio
 from anyio.abc import TaskGroup
 
-from coordinator import history, quorum
+from coordinator import cas, history, quorum
 from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import (
     CoordinatorError,
@@ -832,34 +832,48 @@ class LockEngine:
         collection, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
         client = self.clusters.client(cluster)
         query = {"fieldManager": FIELD_MANAGER}
-        for _ in range(4):
+
+        async def read() -> dict[str, Any] | None:
             try:
-                try:
-                    obj = (await client.request("GET", path)).body
-                except KubeError as err:
-                    if err.kind != kube.NOT_FOUND:
-                        raise
-                    obj = None
-                if obj is None:
-                    body = genesis_state_object(self.dep.name, self.dep.storage, self.membership.document())
-                    body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
-                    await client.request("POST", collection, body=body, query=query)
-                    return ClusterResult(cluster, Outcome.OK, token)
-                changes: dict[str, str] = {}
-                if token_floor(obj) < token:
-                    changes[A_TOKEN_FLOOR] = str(token)
-                if _set_on_state_is_behind(obj, self.membership):
-                    changes[A_MEMBERSHIP] = self.membership.dump()
-                if not changes:
-                    return ClusterResult(cluster, Outcome.OK, token_floor(obj))
-                meta = dict(obj.get("metadata") or {})
-                meta["annotations"] = dict(meta.get("annotations") or {}) | changes
-                await client.request("PUT", path, body={**obj, "metadata": meta}, query=query)  # resourceVersion: CAS
-                return ClusterResult(cluster, Outcome.OK, token)
+                body: dict[str, Any] = (await client.request("GET", path)).body
             except KubeError as err:
-                if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
-                    return failed(cluster, err)  # type: ignore[return-value]
-        return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+                if err.kind != kube.NOT_FOUND:
+                    raise
+                return None
+            return body
+
+        def decide(obj: dict[str, Any] | None) -> cas.Put[dict[str, Any]] | cas.Keep[int]:
+            if obj is None:
+                body = genesis_state_object(self.dep.name, self.dep.storage, self.membership.document())
+                body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
+                return cas.Put(body)
+            changes: dict[str, str] = {}
+            if token_floor(obj) < token:
+                changes[A_TOKEN_FLOOR] = str(token)
+            if _set_on_state_is_behind(obj, self.membership):
+                changes[A_MEMBERSHIP] = self.membership.dump()
+            if not changes:
+                return cas.Keep(token_floor(obj))
+            meta = dict(obj.get("metadata") or {})
+            meta["annotations"] = dict(meta.get("annotations") or {}) | changes
+            return cas.Put({**obj, "metadata": meta})
+
+        async def write(obj: dict[str, Any] | None, body: dict[str, Any]) -> int:
+            if obj is None:
+                await client.request("POST", collection, body=body, query=query)
+            else:
+                await client.request("PUT", path, body=body, query=query)  # resourceVersion: CAS
+            return token
+
+        result = await cas.compare_and_swap(read, decide, write, attempts=MAX_CAS_RETRIES)
+        match result:
+            case cas.Written(value=floor) | cas.Decided(value=floor):
+                return ClusterResult(cluster, Outcome.OK, floor)
+            case cas.ReadFailed(error=err) | cas.WriteFailed(error=err):
+                return failed(cluster, err)  # type: ignore[return-value]
+            case cas.Raced():
+                return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+        assert_never(result)
 
     def _mismatch(self, result: AcquireResult) -> bool:
         return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
@@ -1268,26 +1282,34 @@ class LockEngine:
         either a final result, or the body to write and the action to report. A write
         that loses the race (409) is never retried blindly: the lease is read again and
         decided again."""
-        for _ in range(MAX_CAS_RETRIES):
+
+        def step(view: LeaseView) -> cas.Put[tuple[dict[str, Any], str, str]] | cas.Keep[ClusterResult[ClusterLease]]:
             decision = decide(view)
-            if isinstance(decision, ClusterResult):
-                return decision
+            return cas.Keep(decision) if isinstance(decision, ClusterResult) else cas.Put(decision)
+
+        async def write(view: LeaseView, decision: tuple[dict[str, Any], str, str]) -> ClusterResult[ClusterLease]:
             body, action, detail = decision
-            try:
-                new_view = await self._write(cluster, view, body, manager=manager)
-                return ClusterResult(
-                    cluster, Outcome.OK, ClusterLease(new_view, action, previous=view), detail=detail or action
-                )
-            except KubeError as err:
-                if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
-                    return failed(cluster, err)  # type: ignore[return-value]
-            try:
-                view = await self._read(cluster)
-            except KubeError as err:
-                return failed(cluster, err)  # type: ignore[return-value]
-        return ClusterResult(
-            cluster, Outcome.CONFLICT, ClusterLease(view, "raced"), detail="lost the compare-and-swap race repeatedly"
+            new_view = await self._write(cluster, view, body, manager=manager)
+            return ClusterResult(
+                cluster, Outcome.OK, ClusterLease(new_view, action, previous=view), detail=detail or action
+            )
+
+        result = await cas.compare_and_swap(
+            lambda: self._read(cluster), step, write, current=view, attempts=MAX_CAS_RETRIES, reread_last=True
         )
+        match result:
+            case cas.Written(value=done) | cas.Decided(value=done):
+                return done
+            case cas.ReadFailed(error=err) | cas.WriteFailed(error=err):
+                return failed(cluster, err)  # type: ignore[return-value]
+            case cas.Raced(current=last):
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(last, "raced"),
+                    detail="lost the compare-and-swap race repeatedly",
+                )
+        assert_never(result)
 
     def _settle(self, result: AcquireResult, *, final: bool) -> AcquireResult:
         if result.acquired:

@@ -33,11 +33,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import anyio
 
-from coordinator import quorum
+from coordinator import cas, quorum
 from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import IdentityMismatchError, MembershipError, NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
@@ -346,35 +346,46 @@ class StateClient:
         """Give ``rep`` the promise (``text`` None) or the envelope ``text`` of ``stamp``,
         if the replica's rule lets it take it; compare-and-swap, re-judged on each retry."""
         cluster = rep.cluster
-        for _ in range(4):
+
+        def decide(rep: Replica) -> cas.Put[dict[str, Any]] | cas.Keep[ClusterResult[Replica]]:
             fenced = self._fenced(rep)
             if fenced is not None:
-                return ClusterResult(cluster, Outcome.CONFLICT, rep, detail=fenced)
+                return cas.Keep(ClusterResult(cluster, Outcome.CONFLICT, rep, detail=fenced))
             verdict = judge(rep, stamp, kind)
             if not verdict.accept:
-                return ClusterResult(cluster, Outcome.CONFLICT, rep, detail=verdict.reason)
+                return cas.Keep(ClusterResult(cluster, Outcome.CONFLICT, rep, detail=verdict.reason))
             if verdict.done:
-                return ClusterResult(cluster, Outcome.OK, rep, detail=f"already holds {stamp.short()}")
-            body = build_object(
-                rep,
-                name=self.name,
-                deployment=self.dep.name,
-                storage=self.storage,
-                promise=promise_after(rep, stamp, kind),
-                envelope_text=text,
+                return cas.Keep(ClusterResult(cluster, Outcome.OK, rep, detail=f"already holds {stamp.short()}"))
+            return cas.Put(
+                build_object(
+                    rep,
+                    name=self.name,
+                    deployment=self.dep.name,
+                    storage=self.storage,
+                    promise=promise_after(rep, stamp, kind),
+                    envelope_text=text,
+                )
             )
-            try:
-                new = await self._put(rep, body)
+
+        async def reread() -> Replica:
+            return (await self._read_one(cluster, with_lease=False)).replica
+
+        result = await cas.compare_and_swap(reread, decide, self._put, current=rep, reread_last=True)
+        match result:
+            case cas.Written(value=new):
                 verb = "promised" if text is None else "wrote"
                 return ClusterResult(cluster, Outcome.OK, new, detail=f"{verb} version {stamp.version}")
-            except KubeError as err:
-                if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
-                    return _failed(cluster, err)
-            try:
-                rep = (await self._read_one(cluster, with_lease=False)).replica
-            except KubeError as err:
+            case cas.Decided(value=done):
+                return done
+            case cas.WriteFailed(error=err):
+                return _failed(cluster, err)
+            case cas.ReadFailed(error=err):
                 return _failed(cluster, err, definite=True)  # the last write was refused (409)
-        return ClusterResult(cluster, Outcome.CONFLICT, rep, detail="lost the compare-and-swap race repeatedly")
+            case cas.Raced(current=last):
+                return ClusterResult(
+                    cluster, Outcome.CONFLICT, last, detail="lost the compare-and-swap race repeatedly"
+                )
+        assert_never(result)
 
     def _fenced(self, rep: Replica) -> str | None:
         """Why the object itself refuses this write, beyond the stamps' order: it notes a
