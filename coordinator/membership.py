@@ -73,7 +73,10 @@ class Membership:
         if not isinstance(doc, dict):
             return None
         epoch, members = doc.get("epoch"), doc.get("members")
-        if not isinstance(epoch, int) or epoch < 1 or not isinstance(members, list) or not members:
+        # a JSON true is an int to Python, but no epoch
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+            return None
+        if not isinstance(members, list) or not members:
             return None
         if not all(isinstance(m, str) and m for m in members):
             return None

@@ -94,6 +94,7 @@ def test_document_and_dump_round_trip(members: list[str], epoch: int, joint: lis
         '{"epoch": -1, "members": ["a"]}',
         '{"epoch": "1", "members": ["a"]}',
         '{"epoch": 1.5, "members": ["a"]}',
+        '{"epoch": true, "members": ["a"]}',  # a bool is an int to Python, but no epoch
         '{"epoch": 1, "members": []}',
         '{"epoch": 1, "members": "a"}',
         '{"epoch": 1, "members": ["a", ""]}',
