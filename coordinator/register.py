@@ -67,6 +67,8 @@ OBJECT_LIMIT = 1024 * 1024
 ENVELOPE_LIMIT = OBJECT_LIMIT - 16 * 1024
 
 _WRITE_ID = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
+# A number as str() writes it: ASCII digits (not '٣', which int() reads too), no leading zero.
+_DECIMAL = re.compile(r"0|[1-9][0-9]*", re.ASCII)
 # How deep a state document may be nested (the data mapping is level 1, a value in it
 # level 2): `state set` and `state apply` refuse deeper input, and a replica holding
 # deeper data is corrupt, since printing it (as JSON or YAML) would recurse past any
@@ -95,7 +97,7 @@ class Stamp:
     def parse(cls, text: str) -> Stamp:
         """The inverse of ``str()``; ValueError for anything else."""
         parts = str(text).split("/")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts[:2]) or not _WRITE_ID.fullmatch(parts[2]):
+        if len(parts) != 3 or not all(_DECIMAL.fullmatch(p) for p in parts[:2]) or not _WRITE_ID.fullmatch(parts[2]):
             raise ValueError(f"{text!r} is not a stamp (TOKEN/VERSION/WRITE-ID)")
         return cls(int(parts[0]), int(parts[1]), parts[2])
 
@@ -347,7 +349,11 @@ def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, de
         rep.corrupt = f"nested more than {MAX_DEPTH} levels deep (no write of coordinator makes that)"
         return rep
     schema = doc.get("schema", 0)
-    if isinstance(schema, int) and not isinstance(schema, bool) and schema > STATE_SCHEMA:
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 0:
+        # The model would read "99" as 99 and take it past the newer-schema refusal below.
+        rep.corrupt = f"the envelope's schema {printable(repr(schema))[:40]} is not a schema number"
+        return rep
+    if schema > STATE_SCHEMA:
         rep.newer_schema = schema
         return rep
     try:

@@ -189,3 +189,38 @@ def test_replica_order_and_checksum_follow_its_envelope() -> None:
     genesis = _decode(reg.genesis_text("d"))
     assert genesis.exists and genesis.envelope is None and genesis.order == (0, 0)
     assert json.loads(reg.genesis_text("d"))["write_id"] == reg.GENESIS_WRITE_ID
+
+
+# ------------------------------------------------------------------ what a hand edit may not slip past
+
+
+@pytest.mark.parametrize("schema", ["99", "3", "2", "1", "0", True, 2.0, None, -1, [2]])
+def test_a_schema_that_is_no_schema_number_is_corrupt_not_current(schema: Any) -> None:
+    # Only the envelope's schema field edited: the checksum (over the data) still holds.
+    _env, text = _envelope({"a": 1}, Stamp(1, 1, "ab"))
+    rep = _decode(json.dumps(dict(json.loads(text), schema=schema)))
+    assert rep.envelope is None and rep.newer_schema is None
+    assert rep.corrupt is not None and "schema" in rep.corrupt
+
+
+def test_a_newer_schema_number_is_refused_and_an_older_one_migrated() -> None:
+    _env, text = _envelope({"a": 1}, Stamp(1, 1, "ab"))
+    doc = json.loads(text)
+    newer = _decode(json.dumps(dict(doc, schema=STATE_SCHEMA + 1)))
+    assert newer.newer_schema == STATE_SCHEMA + 1 and newer.envelope is None and newer.corrupt is None
+    doc.pop("schema")
+    doc.pop("write_id")
+    old = _decode(json.dumps(doc))
+    assert old.corrupt is None and old.envelope is not None and old.envelope.schema_ == STATE_SCHEMA
+
+
+@pytest.mark.parametrize("text", ["٣/1/ab", "1/٣/ab", "01/1/ab", "1/01/ab", "+1/1/ab", " 1/1/ab", "1/1/ab "])
+def test_stamp_parse_takes_only_what_str_writes(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a stamp"):
+        Stamp.parse(text)
+
+
+@given(st.integers(0, 10**30), st.integers(0, 10**30))
+def test_stamp_parse_is_the_inverse_of_str(token: int, version: int) -> None:
+    stamp = Stamp(token, version, reg.new_write_id())
+    assert Stamp.parse(str(stamp)) == stamp
