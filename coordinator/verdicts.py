@@ -190,3 +190,39 @@ def waiting(results: Mapping[str, Any]) -> Waiting:
         expires_in_s=min(remaining) if remaining else None,
         other_outcomes=sorted({str(r.outcome) for r in results.values() if r.outcome is not Outcome.HELD_BY_OTHER}),
     )
+
+
+# ------------------------------------------------------------------ state diff
+
+
+# The replica statuses of ``state diff`` that were read (anything else was not).
+READ_REPLICA_STATUSES = ("current", "behind", "absent", "empty", "suspect", "conflict", "corrupt", "newer-schema")
+
+
+@dataclass(frozen=True)
+class ReplicasVerdict:
+    """What ``state diff`` concludes from its per-cluster rows."""
+
+    equal: bool  # every replica current, under one stamp, with one checksum
+    empty: bool  # no replica holds any state yet
+    by_status: dict[str, list[str]]  # status -> clusters, in row order
+    behind: list[str]  # behind, then absent: what a read or `state sync` repairs
+    behind_data_differs: bool  # the data of current and behind replicas is not all the same
+    unread: list[str]  # clusters whose replica could not be read
+
+
+def replicas_verdict(rows: Sequence[Mapping[str, Any]]) -> ReplicasVerdict:
+    """``rows``: ``state diff``'s documents (name, status, token, version, write_id, checksum)."""
+    stamps = {(r["token"], r["version"], r["write_id"]) for r in rows}
+    sums = {r["checksum"] for r in rows}
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(r["status"], []).append(r["name"])
+    return ReplicasVerdict(
+        equal=all(r["status"] == "current" for r in rows) and len(stamps) == 1 and len(sums) == 1,
+        empty=all(r["status"] == "empty" for r in rows),
+        by_status=by,
+        behind=by.get("behind", []) + by.get("absent", []),
+        behind_data_differs=len({r["checksum"] for r in rows if r["status"] in ("current", "behind")}) > 1,
+        unread=[r["name"] for r in rows if r["status"] not in READ_REPLICA_STATUSES],
+    )

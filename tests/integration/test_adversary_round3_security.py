@@ -182,7 +182,7 @@ def test_a_claim_from_the_far_future_prints_as_json(since: int) -> None:
 
 @pytest.mark.parametrize("pid", ["²", "٣", "9" * 5000, "-1", " 1"])
 def test_a_pid_annotation_of_odd_digits_is_no_pid(pid: str) -> None:
-    from coordinator.cli.lock import _pid
+    from coordinator.cli.lockview import pid_field as _pid
     from coordinator.fleet import Fleet, FleetEntry, fleet_document
 
     assert _pid({"pid": pid}) is None

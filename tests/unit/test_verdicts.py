@@ -9,7 +9,7 @@ import pytest
 
 from coordinator.errors import ExitCode, NoQuorumError
 from coordinator.outcome import Outcome
-from coordinator.verdicts import break_verdict, history_verdict, status_verdict, waiting
+from coordinator.verdicts import break_verdict, history_verdict, replicas_verdict, status_verdict, waiting
 
 
 @dataclass
@@ -171,3 +171,46 @@ def test_waiting_with_no_refusal_lists_the_other_outcomes() -> None:
     assert w.holders == [] and w.expires_in_s is None
     assert w.other_outcomes == ["conflict", "forbidden"]
     assert waiting({}).other_outcomes == []
+
+
+# ------------------------------------------------------------------ state diff
+
+
+def replica(name: str, status: str, token: int = 1, version: int = 1, write_id: str = "w", checksum: str = "s") -> Any:
+    return {
+        "name": name,
+        "status": status,
+        "token": token,
+        "version": version,
+        "write_id": write_id,
+        "checksum": checksum,
+    }
+
+
+def test_replicas_are_equal_only_under_one_stamp_and_one_checksum() -> None:
+    assert replicas_verdict([replica("a", "current"), replica("b", "current")]).equal
+    # Same status everywhere, but other data under the same stamp (edited by hand).
+    assert not replicas_verdict([replica("a", "current"), replica("b", "current", checksum="t")]).equal
+    assert not replicas_verdict([replica("a", "current"), replica("b", "current", version=2)]).equal
+    assert not replicas_verdict([replica("a", "current"), replica("b", "behind")]).equal
+
+
+def test_replicas_all_empty() -> None:
+    v = replicas_verdict([replica("a", "empty", 0, 0, "", ""), replica("b", "empty", 0, 0, "", "")])
+    assert v.empty and not v.equal
+
+
+def test_replicas_behind_and_absent_are_repairable_in_row_order() -> None:
+    rows = [replica("a", "absent"), replica("b", "current"), replica("c", "behind", version=0)]
+    v = replicas_verdict(rows)
+    assert v.behind == ["c", "a"]
+    assert not v.behind_data_differs  # the same data under an older stamp
+    rows[2] = replica("c", "behind", version=0, checksum="old")
+    assert replicas_verdict(rows).behind_data_differs
+
+
+def test_replicas_not_read_are_named() -> None:
+    v = replicas_verdict([replica("a", "current"), replica("b", "unreachable"), replica("c", "suspect")])
+    assert v.unread == ["b"]
+    assert v.by_status == {"current": ["a"], "unreachable": ["b"], "suspect": ["c"]}
+    assert not v.equal and not v.empty

@@ -1,0 +1,258 @@
+"""How the lock commands show what they found: JSON documents for scripts (their shapes
+are in the specification) and text for people. No command logic, no cluster access."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from coordinator.cli.output import dump_document, live_line, note, say, table, when
+
+
+def claim_document(claim: Any) -> dict[str, Any] | None:
+    """A waiter's claim on the next turn, for scripts."""
+    if claim is None:
+        return None
+    from datetime import UTC, datetime
+
+    try:
+        since: datetime | None = datetime.fromtimestamp(claim.since, UTC)
+    except (OverflowError, OSError, ValueError):  # a time no datetime holds: not a time
+        since = None
+    return {"holder": claim.holder or None, "lock_id": claim.lock_id, "waiting_since": since}
+
+
+def pid_field(info: dict[str, str]) -> int | None:
+    from coordinator.lease import pid_of
+
+    return pid_of(info.get("pid"))
+
+
+def lease_fields(view: Any, next_claim: Any = None) -> dict[str, Any]:
+    """Who holds one cluster's lease, as fields (the prose ``detail`` says the same)."""
+    if view is None:
+        keys = ("holder", "lock_id", "reason", "host", "pid", "acquired_at", "renewed_at", "expires_in_s")
+        return {k: None for k in keys} | {"next_in_line": claim_document(next_claim)}
+    info = view.info if view.held else {}
+    rem = view.remaining_s()
+    if next_claim is None and view.live_claim is not None and view.claim_fresh():
+        next_claim = view.live_claim
+    return {
+        "holder": (info.get("holder") or None) if view.held else None,
+        "lock_id": view.lock_id,
+        "reason": info.get("reason") or None,
+        "host": info.get("host") or None,
+        "pid": pid_field(info),
+        "acquired_at": view.acquired_at if view.held else None,
+        "renewed_at": view.renewed_at if view.held else None,
+        "expires_in_s": round(rem, 1) if rem is not None else None,
+        "next_in_line": claim_document(next_claim),
+    }
+
+
+def acquire_document(result: Any) -> dict[str, Any]:
+    from coordinator.fanout import NOT_WAITED_FOR
+
+    return {
+        "deployment": result.deployment,
+        "lock_id": result.lock_id if result.acquired else None,
+        "fencing_token": result.fencing_token if result.acquired else None,
+        "holder": result.holder,
+        "acquired": result.acquired,
+        "clusters": [
+            {
+                "name": name,
+                "outcome": str(r.outcome),
+                "detail": r.detail,
+                # the lease as this attempt found (or left) it: a refusal names its holder
+                **lease_fields(r.value.view if r.value else None, r.extra.get("next")),
+            }
+            for name in result.members
+            for r in [result.results.get(name)]
+            if r is not None
+        ]
+        + [
+            # Nobody waited for its answer: it may have answered since. Never "unreachable".
+            {"name": name, "outcome": "not-waited-for", "detail": NOT_WAITED_FOR}
+            for name in result.members
+            if name not in result.results
+        ],
+        "expires_in_s": round(result.expires_in(), 1) if result.acquired else None,
+    }
+
+
+def acquired_text(result: Any) -> None:
+    from coordinator.durations import format_duration
+
+    exp = result.expires_in()
+    say(
+        f"Locked {result.deployment} as {result.holder}: lock id {result.lock_id}, fencing token "
+        f"{result.fencing_token}, on {sum(1 for r in result.results.values() if r.ok)} of "
+        f"{len(result.members)} clusters; valid for {format_duration(exp)} unless renewed."
+    )
+    table(
+        ["cluster", "outcome", "detail"],
+        [[d["name"], d["outcome"], d["detail"]] for d in acquire_document(result)["clusters"]],
+    )
+    say(f"Release with: coordinator lock release {result.deployment} --lock-id {result.lock_id}")
+
+
+def end_live_line() -> None:
+    """End the line a waiting acquire kept rewriting (on a terminal only)."""
+    if sys.stderr.isatty():
+        try:
+            sys.stderr.write("\n")
+        except (OSError, ValueError):  # a closed stderr ends nothing
+            pass
+
+
+def wait_reporter() -> Any:
+    """A live status line on a terminal; a log line now and then otherwise."""
+    last = [0.0]
+    tty = sys.stderr.isatty()
+
+    def report(result: Any, left: float) -> None:
+        from coordinator.durations import format_duration
+        from coordinator.verdicts import waiting
+
+        w = waiting(result.results)
+        who = (
+            f"held by {', '.join(w.holders)}"
+            if w.holders
+            else f"not taken yet ({', '.join(w.other_outcomes) or 'no answer'})"
+        )
+        exp = (
+            f"; its lease expires in {format_duration(w.expires_in_s)} unless renewed"
+            if w.expires_in_s is not None
+            else ""
+        )
+        line = f"waiting for {result.deployment}: {who}{exp}; giving up in {format_duration(left)}"
+        now = time.monotonic()
+        if tty:
+            live_line(line)
+        elif now - last[0] >= 10:
+            note(line)
+            last[0] = now
+
+    return report
+
+
+def status_document(st: Any) -> dict[str, Any]:
+    return {
+        "deployment": st.deployment,
+        "namespace": st.namespace,
+        "quorum": st.quorum,
+        "holder": st.holder,
+        "lock_id": st.lock_id,
+        "fencing_token": st.fencing_token,
+        "held_by_majority": st.held_by_majority,
+        "expires_in_s": st.expires_in_s,
+        # added after the first release of this shape: who holds it, in fields
+        "reason": (st.info.get("reason") or None) if st.held_by_majority else None,
+        "host": (st.info.get("host") or None) if st.held_by_majority else None,
+        "pid": pid_field(st.info) if st.held_by_majority else None,
+        "next_in_line": claim_document(st.next_in_line),
+        "clusters": [
+            {
+                "name": r.name,
+                "status": r.status,
+                "holder": r.holder,
+                "lock_id": r.lock_id,
+                "acquired_at": r.acquired_at,
+                "renewed_at": r.renewed_at,
+                "ttl_s": r.ttl_s,
+                "transitions": r.transitions,
+                "error": r.error,
+                "reason": (r.info.get("reason") or None) if r.lock_id else None,
+                "host": (r.info.get("host") or None) if r.lock_id else None,
+                "pid": pid_field(r.info) if r.lock_id else None,
+                "expires_in_s": round(r.remaining_s, 1) if r.remaining_s is not None else None,
+            }
+            for r in st.clusters
+        ],
+    }
+
+
+def status_text(st: Any) -> None:
+    from coordinator.durations import format_duration
+    from coordinator.verdicts import status_verdict
+
+    if st.held_by_majority:
+        info = st.info
+        say(
+            f"{st.deployment} is LOCKED by {st.holder} (lock {st.lock_id}, token {st.fencing_token}, "
+            f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, reason: {info.get('reason') or '-'}); "
+            f"majority held for {format_duration(st.expires_in_s or 0)} more unless renewed."
+        )
+    else:
+        unseen = status_verdict(st.deployment, st.clusters, st.quorum).not_seen
+        extra = f" ({', '.join(unseen)} could not be observed)" if unseen else ""
+        say(f"{st.deployment} is not held by a majority of {st.quorum}{extra}.")
+    if st.next_in_line is not None:
+        say(f"Next in line: {st.next_in_line.holder or '?'} (lock {st.next_in_line.lock_id}), waiting longest.")
+    table(
+        ["cluster", "status", "holder", "since", "ttl", "detail"],
+        [
+            [
+                r.name,
+                r.status,
+                r.holder or "-",
+                when(r.acquired_at) if r.acquired_at else "-",
+                f"{r.ttl_s}s" if r.ttl_s and r.status != "free" else "-",
+                r.error or (f"expires in {format_duration(r.remaining_s)}" if r.remaining_s is not None else ""),
+            ]
+            for r in st.clusters
+        ],
+    )
+
+
+def fleet_text(fleet: Any) -> None:
+    from coordinator.durations import format_duration
+
+    held = sum(1 for e in fleet.deployments if e.status == "held")
+    say(f"{len(fleet.deployments)} deployment(s), {held} locked.")
+    table(
+        ["deployment", "namespace", "status", "holder", "reason", "since", "expires", "next in line", "unseen"],
+        [
+            [
+                e.deployment + ("" if e.imported else " *"),
+                e.namespace,
+                e.status,
+                e.holder or ("-" if e.status != "held" else "?"),
+                e.reason or "-",
+                when(e.since) if e.since else "-",
+                f"in {format_duration(e.expires_in_s)}" if e.expires_in_s is not None else "-",
+                (e.next_in_line.holder or e.next_in_line.lock_id) if e.next_in_line else "-",
+                ", ".join(e.unseen) or "-",
+            ]
+            for e in fleet.deployments
+        ],
+    )
+    for e in fleet.deployments:
+        if not e.imported:
+            say(f"* {e.deployment} ({e.namespace}): not imported: `{e.import_hint}`")
+    if fleet.unseen_clusters:
+        say(
+            "Could not list: "
+            + "; ".join(f"{c} ({fleet.clusters[c]})" for c in fleet.unseen_clusters)
+            + ". Their deployments may be missing above; nothing there is assumed free."
+        )
+
+
+def print_watch_round(fmt: str, doc: Any, text: Any) -> None:
+    if fmt == "json":
+        import json
+
+        from coordinator.cli.output import to_jsonable
+
+        click.echo(json.dumps(to_jsonable(doc)))
+    elif fmt == "yaml":
+        click.echo("---\n" + dump_document(doc, "yaml"))
+    else:
+        from datetime import UTC, datetime
+
+        say(f"--- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}")
+        text()
