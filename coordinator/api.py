@@ -26,7 +26,6 @@ from coordinator.errors import (
     StateConflictError,
     UsageError,
 )
-from coordinator.history import Tenure, tenures
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
 from coordinator.lock import (
     AcquireResult,
@@ -39,6 +38,7 @@ from coordinator.lock import (
 from coordinator.models import DeploymentRecord, LocalConfig, LockRecord
 
 if TYPE_CHECKING:
+    from coordinator.history import Tenure
     from coordinator.state import StateClient
 
 DEFAULT_TTL_S = 180.0
@@ -388,6 +388,8 @@ class Coordinator:
         """Who held the lock of ``deployment``, from when to when, how it ended: one
         :class:`~coordinator.history.Tenure` per lock id, oldest first, merged from every
         member whose copy could be read; and each member's outcome (coordinator/history.py)."""
+        from coordinator.history import tenures
+
         engine = self.lock_engine(deployment)
         events, results = await engine.history.read(timeout=self.timeout)
         return tenures(events), dict(results)

@@ -11,7 +11,6 @@ import functools
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -360,6 +359,8 @@ def _usage_paragraph(err: click.UsageError) -> str:
 def _print_traceback() -> None:
     """The traceback of the exception being handled, on stderr, with what the clusters
     said in it (exception texts) escaped like every other message."""
+    import traceback
+
     click.echo(printable(traceback.format_exc(), keep_newlines=True), err=True, nl=False)
 
 

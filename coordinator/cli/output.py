@@ -8,14 +8,12 @@ YAML documents are printed exact."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import anyio
 import click
 
 from coordinator.errors import CoordinatorError
@@ -32,6 +30,8 @@ def app_of(ctx: click.Context) -> Any:
 
 
 def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    import anyio
+
     return anyio.run(fn)
 
 
@@ -66,6 +66,8 @@ def dump_document(doc: Any, fmt: str) -> str:
         import yaml
 
         return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False)).rstrip("\n")
+    import json
+
     return json.dumps(data, indent=2, sort_keys=False)
 
 

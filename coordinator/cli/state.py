@@ -8,10 +8,19 @@ from typing import Any
 
 import click
 
-from coordinator.cli.documents import Assignment, parse_assignment, parse_document, read_document_text
 from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
 
-__all__ = ["Assignment", "parse_assignment", "parse_document", "state"]
+# Where the input checks of `state set` and `state apply` used to be: still importable
+# from here, loaded only when asked for (they need the register's limits, and pydantic).
+_DOCUMENTS = ("Assignment", "parse_assignment", "parse_document")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DOCUMENTS:
+        from coordinator.cli import documents
+
+        return getattr(documents, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
@@ -136,6 +145,8 @@ def set_(ctx: click.Context, deployment: str, assignments: tuple[str, ...], lock
 
     Example: coordinator state set payments app.version=1.10 replicas:=3 canary:=true
     """
+    from coordinator.cli.documents import parse_assignment
+
     parsed = [parse_assignment(a) for a in assignments]
     values = {a.key: a.value for a in parsed}
     notes = [
@@ -163,6 +174,8 @@ def apply(ctx: click.Context, deployment: str, path: str, lock_id: str | None) -
 
     Example: coordinator state apply payments -f state.yaml
     """
+    from coordinator.cli.documents import parse_document, read_document_text
+
     text = read_document_text(path)
     _emit_write(
         ctx,
