@@ -129,7 +129,12 @@ async def change_members(
         return report  # committed already: the record has caught up
     if resumed is not None:
         rec = resumed
-        engine = _Resuming(c, resumed)
+    if rec.joint is not None:
+        # A change in progress, whether found on the members now or recorded here by the
+        # run that was interrupted: members storing the set before it, its joint set or its
+        # commit all agree. (Leases deleted since then store none of it; the state objects
+        # may still carry the set from before the change.)
+        engine = _Resuming(c, rec)
     held: AcquireResult
     if lock_id:
         token = await _token_of(engine, lock_id)
@@ -359,12 +364,22 @@ class _Resuming(LockEngine):
     def agrees(self, stored: Membership) -> bool:
         return stored in self.accepted
 
+    def _agreeing(self, stored: Stored) -> Stored:
+        return (
+            self.membership
+            if isinstance(stored, Membership) and stored.written_by_us and self.agrees(stored)
+            else stored
+        )
+
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
-        seen = {
-            k: self.membership if isinstance(v, Membership) and v.written_by_us and v in self.accepted else v
-            for k, v in stored.items()
-        }
-        return super().check_members(seen)
+        return super().check_members({k: self._agreeing(v) for k, v in stored.items()})
+
+    async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
+        # With the leases deleted, the state objects speak for the members; one that still
+        # carries the set from before the change agrees, as such a lease would (the engine
+        # otherwise takes no set older than its own from a state object).
+        found = await super()._state_evidence()
+        return {k: (token, self._agreeing(kept)) for k, (token, kept) in found.items()}
 
 
 async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Membership, ...] = ()) -> None:

@@ -111,6 +111,35 @@ def test_an_interrupted_change_is_finished_by_running_it_again(dep5: Env) -> Non
     assert _replica_data(dep5, 4)["release"] == "1.2.0"
 
 
+def test_an_interrupted_change_whose_leases_were_then_deleted_is_finished_by_running_it_again(
+    dep5: Env,
+) -> None:
+    """A change killed after the joint configuration was stored, then every lease deleted:
+    no member stores the joint set any more (tombstones say nothing, the state objects
+    still carry the set from before the change). Running the change again must finish it:
+    the members store the set before the change, which a change in progress accepts. (Once
+    it found no trace of the change on the leases, the run checked the members against the
+    joint set alone and refused for good, exit 5: a soak wedged on it.)"""
+    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "15s",
+                 *[a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]))  # fmt: skip
+    _ok(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))  # the set is noted on the state objects
+    killed = dep5.cli(
+        "deployment", "remove-cluster", "pay", "c4", "--ttl", "5s", env={"COORDINATOR_TEST_KILL_AFTER": "joint"}
+    )
+    assert killed.returncode == -9, killed.stderr
+    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    assert show["change_in_progress"] == {"to": ["c1", "c2"]}, show
+    for i in (1, 2, 4):
+        anyio.run(dep5.raw, i, "DELETE", lease_path(dep5.namespace, "coordinator-lock-pay"))
+    again = dep5.cli("deployment", "remove-cluster", "pay", "c4", "--ttl", "10s", "--wait", "60s")
+    assert again.returncode == 0, again.stderr + again.stdout
+    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    assert show["clusters"] == ["c1", "c2"] and show["change_in_progress"] is None, show
+    for i in (1, 2):
+        assert set(_stored(dep5, i).members) == _identities(dep5, "c1", "c2")
+    _ok(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "30s"))
+
+
 def test_replace_a_rebuilt_member(dep5: Env) -> None:
     """c3 was rebuilt: it came back as a new cluster (new identity), connected as c5."""
     _pay(dep5, "c1", "c2", "c3")
