@@ -1,0 +1,139 @@
+"""The multi-cluster lease engine: acquire, renew, release, break, status.
+
+The per-lease rules (may this lease be taken, has it lapsed, which token, what a
+renewal finds) are pure functions in :mod:`coordinator.lease`; this package reads and
+writes the leases, fans out over the members and decides the majority.
+
+What it guarantees, and under which assumptions
+-----------------------------------------------
+A contender holds the lock when its lock id is the ``holderIdentity`` of live leases on
+a majority q = floor(n/2) + 1 of the n members. Two majorities share a cluster, and on
+one cluster every write is a compare-and-swap on ``resourceVersion``, so at most one
+contender holds the lock at a time — provided that a lease is never taken over before
+its holder's validity ended, and that a lease that disappears is never taken as free.
+
+* Expiry evidence is the coordinator's own: the server's stamp on the ``coordinator``
+  field manager's managedFields entry (our takes and renewals), compared with a fresh
+  server stamp from a probe write made after the read. Edits by other field managers
+  move neither. The HTTP ``Date`` only tells when to probe. A lease without our entry
+  lapses only by local observation (our fields unchanged for a whole TTL on the
+  contender's clock). A duration written by someone else is replaced by the
+  deployment's maximum TTL.
+* The margin before a lapse counts is drift (1 % of the TTL) + 2 s (one-second stamps)
+  + ``max_server_skew`` (API servers of one cluster disagreeing on the time).
+* The holder counts validity = TTL − elapsed − 1 % on CLOCK_BOOTTIME from the moment
+  *before* it sent its writes; every server stamped those writes later, so contenders
+  see the lapse strictly after the holder's validity ended, as long as clock rates
+  agree within 1 % and server offsets within ``max_server_skew``.
+* A lease found missing is recorded as a tombstone that counts as held by an unknown
+  holder for one maximum TTL (no lease may be taken for longer). Leases are created
+  with the deployment, so a missing one was deleted. A lease whose ``coordinator.io/uid``
+  does not name the object itself is a recreated copy: it blocks for a maximum TTL after
+  its creation and carries no history.
+* Fencing tokens: one more than the highest on a majority of leases that kept their
+  history; when deleted leases leave no such majority, every member's lease and the
+  state replicas' tokens of a majority are included too; short of that, nothing is taken.
+* Renewals return once a majority is renewed, never re-take a lease, and report the
+  lock lost at once when a lease names another lock id or a break note names ours.
+
+Assumed: only coordinator writes a lease's ``spec`` holder fields and its
+``coordinator.io/`` holder annotations; anyone may label or annotate it, strip its
+managedFields, change its duration, or delete it (each handled as above).
+
+Not guaranteed: a holder that stops past its validity may still act, unless it checks
+``held.valid`` or the resource checks fencing tokens. A token granted to a holder whose
+every lease was then deleted, and which never wrote the state, can be granted again
+after the maximum TTL (nothing in the clusters remembers it).
+
+The engine is one class, :class:`LockEngine`, put together from one module per job:
+``core`` (one lease's reads, writes and compare-and-swap), ``bodies`` (what is written),
+``members`` (the stored member set), ``acquire`` and ``turns`` (taking the lock, waiters'
+turns), ``renew``, ``release`` (release and break), ``floor`` (the token floor on the
+state objects), ``status``, and ``results``/``reports`` (what callers and people get).
+This package re-exports the names other modules use.
+"""
+
+from __future__ import annotations
+
+from coordinator.lease import (
+    A_COMMAND,
+    A_HOLDER,
+    A_HOST,
+    A_LAST_BREAK,
+    A_MEMBERS,
+    A_NAMESPACE,
+    A_NEXT,
+    A_PID,
+    A_REASON,
+    A_RELEASED,
+    A_TOKEN,
+    HANDOFF_GRACE_S,
+    LINE_MANAGER,
+    LeaseView,
+    TurnClaim,
+)
+from coordinator.lock.core import MAX_CAS_RETRIES, first_kube_error
+from coordinator.lock.engine import LockEngine
+from coordinator.lock.floor import (
+    A_TOKEN_FLOOR,
+    ABSENT,
+    envelope_evidence,
+    genesis_state_object,
+    set_on_state,
+    token_floor,
+)
+from coordinator.lock.renew import keep_renewed
+from coordinator.lock.reports import acquire_report, identity_report, summarize
+from coordinator.lock.results import (
+    AcquireResult,
+    ClusterLease,
+    ClusterStatus,
+    Decision,
+    LockStatus,
+    current_command,
+    default_holder,
+    new_lock_id,
+)
+
+# The names these had when the engine was one module (api.py and tests import them).
+_envelope_evidence = envelope_evidence
+_summarize = summarize
+
+__all__ = [
+    "ABSENT",
+    "A_COMMAND",
+    "A_HOLDER",
+    "A_HOST",
+    "A_LAST_BREAK",
+    "A_MEMBERS",
+    "A_NAMESPACE",
+    "A_NEXT",
+    "A_PID",
+    "A_REASON",
+    "A_RELEASED",
+    "A_TOKEN",
+    "A_TOKEN_FLOOR",
+    "HANDOFF_GRACE_S",
+    "LINE_MANAGER",
+    "MAX_CAS_RETRIES",
+    "AcquireResult",
+    "ClusterLease",
+    "ClusterStatus",
+    "Decision",
+    "LeaseView",
+    "LockEngine",
+    "LockStatus",
+    "TurnClaim",
+    "acquire_report",
+    "current_command",
+    "default_holder",
+    "envelope_evidence",
+    "first_kube_error",
+    "genesis_state_object",
+    "identity_report",
+    "keep_renewed",
+    "new_lock_id",
+    "set_on_state",
+    "summarize",
+    "token_floor",
+]

@@ -1,0 +1,440 @@
+"""Taking the lock: one attempt on every member at once, waiting (with turns) for another."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+
+import anyio
+
+from coordinator import history
+from coordinator.clusters import failed
+from coordinator.errors import IdentityMismatchError, LockHeldError, NoQuorumError
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.lease import A_TOKEN, LeaseView, Standing, TurnClaim, boot_clock, remaining_validity, token_taken
+from coordinator.lock.core import MAX_CAS_RETRIES
+from coordinator.lock.floor import TokenFloor
+from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
+from coordinator.lock.results import AcquireResult, ClusterLease, Decision, new_lock_id
+from coordinator.lock.turns import Turns, Wake
+from coordinator.membership import Check, Membership, Stored, Verdict, says_nothing
+from coordinator.outcome import Outcome
+
+
+class Acquire(TokenFloor, Turns):
+    """Acquisition."""
+
+    async def acquire(
+        self,
+        *,
+        ttl_s: float,
+        holder: str,
+        reason: str = "",
+        command: str = "",
+        wait_s: float = 0.0,
+        lock_id: str | None = None,
+        on_wait: Callable[[AcquireResult, float], Awaitable[None] | None] | None = None,
+    ) -> AcquireResult:
+        """Take the lock on a majority, waiting up to ``wait_s`` (woken by lease watches).
+
+        Raises LockHeldError (3), NoQuorumError (4) or IdentityMismatchError (5) with a
+        report; returns an :class:`AcquireResult` on success.
+        """
+        lock_id = lock_id or new_lock_id()
+        deadline = time.monotonic() + wait_s
+        if wait_s <= 0:
+            taken = self._settle(await self._attempt(lock_id, ttl_s, holder, reason, command), final=True)
+            return await self._remember_take(taken, reason)
+        changed = anyio.Event()
+        seen: dict[str, str | None] = {}
+        wake = Wake(changed)
+        result: AcquireResult | None = None
+        async with anyio.create_task_group() as watchers:
+            for cluster in self.members:
+                watchers.start_soon(self._watch_leases, cluster, wake, seen, lock_id)
+            backoff = 0.2
+            try:
+                while True:
+                    wake.event = anyio.Event()
+                    result = await self._attempt(lock_id, ttl_s, holder, reason, command, wake.mine)
+                    stamps = []
+                    for name, r in result.results.items():
+                        view = r.value.view if r.value else None
+                        if view is not None:
+                            seen[name] = view.resource_version
+                            if view.server_now is not None:
+                                stamps.append(int(view.server_now.timestamp()))
+                    if wake.mine is None and stamps:
+                        # When this call began waiting: its place in line. The median of
+                        # the servers' clocks at the first reads (one skewed server cannot
+                        # move it much), the same on every cluster so that all agree.
+                        wake.mine = TurnClaim(sorted(stamps)[(len(stamps) - 1) // 2], lock_id, holder)
+                    left = deadline - time.monotonic()
+                    if result.acquired or left <= 0 or self._mismatch(result):
+                        break
+                    if on_wait is not None:
+                        maybe = on_wait(result, left)
+                        if maybe is not None:
+                            await maybe
+                    if wake.mine is not None:
+                        await self._claim_turns(result, wake.mine, wake.claimed)
+                    sleep = min(left, backoff * (0.5 + random.random()), next_expiry(result))
+                    backoff = min(backoff * 2, 2.0)
+                    with anyio.move_on_after(max(0.0, sleep)):
+                        await wake.event.wait()
+                        # Several waiters woken by the same release: spread them a little.
+                        await anyio.sleep(random.random() * 0.03)
+            finally:
+                watchers.cancel_scope.cancel()
+                # Claims this call leaves behind would reserve the next turn for nobody:
+                # a waiter that gives up withdraws all of them, a winner those where it
+                # did not take the lease (its other claims are spent by holding it).
+                # Best effort: they lapse by themselves after the grace.
+                won = result.results if result is not None and result.acquired else {}
+                leftover = sorted(c for c in wake.claimed if not (c in won and won[c].ok))
+                if leftover and self.background is not None:
+                    self.background.start_soon(self._withdraw_claims, leftover, lock_id)
+                elif leftover and not won:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
+                        await self._withdraw_claims(leftover, lock_id)
+        # Settled outside the watchers' task group, so that the documented errors reach
+        # the caller as themselves, not wrapped in an ExceptionGroup.
+        assert result is not None
+        return await self._remember_take(self._settle(result, final=True), reason)
+
+    async def _remember_take(self, result: AcquireResult, reason: str) -> AcquireResult:
+        await self._record_token_floor(result)
+        lapsed = {
+            name: r.value.previous
+            for name, r in result.results.items()
+            if r.ok and r.value and r.value.previous and r.value.action.startswith("took over")
+        }
+        await self._remember(
+            history.take_events(
+                result.lock_id,
+                holder=result.holder,
+                host=socket.gethostname(),
+                pid=str(os.getpid()),
+                reason=reason,
+                token=result.fencing_token,
+                lapsed=lapsed,
+            )
+        )
+        return result
+
+    def _mismatch(self, result: AcquireResult) -> bool:
+        return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
+
+    async def _attempt(
+        self, lock_id: str, ttl_s: float, holder: str, reason: str, command: str, mine: TurnClaim | None = None
+    ) -> AcquireResult:
+        """One acquisition attempt on every member at once (``mine``: our place in line)."""
+        started = boot_clock()
+        reads: dict[str, LeaseView] = {}
+        reads_done = 0
+        token_ready = anyio.Event()
+        chosen: dict[str, int | None] = {}
+        line: dict[str, TurnClaim | None] = {}
+        attempt_over = {"lost": False, "won": False, "mismatch": False, "membership": False}
+        choosing = [False]
+
+        members_check: list[Check] = []
+
+        async def maybe_choose_token() -> None:
+            if token_ready.is_set() or choosing[0]:
+                return
+            enough = self.majorities.reached(reads)
+            if not enough and reads_done < self.n:
+                return
+            views = list(reads.values())
+            token = self._token(reads, None) if enough else None
+            verdict = self.check_members({c: self.stored_membership(v) for c, v in reads.items()})
+            needs_more = verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED)
+            if enough and (token is None or needs_more):
+                # Leases were deleted: the token must also clear what the state replicas
+                # have seen, and the member set may be confirmed by them.
+                choosing[0] = True
+                evidence: dict[str, tuple[int, Stored]] = {}
+                try:
+                    with anyio.move_on_after(self.timeout * 0.75):
+                        evidence = await self._state_evidence()
+                finally:
+                    choosing[0] = False
+                views = list(reads.values())  # more reads may have landed meanwhile
+                stored = {c: self.stored_membership(v) for c, v in reads.items()}
+                for c, (_, kept) in evidence.items():
+                    # an envelope's set counts when it is ours or newer; envelopes keep the
+                    # set of their last write, so an older epoch says nothing
+                    usable = isinstance(kept, Membership) and kept.epoch >= self.membership.epoch
+                    if says_nothing(stored.get(c), self.membership) and usable:
+                        stored[c] = kept
+                verdict = self.check_members(stored)
+                # The state only knows tokens that wrote it; a surviving lease that was
+                # not read may know a higher one. So every member's lease must be read.
+                everyone = len(reads) == self.n
+                state_tokens = (
+                    [t for t, _ in evidence.values()] if everyone and self.majorities.reached(evidence) else None
+                )
+                token = self._token(reads, state_tokens)
+            chosen["token"] = token
+            members_check.append(verdict)
+            line["ahead"] = first_in_line(views, lock_id, mine)
+            token_ready.set()
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            nonlocal reads_done
+            try:
+                try:
+                    view = await self._checked_read(cluster)
+                except KubeError as err:
+                    if err.kind == kube.IDENTITY_MISMATCH:
+                        attempt_over["mismatch"] = True
+                    return failed(cluster, err)  # type: ignore[return-value]
+                reads[cluster] = view
+            finally:
+                reads_done += 1
+            await maybe_choose_token()
+            await token_ready.wait()
+            if members_check and not members_check[0].ok and self.majorities.reached(reads):
+                attempt_over["membership"] = True
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "not attempted"),
+                    detail="not attempted: a majority of the members do not confirm this machine's member set",
+                )
+            if not self.majorities.reached(reads):
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "not attempted"),
+                    detail="not attempted: fewer than a majority of clusters could be read",
+                )
+            token = chosen["token"]
+            if token is None and not view.exists and not attempt_over["lost"]:
+                floor = max((v.token for v in reads.values() if v.exists and not v.token_malformed), default=0)
+                try:
+                    recorded = await self._record_missing(cluster, floor)
+                except KubeError as err:
+                    return failed(cluster, err)  # type: ignore[return-value]
+                if recorded is not None:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.HELD_BY_OTHER,
+                        ClusterLease(recorded, "missing"),
+                        detail=held_detail(recorded, self.max_ttl_s),
+                    )
+            if token is None:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "no safe token"),
+                    detail="not attempted: leases were deleted, so no fencing token can be proven new "
+                    "without every member's lease and a majority of the state replicas, and some did not answer",
+                )
+            outcome = await self._take_one(
+                cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over, mine, line.get("ahead")
+            )
+            if outcome.ok and (attempt_over["lost"] or attempt_over["mismatch"]):
+                # Landed after the attempt was already decided lost: give it back now.
+                await self._release_one(cluster, lock_id, keep_claim=True)
+                outcome.value = ClusterLease(outcome.value.view if outcome.value else None, "released")
+            return outcome
+
+        def decided(results: Mapping[str, ClusterResult[ClusterLease]]) -> bool:
+            outcomes = [r.outcome for r in results.values()]
+            if any(o is Outcome.IDENTITY_MISMATCH for o in outcomes):
+                attempt_over["mismatch"] = True
+                return True
+            if self.majorities.reached_by({k: r.outcome for k, r in results.items()}):
+                attempt_over["won"] = True
+                return True
+            if self.majorities.impossible_by({k: r.outcome for k, r in results.items()}):
+                attempt_over["lost"] = True
+                return True
+            return False
+
+        results = await fan_out(
+            self.members,
+            on_cluster,
+            timeout=self.timeout,
+            until=decided,
+            background=self.background,
+            # A won attempt does not wait for stragglers (a lease of ours that lands late is
+            # freed by release or expiry); a lost one lets them finish and give back.
+            leave_running=lambda: not attempt_over["won"],
+        )
+        token = chosen.get("token")
+        result = AcquireResult(
+            deployment=self.dep.name,
+            namespace=self.dep.namespace,
+            lock_id=lock_id,
+            holder=holder,
+            fencing_token=token,
+            acquired=False,
+            quorum=self.q,
+            results=results,
+            members=self.members,
+            ttl_s=ttl_s,
+            started=started,
+            membership=members_check[0] if members_check else None,
+        )
+        refused = attempt_over["mismatch"] or attempt_over["membership"]
+        won = self.majorities.reached_by({k: r.outcome for k, r in results.items()}) and not refused
+        validity = remaining_validity(ttl_s, boot_clock() - started)
+        if won and validity > 0:
+            result.acquired = True
+            result.validity_s = validity
+            return result
+        # Lost (or won too late to be of use): give back everything this attempt took.
+        attempt_over["lost"] = True
+        if won:
+            for r in results.values():
+                if r.ok:
+                    r.detail = "taken, but validity ran out before a majority answered"
+        taken = [name for name, r in results.items() if r.ok]
+        if taken:
+            await self._release_many(taken, lock_id, results)
+        return result
+
+    async def _take_one(
+        self,
+        cluster: str,
+        view: LeaseView,
+        lock_id: str,
+        token: int,
+        ttl_s: float,
+        holder: str,
+        reason: str,
+        command: str,
+        attempt_over: dict[str, bool],
+        mine: TurnClaim | None = None,
+        ahead: TurnClaim | None = None,
+    ) -> ClusterResult[ClusterLease]:
+        """Take one lease by compare-and-swap. ``mine`` is our place in line, ``ahead``
+        the earliest waiter before us seen on any cluster of this attempt: while someone
+        has waited longer, free leases are theirs to take, on every cluster alike (so
+        that contenders do not split the clusters between them)."""
+
+        stamp: datetime | None = None
+        for _ in range(MAX_CAS_RETRIES):
+            st = self._stand(cluster, view, lock_id)
+            try:
+                if st is Standing.MISSING and not attempt_over["lost"]:
+                    # the highest token this attempt saw elsewhere: a lower bound to keep
+                    recorded = await self._record_missing(cluster, token - 1)
+                    if recorded is None:
+                        view = await self._read(cluster)
+                        continue
+                    return ClusterResult(
+                        cluster,
+                        Outcome.HELD_BY_OTHER,
+                        ClusterLease(recorded, "missing"),
+                        detail=held_detail(recorded, self.max_ttl_s),
+                    )
+                if st is Standing.PROBE and not attempt_over["lost"]:
+                    view, stamp = await self._probe(cluster, view)
+            except KubeError as err:
+                if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
+                    return failed(cluster, err)  # type: ignore[return-value]
+                try:
+                    view = await self._read(cluster)
+                except KubeError as err2:
+                    return failed(cluster, err2)  # type: ignore[return-value]
+                continue
+            break
+
+        def decide(view: LeaseView) -> Decision:
+            # The probe's stamp stays good evidence after a re-read: it was taken after
+            # our last write to the lease, and a later write of ours moves that write.
+            st = self._stand(cluster, view, lock_id, stamp)
+            if st in (Standing.HELD, Standing.PROBE, Standing.MISSING):
+                return ClusterResult(
+                    cluster,
+                    Outcome.HELD_BY_OTHER,
+                    ClusterLease(view, "held"),
+                    detail=held_detail(view, self.max_ttl_s),
+                )
+            first = ahead or (view.live_claim if view.reserved_for_other(lock_id, mine) else None)
+            if first is not None:
+                return ClusterResult(
+                    cluster,
+                    Outcome.HELD_BY_OTHER,
+                    ClusterLease(view, "reserved"),
+                    detail=reserved_detail(first),
+                    extra={"next": first},
+                )
+            moved = self.other_set(view)
+            if moved is not None:
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(view, "other member set"),
+                    detail=f"not taken: it stores member set epoch {moved.epoch}, not this machine's "
+                    f"(epoch {self.membership.epoch})",
+                )
+            if view.max_ttl_note is not None and ttl_s > view.max_ttl_note:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "ttl too long"),
+                    detail=f"--ttl {ttl_s:g}s is above the deployment's maximum TTL stored here "
+                    f"({view.max_ttl_note}s); contenders wait out that maximum for deleted leases",
+                )
+            if view.token_malformed:
+                return ClusterResult(
+                    cluster,
+                    Outcome.ERROR,
+                    ClusterLease(view, "malformed"),
+                    detail=f"the lease's {A_TOKEN} annotation is not a whole number; "
+                    "`coordinator lock break` rewrites it",
+                )
+            if token_taken(view, lock_id, token):
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(view, "newer token"),
+                    detail=f"a concurrent attempt recorded token {view.token} here",
+                )
+            if attempt_over["lost"] or attempt_over["mismatch"]:
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(view, "skipped"),
+                    detail="free, but not taken: the attempt was already lost elsewhere",
+                )
+            if st is Standing.OURS:
+                action = "renewed"
+            elif st is Standing.LAPSED:
+                action = "took over deleted lease" if view.vanished else "took over expired"
+            else:
+                action = "took free"
+            body = self._lease_body(
+                view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder, reason=reason, command=command
+            )
+            return body, action, ""
+
+        return await self._cas(cluster, view, decide)
+
+    def _settle(self, result: AcquireResult, *, final: bool) -> AcquireResult:
+        if result.acquired:
+            return result
+        report = acquire_report(result)
+        if self._mismatch(result):
+            raise IdentityMismatchError(report, payload=result)
+        if result.membership is not None and not result.membership.ok:
+            err = self.membership_error(result.membership)
+            err.payload = result
+            raise err
+        # Held by others when enough clusters were seen to say so (clusters that never
+        # answered count as unreachable); otherwise too few could be observed.
+        seen = [k for k, r in result.results.items() if r.outcome.observable]
+        if self.majorities.reached(seen):
+            raise LockHeldError(report, payload=result)
+        raise NoQuorumError(report, payload=result)

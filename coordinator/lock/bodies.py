@@ -1,0 +1,152 @@
+"""The bodies written to a lease: a take, a renewal, a release, a tombstone, a claim, a probe.
+
+Pure: no I/O; the engine passes what it knows of the deployment."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Any
+
+from coordinator.kube.resources import micro_time, owned_metadata
+from coordinator.lease import (
+    A_COMMAND,
+    A_HOLDER,
+    A_HOST,
+    A_NEXT,
+    A_PID,
+    A_REASON,
+    A_RELEASED,
+    A_TOKEN,
+    A_UID,
+    A_VANISHED,
+    HOLDER_ANNOTATIONS,
+    LeaseView,
+    TurnClaim,
+    holder_identity,
+)
+from coordinator.lock.results import utc_now
+from coordinator.membership import A_MEMBERSHIP
+
+
+def fresh_lease(
+    name: str, deployment: str, common: dict[str, str], *, vanished: bool, floor: int = 0
+) -> dict[str, Any]:
+    """A holderless lease: free (made with the deployment), or a tombstone for one
+    found missing (it blocks for a maximum TTL; ``floor`` is the highest token this
+    contender saw elsewhere). ``common``: the annotations every lease of the deployment
+    carries, its member set included."""
+    meta = owned_metadata(name, deployment)
+    ann = dict(common)
+    if vanished:
+        ann[A_VANISHED] = micro_time(utc_now())
+        ann[A_TOKEN] = str(floor)
+        ann.pop(A_MEMBERSHIP, None)
+    meta["annotations"] = ann
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {}}
+
+
+def lease_body(
+    view: LeaseView,
+    *,
+    name: str,
+    deployment: str,
+    common: dict[str, str],
+    lock_id: str | None,
+    token: int,
+    ttl_s: float,
+    holder: str | None = None,
+    reason: str | None = None,
+    command: str | None = None,
+    renew_only: bool = False,
+    keep_claim: bool = False,
+) -> dict[str, Any]:
+    """The lease ``view`` taken (``lock_id``), renewed (``renew_only``) or released
+    (``lock_id`` None; ``keep_claim`` for a failed attempt giving back what it took).
+    ``common``: the annotations the engine writes on every lease it writes (the member
+    set among them only for takes and member changes)."""
+    now = micro_time(utc_now())
+    if view.exists:
+        obj = {k: v for k, v in view.obj.items() if k not in ("status",)}
+        meta = dict(obj.get("metadata") or {})
+        spec = dict(obj.get("spec") or {})
+    else:
+        obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+        meta = owned_metadata(name, deployment)
+        spec = {}
+    ann = dict(meta.get("annotations") or {})
+    if lock_id is None:  # release: clear the holder, keep the object and the token
+        for key in HOLDER_ANNOTATIONS:
+            ann.pop(key, None)
+        if not keep_claim and view.held and view.live_claim is None:
+            ann.pop(A_NEXT, None)  # the holder's own claim, used up by its turn
+        if not keep_claim:
+            # A real release; a failed attempt giving back what it took leaves the
+            # stamp alone, so that it does not keep the next turn reserved.
+            ann[A_RELEASED] = now
+        spec.pop("holderIdentity", None)
+        spec.pop("acquireTime", None)
+        spec.pop("renewTime", None)
+    elif renew_only:
+        spec["renewTime"] = now
+        spec["leaseDurationSeconds"] = math.ceil(ttl_s)
+    else:
+        if view.lock_id != lock_id:
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if view.exists else 0)
+            spec["acquireTime"] = now
+        spec["holderIdentity"] = holder_identity(holder or "", lock_id)
+        spec["leaseDurationSeconds"] = math.ceil(ttl_s)
+        spec["renewTime"] = now
+        ann.pop(A_VANISHED, None)  # a tombstone taken: its history starts at our token
+        ann.pop(A_RELEASED, None)
+        if view.next_claim is not None and (view.live_claim is None or not view.claim_fresh()):
+            # the previous holder's own claim (used up), or one whose turn has passed
+            ann.pop(A_NEXT, None)
+        ann.update(
+            {
+                A_HOLDER: holder or "",
+                A_HOST: socket.gethostname(),
+                A_PID: str(os.getpid()),
+                A_REASON: reason or "",
+                A_COMMAND: command or "",
+            }
+        )
+    if lock_id is not None:
+        ann[A_TOKEN] = str(token)
+    if view.exists and view.uid:
+        ann[A_UID] = view.uid  # this very object was written by coordinator
+    # The member set is written by takes and member changes only, which check first
+    # what the lease stores. A renewal or a release leaves it as it is: written there,
+    # an engine's set could put an older configuration back over a change made since
+    # (or over one someone edited, turning that edit into coordinator's own word).
+    ann.update(common)
+    meta["annotations"] = ann
+    labels = dict(meta.get("labels") or {})
+    labels.update(owned_metadata(name, deployment)["labels"])
+    meta["labels"] = labels
+    obj["metadata"] = meta
+    obj["spec"] = spec
+    return obj
+
+
+def with_annotation(obj: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) with one annotation set."""
+    body = {k: v for k, v in obj.items() if k != "status"}
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), key: value}
+    body["metadata"] = meta
+    return body
+
+
+def with_claim(obj: dict[str, Any], claim: TurnClaim | None) -> dict[str, Any]:
+    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) with ``claim``, or
+    without any claim for None."""
+    body = {k: v for k, v in obj.items() if k != "status"}
+    meta = dict(body.get("metadata") or {})
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != A_NEXT}
+    if claim is not None:
+        ann[A_NEXT] = claim.dump()
+    meta["annotations"] = ann
+    body["metadata"] = meta
+    return body

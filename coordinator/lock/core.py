@@ -1,0 +1,345 @@
+"""The engine's base: one deployment's members, reading and writing one lease, the
+compare-and-swap of one lease, and handing events to the lock's history."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, assert_never
+
+import anyio
+from anyio.abc import TaskGroup
+
+from coordinator import cas, history, quorum
+from coordinator.clusters import ClusterSet, failed
+from coordinator.errors import IdentityMismatchError
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import FIELD_MANAGER, lease_name, lease_path, leases_path
+from coordinator.lease import (
+    A_MAX_TTL,
+    A_MEMBERS,
+    A_NAMESPACE,
+    A_PROBE,
+    DEFAULT_MAX_SERVER_SKEW_S,
+    DEFAULT_MAX_TTL_S,
+    PROBE_MANAGER,
+    LeaseView,
+    Sighting,
+    Standing,
+    boot_clock,
+    history_known,
+    lapsed_by_observation,
+    manager_time,
+    next_token,
+    observe,
+    standing,
+)
+from coordinator.lock.bodies import fresh_lease, lease_body, with_annotation
+from coordinator.lock.reports import identity_report
+from coordinator.lock.results import ClusterLease, Decision
+from coordinator.logs import get_logger
+from coordinator.membership import A_MEMBERSHIP, Membership
+from coordinator.models import DeploymentRecord
+from coordinator.outcome import Outcome
+
+log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+
+
+MAX_CAS_RETRIES = 4
+
+
+def first_kube_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report from a group of concurrent requests to one cluster: an identity
+    mismatch first, then any other classified failure, else the group itself."""
+    found: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup[BaseException]) -> None:
+        for e in g.exceptions:
+            if isinstance(e, BaseExceptionGroup):
+                walk(e)
+            else:
+                found.append(e)
+
+    walk(group)
+    kube_errors = [e for e in found if isinstance(e, KubeError)]
+    if len(kube_errors) != len(found):
+        return group
+    kube_errors.sort(key=lambda e: e.kind != kube.IDENTITY_MISMATCH)
+    return kube_errors[0]
+
+
+class EngineCore:
+    """The lock of one deployment over its member clusters: its members, and one lease's I/O."""
+
+    def __init__(
+        self,
+        clusters: ClusterSet,
+        deployment: DeploymentRecord,
+        *,
+        background: TaskGroup | None = None,
+        max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
+        follow: Callable[[], DeploymentRecord | None] | None = None,
+    ) -> None:
+        self.clusters = clusters
+        self.background = background
+        self.max_server_skew_s = max_server_skew_s
+        # This machine's record of the deployment as it is now (another command here may
+        # have changed the members since this engine was made): see _follow_record.
+        self.follow = follow
+        # Local observation of leases without evidence of ours, per cluster.
+        self._sightings: dict[str, Sighting] = {}
+        # Clusters whose Date header disagreed with their own stamps: always probe there.
+        self._date_untrusted: set[str] = set()
+        self._bind(deployment)
+
+    def _bind(self, deployment: DeploymentRecord) -> None:
+        """Count with the members of ``deployment`` (this machine's record)."""
+        self.dep = deployment
+        self.name = lease_name(deployment.name)
+        self.path = lease_path(deployment.namespace, self.name)
+        joint = list(getattr(deployment, "joint", None) or [])
+        # One group normally; the old and the new set while a member change is under way.
+        self.majorities = quorum.Majorities([list(deployment.clusters), *([joint] if joint else [])])
+        self.members = self.majorities.members
+        self.n = len(self.members)
+        self.q = self.majorities.quorum  # for display: q of the current set
+        self.max_ttl_s = float(getattr(deployment, "max_ttl_s", DEFAULT_MAX_TTL_S))
+        self.history = history.HistoryStore(self.clusters, deployment.name, deployment.namespace, self.members)
+        # The member set this machine's record names, by identity: what every member
+        # must store (see coordinator/membership.py).
+        self.membership = Membership.of(
+            (self.clusters.record(m).identity for m in deployment.clusters),
+            getattr(deployment, "epoch", 1),
+            [self.clusters.record(m).identity for m in joint] if joint else None,
+        )
+
+    @property
+    def timeout(self) -> float:
+        return self.clusters.timeout
+
+    async def _read(self, cluster: str) -> LeaseView:
+        client = self.clusters.client(cluster)
+        try:
+            resp = await client.request("GET", self.path)
+        except KubeError as err:
+            if err.kind == kube.NOT_FOUND:
+                # A 404 is an answer: the lease does not exist (yet) on this cluster.
+                return LeaseView(exists=False)
+            raise
+        return LeaseView.parse(resp.body, resp.server_time)
+
+    async def _checked_read(self, cluster: str) -> LeaseView:
+        """Identity check and lease read in flight together (two requests, one round trip);
+        nothing is written to a cluster before its identity is proven."""
+        view: LeaseView | None = None
+
+        async def read() -> None:
+            nonlocal view
+            view = await self._read(cluster)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await self.clusters.check_identity(cluster)
+        except BaseExceptionGroup as group:
+            raise first_kube_error(group) from None
+        assert view is not None
+        return view
+
+    def _stand(self, cluster: str, view: LeaseView, lock_id: str, stamp: datetime | None = None) -> Standing:
+        """Where ``view`` stands for ``lock_id``, with this engine's local observation
+        of leases that carry no evidence of ours and its trust in the cluster's Date."""
+        now = boot_clock()
+        if view.exists and view.blocking:
+            self._sightings[cluster] = observe(self._sightings.get(cluster), view, now)
+        observed = lapsed_by_observation(
+            self._sightings.get(cluster),
+            view,
+            now,
+            max_ttl_s=self.max_ttl_s,
+            max_server_skew_s=self.max_server_skew_s,
+        )
+        return standing(
+            view,
+            lock_id,
+            max_ttl_s=self.max_ttl_s,
+            max_server_skew_s=self.max_server_skew_s,
+            stamp=stamp,
+            observed_lapse=observed,
+            date_trusted=cluster not in self._date_untrusted,
+        )
+
+    async def _probe(self, cluster: str, view: LeaseView) -> tuple[LeaseView, datetime | None]:
+        """Get a fresh server time stamp on the lease (a compare-and-swap write of a
+        nonce under the probe manager): the second stamp of the expiry rule. Also checks
+        the response's Date against it, to know whether this cluster's Date can serve as
+        a hint."""
+        body = with_annotation(view.obj, A_PROBE, secrets.token_hex(6))
+        new = await self._write(cluster, view, body, manager=PROBE_MANAGER)
+        stamp = manager_time(new.obj, PROBE_MANAGER)
+        if stamp is not None and new.server_now is not None:
+            offset = abs((new.server_now - stamp).total_seconds())
+            if offset > self.max_server_skew_s + quorum.TIMESTAMP_SLACK_S:
+                if cluster not in self._date_untrusted:
+                    log.warning("the Date header disagrees with the server's stamps", cluster=cluster, offset=offset)
+                self._date_untrusted.add(cluster)
+            else:
+                self._date_untrusted.discard(cluster)
+        return new, stamp
+
+    def _annotations_common(self, *, with_set: bool = True) -> dict[str, str]:
+        ann = {A_NAMESPACE: self.dep.namespace, A_MAX_TTL: str(math.ceil(self.max_ttl_s))}
+        if with_set:
+            ann |= {A_MEMBERS: ",".join(self.members), A_MEMBERSHIP: self.membership.dump()}
+        return ann
+
+    def _token(self, reads: Mapping[str, LeaseView], state_tokens: list[int] | None) -> int | None:
+        """The new fencing token from these reads (see lease.next_token), with "a
+        majority" meaning one of every group of the configuration."""
+        known = [c for c, v in reads.items() if history_known(v)]
+        return next_token(list(reads.values()), self.q, state_tokens, history_ok=self.majorities.reached(known))
+
+    def _fresh_lease(self, *, vanished: bool, floor: int = 0) -> dict[str, Any]:
+        """A holderless lease: free, or a tombstone for one found missing (see bodies.fresh_lease)."""
+        return fresh_lease(self.name, self.dep.name, self._annotations_common(), vanished=vanished, floor=floor)
+
+    async def _record_missing(self, cluster: str, floor: int) -> LeaseView | None:
+        """Record a tombstone where the lease was found missing; None if one appeared
+        meanwhile (the caller reads again)."""
+        client = self.clusters.client(cluster)
+        try:
+            resp = await client.request(
+                "POST",
+                leases_path(self.dep.namespace),
+                body=self._fresh_lease(vanished=True, floor=floor),
+                query={"fieldManager": FIELD_MANAGER},
+            )
+        except KubeError as err:
+            if err.kind == kube.ALREADY_EXISTS:
+                return None
+            raise
+        log.warning("lease found missing; recorded it as held by an unknown holder", cluster=cluster)
+        return LeaseView.parse(resp.body, resp.server_time)
+
+    def _lease_body(
+        self,
+        view: LeaseView,
+        *,
+        lock_id: str | None,
+        token: int,
+        ttl_s: float,
+        holder: str | None = None,
+        reason: str | None = None,
+        command: str | None = None,
+        renew_only: bool = False,
+        keep_claim: bool = False,
+        with_set: bool | None = None,
+    ) -> dict[str, Any]:
+        """The body of a take, renewal or release of ``view`` (see bodies.lease_body);
+        ``with_set``: whether it writes this engine's member set (by default a take does)."""
+        if with_set is None:
+            with_set = lock_id is not None and not renew_only  # a take
+        return lease_body(
+            view,
+            name=self.name,
+            deployment=self.dep.name,
+            common=self._annotations_common(with_set=with_set),
+            lock_id=lock_id,
+            token=token,
+            ttl_s=ttl_s,
+            holder=holder,
+            reason=reason,
+            command=command,
+            renew_only=renew_only,
+            keep_claim=keep_claim,
+        )
+
+    async def _write(
+        self, cluster: str, view: LeaseView, body: dict[str, Any], *, manager: str = FIELD_MANAGER
+    ) -> LeaseView:
+        client = self.clusters.client(cluster)
+        query = {"fieldManager": manager}
+        if view.exists:
+            resp = await client.request("PUT", self.path, body=body, query=query)
+        else:
+            resp = await client.request("POST", leases_path(self.dep.namespace), body=body, query=query)
+        return LeaseView.parse(resp.body, resp.server_time)
+
+    async def _cas(
+        self,
+        cluster: str,
+        view: LeaseView,
+        decide: Callable[[LeaseView], Decision],
+        *,
+        manager: str = FIELD_MANAGER,
+    ) -> ClusterResult[ClusterLease]:
+        """Compare-and-swap one lease: ``decide`` looks at the lease as read and returns
+        either a final result, or the body to write and the action to report. A write
+        that loses the race (409) is never retried blindly: the lease is read again and
+        decided again."""
+
+        def step(view: LeaseView) -> cas.Put[tuple[dict[str, Any], str, str]] | cas.Keep[ClusterResult[ClusterLease]]:
+            decision = decide(view)
+            return cas.Keep(decision) if isinstance(decision, ClusterResult) else cas.Put(decision)
+
+        async def write(view: LeaseView, decision: tuple[dict[str, Any], str, str]) -> ClusterResult[ClusterLease]:
+            body, action, detail = decision
+            new_view = await self._write(cluster, view, body, manager=manager)
+            return ClusterResult(
+                cluster, Outcome.OK, ClusterLease(new_view, action, previous=view), detail=detail or action
+            )
+
+        result = await cas.compare_and_swap(
+            lambda: self._read(cluster), step, write, current=view, attempts=MAX_CAS_RETRIES, reread_last=True
+        )
+        match result:
+            case cas.Written(value=done) | cas.Decided(value=done):
+                return done
+            case cas.ReadFailed(error=err) | cas.WriteFailed(error=err):
+                return failed(cluster, err)  # type: ignore[return-value]
+            case cas.Raced(current=last):
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(last, "raced"),
+                    detail="lost the compare-and-swap race repeatedly",
+                )
+        assert_never(result)
+
+    async def _remember(self, events: list[dict[str, Any]]) -> None:
+        """Hand ``events`` to the history (coordinator/history.py): in the background when
+        this engine has a task group, so the caller does not wait for it; best effort."""
+        if not events:
+            return
+
+        async def record() -> None:
+            await self.history.record(events, timeout=self.timeout)
+
+        if self.background is not None:
+            try:
+                self.background.start_soon(record)
+                return
+            except RuntimeError:  # the task group has already closed: record here
+                pass
+        await record()
+
+    def _raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
+        bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
+        if bad:
+            raise IdentityMismatchError(identity_report(bad), payload=results)
+
+    async def _read_everywhere(self) -> dict[str, ClusterResult[ClusterLease]]:
+        """Every member's lease, identity checked, read at once (no write)."""
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+            return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
+
+        return await fan_out(self.members, on_cluster, timeout=self.timeout)

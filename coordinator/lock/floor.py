@@ -1,0 +1,234 @@
+"""The token floor: a granted fencing token outlives the deletion of every lease.
+
+The floor and the member set live on the state objects too (annotations); this module
+reads what they record (for a new token when leases were deleted) and raises the floor
+before an acquisition counts."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any, assert_never
+
+import anyio
+
+from coordinator import cas
+from coordinator.clusters import failed
+from coordinator.errors import CoordinatorError, NoQuorumError
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import FIELD_MANAGER, owned_metadata, state_name, state_paths
+from coordinator.lock.core import MAX_CAS_RETRIES
+from coordinator.lock.release import Release
+from coordinator.lock.results import AcquireResult
+from coordinator.membership import A_MEMBERSHIP, Membership, Stored, in_lease_object
+from coordinator.outcome import Outcome
+
+A_TOKEN_FLOOR = "coordinator.io/token-floor"
+
+ABSENT = "no state object"
+
+
+def token_floor(obj: dict[str, Any]) -> int:
+    """The token floor a state object carries (0 for none or garbage). Any length a
+    lease's token may have is read: a floor read as 0 would let tokens go down."""
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_TOKEN_FLOOR)
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 4000:
+        return int(raw)
+    return 0
+
+
+def set_on_state(obj: dict[str, Any]) -> Membership | None:
+    """The member set a state object's annotation stores, when a coordinator field
+    manager wrote it (anyone allowed to edit the object could have put any set there)."""
+    stored = in_lease_object(obj)  # the same annotation, read the same way
+    if not isinstance(stored, Membership) or not stored.written_by_us:
+        return None
+    return stored
+
+
+def _set_on_state_is_behind(obj: dict[str, Any], ours: Membership) -> bool:
+    noted = set_on_state(obj)
+    return noted is None or noted.epoch < ours.epoch
+
+
+def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored] | None:
+    """From a state object: the fencing token its envelope was written with and the
+    member set it stores (by identity); None when the envelope is unreadable."""
+    raw = (obj.get("data") or {}).get("envelope.json")
+    if not isinstance(raw, str):
+        return None
+    try:
+        text = base64.b64decode(raw).decode() if secret else raw
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    token = doc.get("token") if isinstance(doc, dict) else None
+    if not isinstance(token, int) or token < 0:
+        return None
+    token = max(token, token_floor(obj))
+    stored: Stored = Membership.parse(doc.get("membership"))
+    if stored is None and isinstance(doc.get("member_ids"), dict) and doc["member_ids"]:
+        # envelopes from before stored epochs name the writer's members by identity
+        stored = Membership.of(str(v) for v in doc["member_ids"].values())
+    # The envelope keeps the set of its last write; the annotation, the set of the last
+    # acquisition or member change. The newer of the two speaks for this object.
+    noted = set_on_state(obj)
+    if noted is not None and (not isinstance(stored, Membership) or noted.epoch > stored.epoch):
+        stored = noted
+    return token, stored
+
+
+def genesis_state_object(deployment: str, storage: str, membership: dict[str, Any]) -> dict[str, Any]:
+    """A state object holding the empty state of ``deployment`` and its member set."""
+    from coordinator.register import DATA_KEY, NOTE, NOTE_ANNOTATION, genesis_text
+
+    text = genesis_text(deployment, membership)
+    secret = storage == "secret"
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret" if secret else "ConfigMap",
+        "metadata": owned_metadata(state_name(deployment), deployment) | {"annotations": {NOTE_ANNOTATION: NOTE}},
+        "data": {DATA_KEY: base64.b64encode(text.encode()).decode() if secret else text},
+    }
+    if secret:
+        body["type"] = "Opaque"
+    return body
+
+
+class TokenFloor(Release):
+    """The engine's token floor on the state objects."""
+
+    async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
+        """What a majority of the state replicas say: per member, the fencing token its
+        object records (its envelope's or its token floor, the higher) and the member set
+        it stores. Returns as soon as a majority of state objects answered. A missing
+        state object says nothing (it may have held the floor of the token to beat and
+        been deleted): it counts, as token 0, only when every member answered and too
+        few objects are left to make a majority (a state never recorded anywhere, or
+        deleted on a majority, which no record survives)."""
+        _, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
+
+        async def one(cluster: str) -> ClusterResult[tuple[int, Stored]]:
+            try:
+                resp = await self.clusters.client(cluster).request("GET", path)
+            except KubeError as err:
+                if err.kind == kube.NOT_FOUND:
+                    return ClusterResult(cluster, Outcome.OK, (0, None), detail=ABSENT)
+                return failed(cluster, err)  # type: ignore[return-value]
+            found = envelope_evidence(resp.body, secret=self.dep.storage == "secret")
+            if found is None:
+                return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
+            return ClusterResult(cluster, Outcome.OK, found)
+
+        def present(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> list[str]:
+            return [k for k, r in rs.items() if r.ok and r.detail != ABSENT]
+
+        def everyone(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> bool:
+            return len(rs) == self.n and all(r.ok for r in rs.values())
+
+        results = await fan_out(
+            self.members,
+            one,
+            timeout=self.timeout,
+            until=lambda rs: self.majorities.reached(present(rs)) or everyone(rs),
+        )
+        counted = present(results)
+        if not self.majorities.reached(counted) and everyone(results):
+            counted = list(results)
+        return {k: v for k in counted if (v := results[k].value) is not None}
+
+    async def _record_token_floor(self, result: AcquireResult) -> None:
+        """Raise the token floor of the state objects of a majority to the new token
+        before the acquisition counts. The leases are the tokens' history, but a holder
+        that never writes the state leaves its token on the leases alone: with every lease
+        deleted, the next acquisition would hand it out again. The floor lives on the
+        state objects (`coordinator.io/token-floor`), whose tokens the next acquisition
+        reads when the leases lost their history. When it cannot be raised on a majority,
+        the lock is given back and the acquisition fails (exit 4)."""
+        if result.fencing_token is not None:
+            await self.raise_token_floor(result.fencing_token, result.lock_id, payload=result)
+
+    async def raise_token_floor(self, token: int, lock_id: str, *, payload: Any = None) -> None:
+        """Raise the token floor to ``token`` on a majority of every set of this
+        configuration; otherwise give lock ``lock_id`` back and raise NoQuorumError.
+        The same write stores this configuration's member set on the state objects
+        (annotation ``coordinator.io/membership``) where they carry an older one."""
+        results = await fan_out(
+            self.members,
+            lambda c: self._raise_floor(c, token),
+            timeout=self.timeout,
+            until=lambda rs: self.majorities.reached(k for k, r in rs.items() if r.ok),
+        )
+        if self.majorities.reached(k for k, r in results.items() if r.ok):
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.release(lock_id)
+                undone = "The leases taken were released."
+            except CoordinatorError as err:
+                undone = f"Releasing the leases taken failed too ({err}); they expire after their TTL."
+        why = "; ".join(f"{k}: {r.detail or r.outcome}" for k, r in sorted(results.items()) if not r.ok)
+        raise NoQuorumError(
+            f"Took the leases of {self.dep.name!r} with fencing token {token}, but could not record that token "
+            f"on the state objects of a majority ({why}). {undone} Without that record a token could be handed "
+            "out twice if every lease were deleted, so the lock is not taken. Retry when the members accept "
+            "writes of the state object again.",
+            payload=payload,
+        )
+
+    async def store_set_on_state(self, token: int) -> dict[str, ClusterResult[int]]:
+        """Store this configuration's member set (and the floor ``token``) on every
+        member's state object; the results per member. A member change calls it once
+        the new set is committed: the leases are not the only place that set lives, so
+        deleting every lease cannot leave the members unable to confirm it."""
+        return await fan_out(self.members, lambda c: self._raise_floor(c, token), timeout=self.timeout)
+
+    async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
+        collection, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
+        client = self.clusters.client(cluster)
+        query = {"fieldManager": FIELD_MANAGER}
+
+        async def read() -> dict[str, Any] | None:
+            try:
+                body: dict[str, Any] = (await client.request("GET", path)).body
+            except KubeError as err:
+                if err.kind != kube.NOT_FOUND:
+                    raise
+                return None
+            return body
+
+        def decide(obj: dict[str, Any] | None) -> cas.Put[dict[str, Any]] | cas.Keep[int]:
+            if obj is None:
+                body = genesis_state_object(self.dep.name, self.dep.storage, self.membership.document())
+                body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
+                return cas.Put(body)
+            changes: dict[str, str] = {}
+            if token_floor(obj) < token:
+                changes[A_TOKEN_FLOOR] = str(token)
+            if _set_on_state_is_behind(obj, self.membership):
+                changes[A_MEMBERSHIP] = self.membership.dump()
+            if not changes:
+                return cas.Keep(token_floor(obj))
+            meta = dict(obj.get("metadata") or {})
+            meta["annotations"] = dict(meta.get("annotations") or {}) | changes
+            return cas.Put({**obj, "metadata": meta})
+
+        async def write(obj: dict[str, Any] | None, body: dict[str, Any]) -> int:
+            if obj is None:
+                await client.request("POST", collection, body=body, query=query)
+            else:
+                await client.request("PUT", path, body=body, query=query)  # resourceVersion: CAS
+            return token
+
+        result = await cas.compare_and_swap(read, decide, write, attempts=MAX_CAS_RETRIES)
+        match result:
+            case cas.Written(value=floor) | cas.Decided(value=floor):
+                return ClusterResult(cluster, Outcome.OK, floor)
+            case cas.ReadFailed(error=err) | cas.WriteFailed(error=err):
+                return failed(cluster, err)  # type: ignore[return-value]
+            case cas.Raced():
+                return ClusterResult(cluster, Outcome.CONFLICT, detail="lost the compare-and-swap race repeatedly")
+        assert_never(result)

@@ -1,0 +1,181 @@
+"""Giving the lock back (release) and clearing it whatever its holder (break)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import anyio
+
+from coordinator import history
+from coordinator.clusters import failed
+from coordinator.errors import NoQuorumError, StateConflictError
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import FIELD_MANAGER, micro_time
+from coordinator.lease import A_LAST_BREAK, A_TOKEN, RELEASE_MANAGER, LeaseView
+from coordinator.lock.members import Members
+from coordinator.lock.reports import summarize
+from coordinator.lock.results import ClusterLease, Decision, utc_now
+from coordinator.logs import get_logger
+from coordinator.outcome import Outcome
+
+log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+
+
+class Release(Members):
+    """Release and break."""
+
+    async def _release_one(self, cluster: str, lock_id: str, keep_claim: bool = False) -> ClusterResult[ClusterLease]:
+        try:
+            await self.clusters.check_identity(cluster)
+            view = await self._read(cluster)
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+
+        def decide(view: LeaseView) -> Decision:
+            if view.lock_id != lock_id:
+                return ClusterResult(
+                    cluster,
+                    Outcome.OK,
+                    ClusterLease(view, "not ours"),
+                    detail="not held by this lock id",
+                    extra={"ours": False},
+                )
+            body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1, keep_claim=keep_claim)
+            return body, "released", ""
+
+        # A real release is dated under its own field manager: the next turn stays reserved
+        # for HANDOFF_GRACE_S from it. A failed attempt giving back what it took writes as
+        # a take does, so that it never extends that reservation.
+        manager = FIELD_MANAGER if keep_claim else RELEASE_MANAGER
+        result = await self._cas(cluster, view, decide, manager=manager)
+        if result.ok and result.value is not None and result.value.action == "released":
+            result.extra["ours"] = True
+        return result
+
+    async def _release_many(
+        self, clusters: list[str], lock_id: str, into: dict[str, ClusterResult[ClusterLease]]
+    ) -> None:
+        released = await fan_out(
+            clusters, lambda c: self._release_one(c, lock_id, keep_claim=True), timeout=self.timeout
+        )
+        for name, r in released.items():
+            prev = into.get(name)
+            if prev is not None and prev.ok:
+                prev.detail = (
+                    f"{prev.detail}; then released"
+                    if r.ok
+                    else (f"{prev.detail}; release failed ({r.outcome}: {r.detail}) — it expires by itself")
+                )
+                if prev.value:
+                    prev.value.action = "released" if r.ok else prev.value.action
+                    if r.ok and r.value and r.value.view:
+                        prev.value.view = r.value.view
+
+    async def release(self, lock_id: str) -> dict[str, ClusterResult[ClusterLease]]:
+        """Clear the holder wherever it is still ``lock_id`` (never someone else's).
+
+        Succeeds only when a majority answered: a release that reached fewer leaves the
+        lock possibly held there until the TTL, so it raises NoQuorumError (4). When this
+        machine's record moved on to a member set the leases store (a change made under
+        this lock), the release goes to the members it names now too."""
+        results = await fan_out(self.members, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
+        self._raise_on_mismatch(results)
+        moved = [m for r in results.values() if r.value and (m := self.other_set(r.value.view)) is not None]
+        if moved and self._follow_record(moved):
+            more = [c for c in self.members if c not in results or not results[c].ok]
+            if more:
+                results |= await fan_out(more, lambda c: self._release_one(c, lock_id), timeout=self.timeout)
+                self._raise_on_mismatch(results)
+            results = {c: r for c, r in results.items() if c in self.members}
+        ours = [k for k, r in results.items() if r.ok and r.extra.get("ours")]
+        observable = [k for k, r in results.items() if r.outcome.observable]
+        if not self.majorities.reached(observable):
+            unseen = sorted(set(self.members) - set(observable))
+            done = f"released on {', '.join(sorted(ours))}" if ours else "released nowhere"
+            raise NoQuorumError(
+                f"Could not release lock {lock_id} of {self.dep.name!r} on a majority: {done}, and "
+                f"{', '.join(unseen)} did not answer ({summarize(results)}). The lock may still be held "
+                f"there until its TTL runs out. Run `coordinator lock release {self.dep.name}` again when "
+                "they answer; the local record of the lock is kept for that.",
+                payload=results,
+            )
+        if not ours:
+            raise StateConflictError(
+                f"Lock id {lock_id} holds nothing on deployment {self.dep.name!r}: none of the "
+                f"{len(observable)} clusters that answered has it as holder. It was already "
+                "released, expired and was taken over, or the id is wrong; see "
+                f"`coordinator lock status {self.dep.name}`.",
+                payload=results,
+            )
+        released = {k: r.value.previous for k, r in results.items() if r.extra.get("ours") and r.value}
+        await self._remember(history.release_events(lock_id, {k: v for k, v in released.items() if v}))
+        return results
+
+    async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
+        """Clear the lease whatever its holder (admin override), leaving an audit note."""
+        await self.verify_members()
+        note = {"by": by, "host": socket.gethostname(), "at": micro_time(utc_now()), "reason": reason}
+        # A malformed fencing token is replaced by the highest valid one on the other
+        # members, so that tokens keep rising after the break; those clusters wait (a
+        # bounded while) for the other reads.
+        tokens: list[int] = []
+        reads_left = [self.n]
+        all_read = anyio.Event()
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+                if not view.token_malformed:
+                    tokens.append(view.token)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+            finally:
+                reads_left[0] -= 1
+                if reads_left[0] == 0:
+                    all_read.set()
+            if view.token_malformed:
+                with anyio.move_on_after(self.timeout / 2):
+                    await all_read.wait()
+
+            def decide(view: LeaseView) -> Decision:
+                if not view.exists:
+                    return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "absent"), detail="no lease")
+                if view.vanished and not view.held:
+                    return ClusterResult(
+                        cluster,
+                        Outcome.OK,
+                        ClusterLease(view, "deleted"),
+                        detail="the lease had been deleted; a break cannot clear that, since its token history "
+                        f"is gone: it frees itself {self.max_ttl_s:.0f}s after it was found missing",
+                    )
+                if not view.held and not view.token_malformed:
+                    return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
+                body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
+                ann = body["metadata"]["annotations"]
+                previous = view.lock_id or "-"
+                ann[A_LAST_BREAK] = json.dumps(note | {"previous_lock_id": previous})
+                detail = f"cleared holder {previous}"
+                if view.token_malformed:
+                    floor = max(tokens, default=0)
+                    if floor:
+                        ann[A_TOKEN] = str(floor)
+                        detail += f"; the malformed fencing token is now {floor}, the highest on the others"
+                    else:  # nothing valid seen anywhere: the next acquisition starts over
+                        ann.pop(A_TOKEN, None)
+                        detail += "; the malformed fencing token was removed (no valid one anywhere)"
+                return body, "broken", detail
+
+            return await self._cas(cluster, view, decide)
+
+        results = await fan_out(self.members, on_cluster, timeout=self.timeout)
+        self._raise_on_mismatch(results)
+        log.warning("lock broken", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
+        cleared = {
+            k: r.value.previous
+            for k, r in results.items()
+            if r.ok and r.value and r.value.action == "broken" and r.value.previous
+        }
+        await self._remember(history.break_events(by=by, reason=reason, cleared=cleared))
+        return results

@@ -1,0 +1,187 @@
+"""Keeping the lock: renewing the leases still ours, and renewing them in the background."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+
+from coordinator import history
+from coordinator.clusters import failed
+from coordinator.fanout import ClusterResult, fan_out
+from coordinator.kube.client import KubeError
+from coordinator.lease import LeaseView, RenewVerdict, boot_clock, remaining_validity, renew_verdict
+from coordinator.lock.members import Members
+from coordinator.lock.reports import held_detail, summarize
+from coordinator.lock.results import AcquireResult, ClusterLease, Decision, default_holder
+from coordinator.logs import get_logger
+from coordinator.membership import Membership
+from coordinator.outcome import Outcome
+from coordinator.text import printable
+
+log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+
+
+class Renew(Members):
+    """Renewal."""
+
+    async def renew(
+        self, lock_id: str, token: int, ttl_s: float, holder: str | None = None, *, _followed: bool = False
+    ) -> AcquireResult:
+        """Extend the leases still ours; succeed on a majority, returning as soon as one
+        is renewed. A renewal never re-takes a lease it no longer holds, and one that
+        finds our lease broken or held by another lock id has lost the lock at once
+        (``result.lost`` says why). A lease storing a newer member set is not renewed:
+        when this machine's record followed that change, the renewal counts over the new
+        members; otherwise it reaches no majority (and the lock runs out)."""
+        who = holder or default_holder()
+        started = boot_clock()
+        lost: dict[str, str] = {}
+        moved: dict[str, Membership] = {}
+
+        async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
+            try:
+                view = await self._checked_read(cluster)
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+
+            def decide(view: LeaseView) -> Decision:
+                verdict = renew_verdict(view, lock_id)
+                newer = self.other_set(view)
+                if verdict is RenewVerdict.RENEW and newer is not None:
+                    # The members changed since this engine counted them (e.g. the child of
+                    # `lock run` ran `deployment replace-cluster`): a majority of the old set
+                    # is no longer the lock. Not renewed here; see below.
+                    moved[cluster] = newer
+                    return ClusterResult(
+                        cluster,
+                        Outcome.CONFLICT,
+                        ClusterLease(view, "other member set"),
+                        detail=f"not renewed: it stores member set epoch {newer.epoch}, this machine counts "
+                        f"with epoch {self.membership.epoch}",
+                    )
+                if verdict is RenewVerdict.RENEW:
+                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
+                    return body, "renewed", ""
+                if verdict is RenewVerdict.BROKEN:
+                    note = view.break_note or {}
+                    by = printable(str(note.get("by") or "someone"))  # the lease's text: escaped
+                    lost[cluster] = f"broken on {cluster} by {by}"
+                    detail = f"the lock was broken by {by}"
+                elif verdict is RenewVerdict.TAKEN:
+                    lost[cluster] = f"{cluster} is held by another lock ({held_detail(view)})"
+                    detail = held_detail(view)
+                else:
+                    detail = "no longer ours (the lease was freed or deleted)"
+                return ClusterResult(cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "lost"), detail=detail)
+
+            return await self._cas(cluster, view, decide)
+
+        results = await fan_out(
+            self.members,
+            on_cluster,
+            timeout=self.timeout,
+            until=lambda rs: bool(lost) or self.majorities.reached_by({k: r.outcome for k, r in rs.items()}),
+        )
+        self._raise_on_mismatch(results)
+        if moved and not lost and not _followed and self._follow_record(moved.values()):
+            # This machine's record followed the change: renew over the members it names now.
+            return await self.renew(lock_id, token, ttl_s, holder, _followed=True)
+        result = AcquireResult(
+            deployment=self.dep.name,
+            namespace=self.dep.namespace,
+            lock_id=lock_id,
+            holder=who,
+            fencing_token=token,
+            acquired=False,
+            quorum=self.q,
+            results=results,
+            members=self.members,
+            ttl_s=ttl_s,
+            started=started,
+            lost="; ".join(v for _, v in sorted(lost.items())) or None,
+        )
+        validity = remaining_validity(ttl_s, boot_clock() - started)
+        renewed = self.majorities.reached_by({k: r.outcome for k, r in results.items()})
+        if not lost and renewed and validity > 0:
+            result.acquired = True
+            result.validity_s = validity
+        if lost and result.lost:
+            await self._remember(history.lost_events(lock_id, holder=who, token=token, why=result.lost))
+        return result
+
+
+@contextlib.asynccontextmanager
+async def keep_renewed(
+    engine: Renew,
+    held: AcquireResult,
+    *,
+    on_lost: Callable[[str], None] | None = None,
+    lead_s: float = 0.0,
+) -> AsyncIterator[anyio.Event]:
+    """Renew ``held`` in the background while the block runs; yield an event set if lost.
+
+    Renews every TTL/3. When a majority can no longer be renewed before the validity
+    ends, the lock is lost: the event is set and ``on_lost`` is called with the reason.
+    ``lead_s`` declares the loss that long *before* the validity ends (capped at a third
+    of the TTL), so that a holder with work to stop can stop it while the lock is still
+    its own.
+    """
+    lost = anyio.Event()
+    lead = max(0.0, min(lead_s, held.ttl_s / 3))
+    # Three renewals fit in what is left once the lead is taken off, so that one refused
+    # or throttled renewal (a 429 asking to come back in a second) is not the last chance.
+    interval = max(0.5, (held.ttl_s - lead) / 3)
+    retry_s = 0.5  # after a renewal that reached no majority
+
+    async def loop() -> None:
+        valid_until = held.valid_until() - lead
+        reason = f"the lock on {engine.dep.name!r} could not be renewed on a majority before its validity ended"
+        pause = interval
+        while True:
+            await anyio.sleep(min(pause, max(0.05, valid_until - boot_clock())))
+            pause = interval
+            if boot_clock() >= valid_until:
+                break
+            try:
+                # A renewal still waiting for answers when the loss is due must not delay
+                # it: the holder has work to stop while the lock is still its own.
+                with anyio.move_on_after(max(0.05, valid_until - boot_clock())) as limit:
+                    renewed = await engine.renew(held.lock_id, held.fencing_token or 0, held.ttl_s, held.holder)
+                if limit.cancelled_caught:
+                    break
+            except Exception as err:  # identity mismatch or worse: the lock is not safe
+                log.warning("lock renewal failed", error=str(err))
+                if boot_clock() >= valid_until:
+                    break
+                pause = retry_s
+                continue
+            if renewed.lost:
+                reason = f"the lock on {engine.dep.name!r} was lost: {renewed.lost}"
+                break
+            if renewed.acquired:
+                held.started = renewed.started
+                valid_until = renewed.valid_until() - lead
+                log.info("lock renewed", deployment=engine.dep.name, valid_for=round(renewed.validity_s, 1))
+            else:
+                log.warning("lock renewal reached no majority", clusters=summarize(renewed.results))
+                pause = retry_s
+        held.lost = reason
+        lost.set()
+        if on_lost is not None:
+            on_lost(reason)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop)
+            try:
+                yield lost
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The renewal loop never raises, so the group holds the block's own exception:
+        # give it back to the caller as it was raised, not wrapped.
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise

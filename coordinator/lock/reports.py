@@ -1,0 +1,160 @@
+"""The texts a person reads about the lock: why it could not be had, who holds a lease."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from coordinator.fanout import ANSWERED, NOT_WAITED_FOR, ClusterResult
+from coordinator.lease import DEFAULT_MAX_TTL_S, HANDOFF_GRACE_S, LeaseView, TurnClaim
+from coordinator.lock.results import AcquireResult, ClusterLease
+from coordinator.outcome import Outcome
+from coordinator.text import printable
+
+
+def next_expiry(result: AcquireResult) -> float:
+    """Seconds until the soonest lease held by another could expire (a wake-up hint)."""
+    hints = []
+    for r in result.results.values():
+        if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view:
+            view = r.value.view
+            rem = view.reserved_left_s() if r.value.action == "reserved" else view.remaining_s()
+            if rem is not None:
+                hints.append(max(0.05, rem + 0.05))
+    return min(hints) if hints else 2.0
+
+
+def first_in_line(views: Iterable[LeaseView], lock_id: str, mine: TurnClaim | None) -> TurnClaim | None:
+    """The earliest binding claim among ``views`` by a waiter before us, if any."""
+    return min((c for v in views if (c := v.binding_claim(lock_id, mine)) is not None), default=None)
+
+
+def reserved_detail(claim: TurnClaim) -> str:
+    # Holder and lock id are text of whoever wrote the lease: escaped here, where they
+    # enter a paragraph whose own line breaks are kept when it is printed.
+    who = printable(claim.holder or "another contender")
+    return (
+        f"free, but the next turn is {who}'s (lock {printable(claim.lock_id)}), who has waited longer; "
+        f"it lapses if not taken within {HANDOFF_GRACE_S:.0f}s of the release"
+    )
+
+
+def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
+    if not view.exists or (view.vanished and not view.held):
+        rem = view.remaining_hint(max_ttl_s) if view.exists else None
+        tail = f"; free in about {max(rem, 0):.0f}s" if rem is not None else ""
+        return (
+            "the lease was deleted, so it counts as held by an unknown holder until a maximum TTL "
+            f"({max_ttl_s:.0f}s) has passed since it was found missing{tail}"
+        )
+    # Holder and lock id are text of whoever wrote the lease: escaped where they enter
+    # the paragraph (errors keep their own line breaks when printed).
+    who = printable(str(view.info.get("holder") or "an unknown holder"))
+    lock = printable(str(view.lock_id))
+    if view.own_write is None:
+        return (
+            f"held by {who} (lock {lock}), expiry unknown: the lease carries no write of coordinator's "
+            "own (managedFields cleared?), so it counts as held until seen unchanged for a whole TTL"
+        )
+    rem = view.remaining_hint(max_ttl_s)
+    tail = f", expires in {rem:.0f}s unless renewed" if rem is not None else ""
+    return f"held by {who} (lock {lock}){tail}"
+
+
+def summarize(results: dict[str, ClusterResult[ClusterLease]]) -> str:
+    return ", ".join(f"{k}: {r.outcome}" for k, r in sorted(results.items()))
+
+
+def identity_report(bad: dict[str, ClusterResult[ClusterLease]]) -> str:
+    parts = [f"cluster {name!r}: {r.detail}" for name, r in sorted(bad.items())]
+    return (
+        "Cluster identity mismatch — nothing was written to these clusters: "
+        + "; ".join(parts)
+        + ". A kubeconfig context was pointed at another cluster. Fix the context, or if "
+        "the cluster was really rebuilt, run `coordinator cluster disconnect NAME --force` "
+        "and connect it again."
+    )
+
+
+def _fmt_time(when: datetime | None) -> str:
+    if when is None:
+        return "?"
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def acquire_report(result: AcquireResult) -> str:
+    """The paragraph a person reads when the lock could not be had."""
+    from coordinator.durations import format_duration
+
+    n = len(result.members)
+    got = [k for k, r in result.results.items() if r.ok]
+    lines = []
+    holders: dict[str, list[str]] = {}
+    reserved: dict[str, list[str]] = {}
+    unseen: list[str] = []
+    for name in result.members:
+        r = result.results.get(name)
+        if r is None:
+            lines.append(f"{name}: {NOT_WAITED_FOR}")
+            continue
+        v = r.value.view if r.value else None
+        if r.outcome is Outcome.HELD_BY_OTHER and r.value is not None and r.value.action == "reserved":
+            lines.append(f"{name}: {r.detail}")
+            claim = r.extra.get("next")
+            who = claim.holder if isinstance(claim, TurnClaim) else ""
+            reserved.setdefault(who or "another contender", []).append(name)
+        elif r.outcome is Outcome.HELD_BY_OTHER and v is not None and (v.vanished or not v.exists or not v.held):
+            lines.append(f"{name}: {r.detail}")
+            holders.setdefault("an unknown holder (deleted lease)", []).append(name)
+        elif r.outcome is Outcome.HELD_BY_OTHER and v is not None:
+            who = v.info.get("holder") or "?"
+            rem = v.remaining_s()
+            until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
+            host = v.info.get("host") or "?"
+            pid = v.info.get("pid") or "?"
+            why = v.info.get("reason") or "no reason given"
+            lines.append(
+                f"{name}: held by {who} (host {host}, pid {pid}, lock {v.lock_id}, "
+                f"reason: {why}) since {_fmt_time(v.acquired_at)}, renewed "
+                f"{_fmt_time(v.renewed_at)}, {until}"
+            )
+            holders.setdefault(who, []).append(name)
+        else:
+            lines.append(f"{name}: {r.outcome} — {r.detail}")
+            if not r.outcome.observable and not r.extra.get(ANSWERED):
+                unseen.append(name)
+    head = (
+        f"Could not lock deployment {result.deployment!r}: a majority of {result.quorum} of "
+        f"{n} clusters is needed, this attempt got {len(got)}"
+        + (f" ({', '.join(got)}), which were released again" if got else "")
+        + ". "
+    )
+    advice = []
+    if holders:
+        who = ", ".join(f"{h} on {', '.join(cs)}" for h, cs in holders.items())
+        views = [r.value.view for r in result.results.values() if r.value and r.value.view]
+        first = first_in_line(views, result.lock_id, None)
+        line = (
+            f" {first.holder or 'Another contender'} is already waiting and is next in line; --wait "
+            "queues you behind everyone who began waiting earlier."
+            if first is not None
+            else ""
+        )
+        advice.append(
+            f"It is held by {who}.{line} Wait for it with --wait 5m, ask the holder to release "
+            f"it, or if the holder is gone for good, run `coordinator lock break {result.deployment}`."
+        )
+    if reserved:
+        who = ", ".join(f"{h} on {', '.join(cs)}" for h, cs in reserved.items())
+        advice.append(
+            f"It was just freed and is being handed to the contender that waited longest ({who}); "
+            f"waiters take turns in the order they began waiting. Wait for your turn with --wait."
+        )
+    if unseen:
+        advice.append(
+            f"Could not observe {', '.join(unseen)}; an unobservable cluster is never counted "
+            f"as free. Check `coordinator cluster info NAME` for reachability and permissions."
+        )
+    # One line per cluster: a line break in what the clusters say (holder, reason, a
+    # server's message) must not pass for a line of this report.
+    return head + "Per cluster:\n" + "".join(f"  {printable(line)}\n" for line in lines) + printable(" ".join(advice))

@@ -1,0 +1,112 @@
+"""What the lock's operations return: per-cluster rows, acquisitions, status; who is asking."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import socket
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
+
+from coordinator.fanout import ClusterResult
+from coordinator.lease import LeaseView, TurnClaim, boot_clock, remaining_validity
+from coordinator.membership import Check
+
+
+def default_holder() -> str:
+    env = os.environ.get("COORDINATOR_HOLDER")
+    if env:
+        return env
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def new_lock_id() -> str:
+    return secrets.token_hex(8)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class ClusterLease:
+    """What an operation left on one cluster (the report's row)."""
+
+    view: LeaseView | None = None
+    action: str = ""
+    previous: LeaseView | None = None  # the lease as read before this write (for the history)
+
+
+# What a compare-and-swap step decides on a lease as read: a final result, or the body
+# to write with the action (and detail, if other than the action) to report.
+
+
+# What a compare-and-swap step decides on a lease as read: a final result, or the body
+# to write with the action (and detail, if other than the action) to report.
+Decision: TypeAlias = ClusterResult[ClusterLease] | tuple[dict[str, Any], str, str]
+
+
+@dataclass
+class AcquireResult:
+    deployment: str
+    namespace: str
+    lock_id: str
+    holder: str
+    fencing_token: int | None
+    acquired: bool
+    quorum: int
+    results: dict[str, ClusterResult[ClusterLease]]
+    members: list[str]
+    ttl_s: float
+    validity_s: float = 0.0
+    started: float = 0.0  # boot-clock time before the writes were sent
+    lost: str | None = None  # a renewal that found the lock taken or broken says why
+    membership: Check | None = None  # what the members store, against the local record
+
+    def valid_until(self) -> float:
+        return self.started + remaining_validity(self.ttl_s, 0.0)
+
+    def expires_in(self) -> float:
+        return max(0.0, self.valid_until() - boot_clock())
+
+
+@dataclass
+class ClusterStatus:
+    name: str
+    status: str
+    holder: str | None = None
+    lock_id: str | None = None
+    acquired_at: datetime | None = None
+    renewed_at: datetime | None = None
+    ttl_s: int | None = None
+    transitions: int | None = None
+    error: str | None = None
+    token: int | None = None
+    remaining_s: float | None = None
+    info: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LockStatus:
+    deployment: str
+    namespace: str
+    quorum: int
+    holder: str | None
+    lock_id: str | None
+    fencing_token: int | None
+    held_by_majority: bool
+    expires_in_s: float | None
+    clusters: list[ClusterStatus]
+    info: dict[str, str] = field(default_factory=dict)
+    next_in_line: TurnClaim | None = None  # the waiter whose turn is next, if any
+
+
+def current_command() -> str:
+    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]

@@ -1,0 +1,86 @@
+"""What the lock looks like on every member, for `lock status`."""
+
+from __future__ import annotations
+
+from coordinator.lease import TurnClaim
+from coordinator.lock.members import Members
+from coordinator.lock.results import ClusterStatus, LockStatus
+from coordinator.outcome import Outcome
+
+
+class Status(Members):
+    """Status."""
+
+    async def status(self) -> LockStatus:
+        results = await self._read_everywhere()
+        self._raise_on_mismatch(results)
+        self._raise_on_member_conflict(results)
+        rows: list[ClusterStatus] = []
+        live: dict[str, str | None] = {}
+        remaining: dict[str, float] = {}
+        claims: list[TurnClaim] = []
+        for name in self.members:
+            r = results.get(name)
+            if r is None or not r.ok or r.value is None or r.value.view is None:
+                status = str(r.outcome) if r else "unreachable"
+                if status not in (Outcome.UNREACHABLE, Outcome.FORBIDDEN, Outcome.IDENTITY_MISMATCH):
+                    status = "error"
+                rows.append(ClusterStatus(name, status, error=r.detail if r else "no answer"))
+                continue
+            v = r.value.view
+            if v.live_claim is not None and v.claim_fresh():
+                claims.append(v.live_claim)
+            expired = v.expired(self.max_ttl_s)
+            note: str | None = None
+            if not v.exists:
+                st = "held"
+                note = "the lease is missing (deleted?): it counts as held by an unknown holder"
+            elif v.vanished and not v.held:
+                st = "expired" if expired else "held"
+                note = "the lease was deleted: it counts as held by an unknown holder for one maximum TTL"
+            elif not v.held:
+                st = "free"
+            elif expired:
+                st = "expired"
+            else:
+                st = "held"
+                live[name] = v.lock_id
+                rem = v.remaining_s()
+                if rem is not None:
+                    remaining[name] = rem
+            rows.append(
+                ClusterStatus(
+                    name,
+                    st,
+                    holder=v.info.get("holder") or None,
+                    lock_id=v.lock_id,
+                    acquired_at=v.acquired_at,
+                    renewed_at=v.renewed_at,
+                    ttl_s=v.ttl_s,
+                    transitions=v.transitions,
+                    token=v.token if v.exists else None,
+                    remaining_s=v.remaining_s() if st == "held" else None,
+                    info=v.info,
+                    error="fencing-token annotation is malformed" if v.token_malformed else note,
+                )
+            )
+        winner = self.majorities.holder(live)
+        holder_row = next((row for row in rows if winner and row.lock_id == winner), None)
+        expires = None
+        if winner:
+            mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
+            expires = self.majorities.expiry(mine)
+        return LockStatus(
+            deployment=self.dep.name,
+            namespace=self.dep.namespace,
+            quorum=self.q,
+            holder=holder_row.holder if holder_row else None,
+            lock_id=winner,
+            fencing_token=holder_row.token if holder_row else None,
+            held_by_majority=winner is not None,
+            expires_in_s=round(expires, 1) if expires is not None else None,
+            clusters=rows,
+            info=holder_row.info if holder_row else {},
+            # the claim found on the most clusters (earliest on a tie)
+            next_in_line=min(claims, key=lambda c: (-claims.count(c), c)) if claims else None,
+        )

@@ -1,0 +1,136 @@
+"""Taking turns: the waiter who began waiting first gets the lock next.
+
+Claims of the next turn are written on leases held by others, and lease watches wake a
+waiting contender when a lease is freed."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import anyio
+
+from coordinator.fanout import ClusterResult
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.kube.resources import leases_path
+from coordinator.lease import A_VANISHED, LINE_MANAGER, LeaseView, TurnClaim, lock_id_of
+from coordinator.lock.bodies import with_claim
+from coordinator.lock.core import EngineCore
+from coordinator.lock.results import AcquireResult, ClusterLease, Decision
+from coordinator.logs import get_logger
+from coordinator.outcome import Outcome
+
+log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+
+
+class Wake:
+    """What a waiting acquire shares with its lease watches."""
+
+    def __init__(self, event: anyio.Event) -> None:
+        self.event = event
+        self.mine: TurnClaim | None = None  # our place in line, once known
+        self.claimed: set[str] = set()  # clusters where a claim of ours may stand
+
+
+class Turns(EngineCore):
+    """Claims of the next turn and the lease watches of a waiting acquisition."""
+
+    async def _claim_turns(self, result: AcquireResult, mine: TurnClaim, ours: set[str]) -> None:
+        """Claim the next turn on every cluster where the lease is held by another and
+        no earlier waiter has claimed it; the clusters where the claim may be ours are
+        added to ``ours``. Best effort: a claim that cannot be written only costs this
+        waiter its place. (Later changes are followed by the lease watches.)"""
+        lock_id = mine.lock_id
+
+        def decide(cluster: str, view: LeaseView) -> Decision:
+            current = view.live_claim
+            if not view.live_for_other(lock_id):
+                # free or expired: the next attempt decides, no claim needed
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "not held"))
+            if current is not None and current.lock_id == lock_id:
+                ours.add(cluster)
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "claimed already"))
+            if current is not None and view.claim_fresh() and current <= mine:
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "someone waited longer"))
+            ours.add(cluster)  # before the write: one cut short may still have landed
+            return with_claim(view.obj, mine), "claimed", ""
+
+        async def one(cluster: str, view: LeaseView) -> None:
+            r = await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
+            if not r.ok:
+                log.debug("could not claim the next turn", cluster=cluster, detail=r.detail)
+
+        with anyio.move_on_after(self.timeout):
+            async with anyio.create_task_group() as tg:
+                for cluster, r in result.results.items():
+                    view = r.value.view if r.value else None
+                    if view is not None and r.outcome is Outcome.HELD_BY_OTHER:
+                        tg.start_soon(one, cluster, view)
+
+    async def _claim_from_event(self, cluster: str, obj: dict[str, Any], wake: Wake) -> None:
+        mine = wake.mine
+        if mine is None:
+            return
+        view = LeaseView.parse(obj, None)
+        live = view.live_claim
+        if live is not None and live <= mine:
+            return  # ours already, or someone has waited longer
+        try:
+            await self.clusters.check_identity(cluster)  # proven once per process: no request
+        except KubeError:
+            return  # nothing is written to a cluster whose identity is not proven
+        wake.claimed.add(cluster)
+        try:
+            await self._write(cluster, view, with_claim(obj, mine), manager=LINE_MANAGER)
+        except KubeError as err:
+            if err.kind != kube.CONFLICT:
+                log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
+
+    async def _withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
+        def decide(cluster: str, view: LeaseView) -> Decision:
+            if view.next_claim is None or view.next_claim.lock_id != lock_id:
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "no claim of ours"))
+            return with_claim(view.obj, None), "withdrawn", ""
+
+        async def one(cluster: str) -> None:
+            with anyio.move_on_after(self.timeout), contextlib.suppress(KubeError):
+                view = await self._read(cluster)
+                await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
+
+        async with anyio.create_task_group() as tg:
+            for cluster in clusters:
+                tg.start_soon(one, cluster)
+
+    async def _watch_leases(self, cluster: str, wake: Wake, seen: dict[str, str | None], lock_id: str) -> None:
+        """Wake the waiting contender when this cluster's lease is freed or deleted; claim
+        the next turn when the lease is held by another and its claim (if any) is younger
+        than ours.
+
+        A change of holder, or a renewal, does not make the lock available; an expiry is
+        waited for by time. Our own writes (their resourceVersions are in ``seen``) are
+        ignored, so a contender does not wake itself up by releasing a partial attempt.
+        Claims are written straight from the event (its resourceVersion makes the write
+        a compare-and-swap); a lost race needs no retry, since the winning write is the
+        next event.
+        """
+        client = self.clusters.client(cluster)
+        query = {"fieldSelector": f"metadata.name={self.name}"}
+        delay = 0.5
+        while True:
+            try:
+                async for event in client.watch(leases_path(self.dep.namespace), query=query, timeout=55):
+                    obj = event.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    holder_id = lock_id_of((obj.get("spec") or {}).get("holderIdentity"))
+                    tombstone = A_VANISHED in ((obj.get("metadata") or {}).get("annotations") or {})
+                    freed = not holder_id and not tombstone and rv != seen.get(cluster)
+                    if event.get("type") == "DELETED" or freed:
+                        wake.event.set()
+                    elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):
+                        await self._claim_from_event(cluster, obj, wake)
+                delay = 0.5
+            except KubeError as err:
+                log.debug("lease watch interrupted", cluster=cluster, detail=err.detail)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
