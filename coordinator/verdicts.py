@@ -90,6 +90,36 @@ def status_verdict(deployment: str, rows: Sequence[StatusRow], quorum: int) -> S
     )
 
 
+# ------------------------------------------------------------------ the fleet
+
+
+class FleetView(Protocol):
+    """What ``lock status --all`` listed (``coordinator.fleet.Fleet``)."""
+
+    @property
+    def clusters(self) -> Mapping[str, str]: ...  # connected cluster -> "ok" or why it was not listed
+
+    @property
+    def unseen_clusters(self) -> list[str]: ...
+
+    @property
+    def too_few_listed(self) -> bool: ...
+
+
+def fleet_problem(fleet: FleetView) -> NoQuorumError | None:
+    """The error ``lock status --all`` ends with (exit 4) when fewer than a majority of the
+    connected clusters could be listed (``Fleet.too_few_listed`` decides)."""
+    if not fleet.too_few_listed:
+        return None
+    unseen = fleet.unseen_clusters
+    return NoQuorumError(
+        f"Only {len(fleet.clusters) - len(unseen)} of {len(fleet.clusters)} connected clusters could be "
+        f"listed ({', '.join(f'{c} ({fleet.clusters[c]})' for c in unseen)}); the view above may miss "
+        "most deployments, and nothing there is assumed free. Check the clusters with "
+        "`coordinator cluster info NAME`."
+    )
+
+
 # ------------------------------------------------------------------ lock break
 
 

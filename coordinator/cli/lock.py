@@ -204,16 +204,10 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
 
         fleet = run(once)
         emit(ctx, doc_of(fleet), lambda: fleet_text(fleet))
-        if fleet.too_few_listed:
-            from coordinator.errors import NoQuorumError
+        from coordinator.verdicts import fleet_problem
 
-            unseen = fleet.unseen_clusters
-            raise NoQuorumError(
-                f"Only {len(fleet.clusters) - len(unseen)} of {len(fleet.clusters)} connected clusters could be "
-                f"listed ({', '.join(f'{c} ({fleet.clusters[c]})' for c in unseen)}); the view above may miss "
-                "most deployments, and nothing there is assumed free. Check the clusters with "
-                "`coordinator cluster info NAME`."
-            )
+        if (problem := fleet_problem(fleet)) is not None:
+            raise problem
         return
 
     async def follow() -> None:

@@ -9,7 +9,14 @@ import pytest
 
 from coordinator.errors import ExitCode, NoQuorumError
 from coordinator.outcome import Outcome
-from coordinator.verdicts import break_verdict, history_verdict, replicas_verdict, status_verdict, waiting
+from coordinator.verdicts import (
+    break_verdict,
+    fleet_problem,
+    history_verdict,
+    replicas_verdict,
+    status_verdict,
+    waiting,
+)
 
 
 @dataclass
@@ -214,3 +221,18 @@ def test_replicas_not_read_are_named() -> None:
     assert v.unread == ["b"]
     assert v.by_status == {"current": ["a"], "unreachable": ["b"], "suspect": ["c"]}
     assert not v.equal and not v.empty
+
+
+# ------------------------------------------------------------------ the fleet
+
+
+def test_fleet_listed_on_too_few_clusters_is_exit_4_naming_them() -> None:
+    from coordinator.fleet import Fleet
+
+    err = fleet_problem(Fleet([], {"a": "ok", "b": "unreachable: timeout", "c": "forbidden"}))
+    assert isinstance(err, NoQuorumError)
+    assert err.message.startswith(
+        "Only 1 of 3 connected clusters could be listed (b (unreachable: timeout), c (forbidden));"
+    )
+    assert fleet_problem(Fleet([], {"a": "ok", "b": "ok", "c": "forbidden"})) is None
+    assert fleet_problem(Fleet([], {})) is None  # nothing connected: nothing to miss
