@@ -1,0 +1,96 @@
+"""Reading the state: a majority answers, the newest trusted replica wins, stale ones are
+repaired first; the audit history and backups are reads too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from coordinator.errors import NoQuorumError, UsageError
+from coordinator.fanout import fan_out
+from coordinator.logs import get_logger
+from coordinator.models import AuditEntry, StateEnvelope
+from coordinator.register import Kind, encode_envelope, stamp_of
+from coordinator.state.data import get_path
+from coordinator.state.replicas import Replicas
+from coordinator.state.results import ReadReport, _replicas
+
+log = get_logger("coordinator.state")  # one logger for the whole register, as before the split
+
+
+class Reads(Replicas):
+    """Quorum reads with repair."""
+
+    async def read(self, *, repair: bool = True) -> ReadReport:
+        """Read a majority; the newest trusted replica wins; stale ones are repaired first."""
+        results = await self._read_all(early=True)
+        choice, evidence = self._judge(results)
+        odd = choice.corrupt or choice.suspect or choice.conflict or evidence is None
+        odd = odd or not self._members_verdict(results).ok
+        if len(results) < self.n and (odd or len(choice.current) + len(choice.stale) < self.q):
+            # Something is off: hear every member (with fresh leases) before deciding.
+            results = await self._read_all()
+            choice, evidence = self._judge(results)
+        self._need_quorum(results, "read")
+        self._refuse_other_members(results)
+        self._refuse_conflict(choice, "read")
+        winner = choice.winner
+        report = ReadReport(
+            self.dep.name,
+            winner.envelope if winner else None,
+            winner.cluster if winner else None,
+            results,
+            corrupt=sorted(choice.corrupt),
+            suspect=dict(choice.suspect),
+        )
+        if winner is None or winner.envelope is None:
+            self._refuse_unreadable(results, choice, "read")
+            return report
+        if not repair:
+            return report
+        env = winner.envelope
+        stamp = stamp_of(env)
+        current = len(choice.current)
+        if choice.stale:
+            reps = _replicas(results)
+            text = encode_envelope(env)
+            repaired = await fan_out(
+                choice.stale,
+                lambda c: self._cas(reps[c], stamp, Kind.REPAIR, text),
+                timeout=self.clusters.timeout,
+            )
+            report.repaired = sorted(k for k, r in repaired.items() if r.ok)
+            current += len(report.repaired)
+            if report.repaired:
+                log.info("repaired stale replicas", clusters=report.repaired, stamp=str(stamp))
+        if current < self.q:
+            # The value is not yet on a majority; returning it could let a later read see
+            # an older one. Say so instead of guessing.
+            raise NoQuorumError(
+                f"The newest state of {self.dep.name!r} (version {env.version}) is on {current} of "
+                f"{self.n} clusters and could not be repaired onto a majority of {self.q}; "
+                "retry when more clusters are reachable."
+            )
+        return report
+
+    async def get(self, key: str | None = None) -> Any:
+        report = await self.read()
+        data = report.envelope.data if report.envelope else {}
+        return get_path(data, key) if key else data
+
+    async def history(self) -> list[AuditEntry]:
+        report = await self.read()
+        return list(report.envelope.history) if report.envelope else []
+
+    async def backup(self, path: Path) -> StateEnvelope:
+        report = await self.read()
+        if report.envelope is None:
+            raise UsageError(f"The deployment {self.dep.name!r} has no state yet; nothing to back up.")
+        from coordinator.config import _atomic_write
+
+        try:
+            _atomic_write(path, json.dumps(report.envelope.model_dump(mode="json", by_alias=True), indent=2) + "\n")
+        except OSError as err:
+            raise UsageError(f"Cannot write the backup file {path}: {err.strerror or err}.") from err
+        return report.envelope
