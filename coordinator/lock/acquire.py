@@ -19,11 +19,11 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import A_TOKEN, LeaseView, Standing, TurnClaim, boot_clock, remaining_validity, token_taken
 from coordinator.lock.core import MAX_CAS_RETRIES
-from coordinator.lock.floor import TokenFloor
+from coordinator.lock.floor import TokenFloor, kept_set_speaks
 from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision, new_lock_id
 from coordinator.lock.turns import Turns, Wake
-from coordinator.membership import Check, Membership, Stored, Verdict, says_nothing
+from coordinator.membership import Check, Stored, Verdict
 from coordinator.outcome import Outcome
 
 
@@ -169,11 +169,9 @@ class Acquire(TokenFloor, Turns):
                 views = list(reads.values())  # more reads may have landed meanwhile
                 stored = {c: self.stored_membership(v) for c, v in reads.items()}
                 for c, (_, kept) in evidence.items():
-                    # an envelope's set counts when it is ours or newer; envelopes keep the
-                    # set of their last write, so an older epoch says nothing
-                    usable = isinstance(kept, Membership) and kept.epoch >= self.membership.epoch
-                    if says_nothing(stored.get(c), self.membership) and usable:
-                        stored[c] = kept
+                    speaks = kept_set_speaks(stored.get(c), kept, self.membership)
+                    if speaks is not None:
+                        stored[c] = speaks
                 verdict = self.check_members(stored)
                 # The state only knows tokens that wrote it; a surviving lease that was
                 # not read may know a higher one. So every member's lease must be read.
@@ -271,19 +269,8 @@ class Acquire(TokenFloor, Turns):
             leave_running=lambda: not attempt_over["won"],
         )
         token = chosen.get("token")
-        result = AcquireResult(
-            deployment=self.dep.name,
-            namespace=self.dep.namespace,
-            lock_id=lock_id,
-            holder=holder,
-            fencing_token=token,
-            acquired=False,
-            quorum=self.q,
-            results=results,
-            members=self.members,
-            ttl_s=ttl_s,
-            started=started,
-            membership=members_check[0] if members_check else None,
+        result = self._result(
+            lock_id, holder, token, ttl_s, started, results, membership=members_check[0] if members_check else None
         )
         refused = attempt_over["mismatch"] or attempt_over["membership"]
         won = self.majorities.reached_by({k: r.outcome for k, r in results.items()}) and not refused

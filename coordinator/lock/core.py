@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import Any, assert_never
 
@@ -40,9 +40,9 @@ from coordinator.lease import (
 )
 from coordinator.lock.bodies import fresh_lease, lease_body, with_annotation
 from coordinator.lock.reports import identity_report
-from coordinator.lock.results import ClusterLease, Decision
+from coordinator.lock.results import AcquireResult, ClusterLease, Decision
 from coordinator.logs import get_logger
-from coordinator.membership import A_MEMBERSHIP, Membership
+from coordinator.membership import A_MEMBERSHIP, Check, Membership
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
 
@@ -70,6 +70,31 @@ def first_kube_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
         return group
     kube_errors.sort(key=lambda e: e.kind != kube.IDENTITY_MISMATCH)
     return kube_errors[0]
+
+
+async def checked(clusters: ClusterSet, cluster: str, *reads: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``reads`` on ``cluster`` in flight together with its identity check (one round
+    trip); raise the error first_kube_error picks. The caller writes nothing to the
+    cluster before this returns."""
+    try:
+        async with anyio.create_task_group() as tg:
+            for read in reads:
+                tg.start_soon(read)
+            await clusters.check_identity(cluster)
+    except BaseExceptionGroup as group:
+        raise first_kube_error(group) from None
+
+
+def recorded_membership(clusters: ClusterSet, deployment: DeploymentRecord) -> Membership:
+    """The member set ``deployment`` (a machine's record) names, by identity, as the
+    leases and state objects store it (see coordinator/membership.py). Raises for a
+    member this process does not know."""
+    joint = getattr(deployment, "joint", None)
+    return Membership.of(
+        (clusters.record(m).identity for m in deployment.clusters),
+        getattr(deployment, "epoch", 1),
+        [clusters.record(m).identity for m in joint] if joint else None,
+    )
 
 
 class EngineCore:
@@ -111,11 +136,7 @@ class EngineCore:
         self.history = history.HistoryStore(self.clusters, deployment.name, deployment.namespace, self.members)
         # The member set this machine's record names, by identity: what every member
         # must store (see coordinator/membership.py).
-        self.membership = Membership.of(
-            (self.clusters.record(m).identity for m in deployment.clusters),
-            getattr(deployment, "epoch", 1),
-            [self.clusters.record(m).identity for m in joint] if joint else None,
-        )
+        self.membership = recorded_membership(self.clusters, deployment)
 
     @property
     def timeout(self) -> float:
@@ -141,12 +162,7 @@ class EngineCore:
             nonlocal view
             view = await self._read(cluster)
 
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(read)
-                await self.clusters.check_identity(cluster)
-        except BaseExceptionGroup as group:
-            raise first_kube_error(group) from None
+        await checked(self.clusters, cluster, read)
         assert view is not None
         return view
 
@@ -309,6 +325,36 @@ class EngineCore:
                     detail="lost the compare-and-swap race repeatedly",
                 )
         assert_never(result)
+
+    def _result(
+        self,
+        lock_id: str,
+        holder: str,
+        token: int | None,
+        ttl_s: float,
+        started: float,
+        results: dict[str, ClusterResult[ClusterLease]],
+        *,
+        membership: Check | None = None,
+        lost: str | None = None,
+    ) -> AcquireResult:
+        """An attempt's or a renewal's result over this engine's members, not (yet) counted
+        as held: the caller sets ``acquired`` and ``validity_s`` once it is."""
+        return AcquireResult(
+            deployment=self.dep.name,
+            namespace=self.dep.namespace,
+            lock_id=lock_id,
+            holder=holder,
+            fencing_token=token,
+            acquired=False,
+            quorum=self.q,
+            results=results,
+            members=self.members,
+            ttl_s=ttl_s,
+            started=started,
+            lost=lost,
+            membership=membership,
+        )
 
     async def _remember(self, events: list[dict[str, Any]]) -> None:
         """Hand ``events`` to the history (coordinator/history.py): in the background when

@@ -23,7 +23,7 @@ from coordinator.kube.resources import FIELD_MANAGER, owned_metadata, state_name
 from coordinator.lock.core import MAX_CAS_RETRIES
 from coordinator.lock.release import Release
 from coordinator.lock.results import AcquireResult
-from coordinator.membership import A_MEMBERSHIP, Membership, Stored, in_lease_object
+from coordinator.membership import A_MEMBERSHIP, Membership, Stored, in_lease_object, says_nothing
 from coordinator.outcome import Outcome
 
 A_TOKEN_FLOOR = "coordinator.io/token-floor"
@@ -79,6 +79,15 @@ def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored
     if noted is not None and (not isinstance(stored, Membership) or noted.epoch > stored.epoch):
         stored = noted
     return token, stored
+
+
+def kept_set_speaks(lease_set: Stored, kept: Stored, ours: Membership) -> Membership | None:
+    """The member set a state object keeps (``kept``), where it speaks for a member whose
+    lease says nothing of the set (deleted, a tombstone, its set removed): when it is ours
+    or newer. Envelopes keep the set of their last write, so an older epoch says nothing."""
+    if isinstance(kept, Membership) and kept.epoch >= ours.epoch and says_nothing(lease_set, ours):
+        return kept
+    return None
 
 
 def genesis_state_object(deployment: str, storage: str, membership: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from coordinator.kube.client import KubeError
 from coordinator.kube.resources import FIELD_MANAGER, leases_path
 from coordinator.lease import A_UID, LeaseView
 from coordinator.lock.bodies import with_annotation
-from coordinator.lock.core import EngineCore
+from coordinator.lock.core import EngineCore, recorded_membership
 from coordinator.lock.reports import held_detail
 from coordinator.lock.results import ClusterLease, Decision
 from coordinator.logs import get_logger
@@ -22,6 +22,15 @@ from coordinator.membership import check as check_membership
 from coordinator.outcome import Outcome
 
 log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+
+
+def membership_error(result: Check, deployment: str, names: Mapping[str, str]) -> MembershipError | NoQuorumError:
+    """The error for members that do not confirm this machine's member set: exit 4 when
+    more answers could still confirm it, else exit 5. ``names``: local names by identity."""
+    text = result.explain(deployment, names)
+    if result.verdict is Verdict.UNOBSERVABLE:
+        return NoQuorumError(text)
+    return MembershipError(text)
 
 
 class Members(EngineCore):
@@ -42,12 +51,7 @@ class Members(EngineCore):
         if (fresh.name, fresh.namespace, fresh.storage) != (self.dep.name, self.dep.namespace, self.dep.storage):
             return False
         try:
-            joint = list(fresh.joint or [])
-            named = Membership.of(
-                (self.clusters.record(m).identity for m in fresh.clusters),
-                fresh.epoch,
-                [self.clusters.record(m).identity for m in joint] if joint else None,
-            )
+            named = recorded_membership(self.clusters, fresh)
         except CoordinatorError:  # names a cluster this process does not know
             return False
         if not any(s == named and s.written_by_us for s in stored):
@@ -80,11 +84,7 @@ class Members(EngineCore):
         return check_membership(self.membership, stored, self.members, self.majorities.groups)
 
     def membership_error(self, result: Check) -> MembershipError | NoQuorumError:
-        names = {self.clusters.record(m).identity: m for m in self.members}
-        text = result.explain(self.dep.name, names)
-        if result.verdict is Verdict.UNOBSERVABLE:
-            return NoQuorumError(text)
-        return MembershipError(text)
+        return membership_error(result, self.dep.name, self._identity_names())
 
     def _identity_names(self) -> dict[str, str]:
         return {self.clusters.record(m).identity: m for m in self.members}

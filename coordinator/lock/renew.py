@@ -88,19 +88,8 @@ class Renew(Members):
         if moved and not lost and not _followed and self._follow_record(moved.values()):
             # This machine's record followed the change: renew over the members it names now.
             return await self.renew(lock_id, token, ttl_s, holder, _followed=True)
-        result = AcquireResult(
-            deployment=self.dep.name,
-            namespace=self.dep.namespace,
-            lock_id=lock_id,
-            holder=who,
-            fencing_token=token,
-            acquired=False,
-            quorum=self.q,
-            results=results,
-            members=self.members,
-            ttl_s=ttl_s,
-            started=started,
-            lost="; ".join(v for _, v in sorted(lost.items())) or None,
+        result = self._result(
+            lock_id, who, token, ttl_s, started, results, lost="; ".join(v for _, v in sorted(lost.items())) or None
         )
         validity = remaining_validity(ttl_s, boot_clock() - started)
         renewed = self.majorities.reached_by({k: r.outcome for k, r in results.items()})

@@ -9,20 +9,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, assert_never
 
-import anyio
-
 from coordinator import cas, quorum
 from coordinator.clusters import ClusterSet
-from coordinator.errors import IdentityMismatchError, MembershipError, NoQuorumError, StateConflictError
+from coordinator.errors import IdentityMismatchError, NoQuorumError, StateConflictError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import FIELD_MANAGER, lease_name, lease_path, state_name, state_paths
 from coordinator.lease import LeaseView, history_known
-from coordinator.lock.core import first_kube_error
-from coordinator.lock.floor import envelope_evidence, set_on_state
+from coordinator.lock.core import checked, recorded_membership
+from coordinator.lock.floor import envelope_evidence, kept_set_speaks, set_on_state
+from coordinator.lock.members import membership_error
 from coordinator.logs import get_logger
-from coordinator.membership import Check, Membership, Stored, Verdict, says_nothing, stored_in_lease
+from coordinator.membership import Check, Stored, says_nothing, stored_in_lease
 from coordinator.membership import check as check_membership
 from coordinator.models import STATE_SCHEMA, DeploymentRecord, LockRecord
 from coordinator.outcome import Outcome
@@ -60,12 +59,7 @@ class Replicas:
         self.n = len(self.members)
         self.q = quorum.quorum_size(self.n)
         # The member set this machine's record names, by identity, as the leases store it.
-        joint = getattr(deployment, "joint", None)
-        self.membership = Membership.of(
-            (clusters.record(m).identity for m in self.members),
-            getattr(deployment, "epoch", 1),
-            [clusters.record(m).identity for m in joint] if joint else None,
-        )
+        self.membership = recorded_membership(clusters, deployment)
         self.name = state_name(deployment.name)
         self.storage = deployment.storage
         self.collection, self.path = state_paths(deployment.namespace, deployment.name, self.storage)
@@ -96,14 +90,7 @@ class Replicas:
                     raise
                 out["lease"] = LeaseView(exists=False)
 
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(read_state)
-                if with_lease:
-                    tg.start_soon(read_lease)
-                await self.clusters.check_identity(cluster)
-        except BaseExceptionGroup as group:
-            raise first_kube_error(group) from None
+        await checked(self.clusters, cluster, read_state, *([read_lease] if with_lease else []))
         return Observed(
             decode_replica(cluster, out.get("obj"), self.storage, deployment=self.dep.name), out.get("lease")
         )
@@ -238,10 +225,7 @@ class Replicas:
         verdict = self._members_verdict(results)
         if verdict.ok:
             return
-        names = {self.clusters.record(m).identity: m for m in self.members}
-        if verdict.verdict is Verdict.UNOBSERVABLE:
-            raise NoQuorumError(verdict.explain(self.dep.name, names))
-        raise MembershipError(verdict.explain(self.dep.name, names))
+        raise membership_error(verdict, self.dep.name, {self.clusters.record(m).identity: m for m in self.members})
 
     def _members_verdict(self, results: Mapping[str, ClusterResult[Observed]]) -> Check:
         stored: dict[str, Stored] = {}
@@ -249,12 +233,11 @@ class Replicas:
             if not (r.ok and r.value):
                 continue
             found = stored_in_lease(r.value.lease) if r.value.lease is not None else None
-            if says_nothing(found, self.membership) and r.value.replica.obj:
+            if says_nothing(found, self.membership) and r.value.replica.obj:  # else no envelope to parse
                 evidence = envelope_evidence(r.value.replica.obj, secret=self.storage == "secret")
-                kept = evidence[1] if evidence is not None else None
-                # envelopes keep the set of their last write: an older epoch says nothing
-                if isinstance(kept, Membership) and kept.epoch >= self.membership.epoch:
-                    found = kept
+                speaks = kept_set_speaks(found, evidence[1] if evidence is not None else None, self.membership)
+                if speaks is not None:
+                    found = speaks
             stored[k] = found
         return check_membership(self.membership, stored, self.members)
 
