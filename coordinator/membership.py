@@ -295,11 +295,12 @@ def check(
         chosen = set(names)
         return all(len(chosen.intersection(g)) >= len(g) // 2 + 1 for g in sets)
 
-    # A member whose lease was deleted stores nothing. It still counts, as long as some
-    # member stores exactly our set and none stores another: a machine whose record names
-    # members that were never in the set (whose leases do not exist) finds no member that
-    # agrees, and one that names the wrong set finds the right one stored where they meet.
-    counted = [*out.agreeing, *out.silent] if out.agreeing else []
+    # A member that stores nothing (its lease deleted and its state object gone or
+    # silent) confirms nothing: it may be a member removed since and wiped, as removed
+    # clusters are, and a stale record naming it would otherwise be confirmed by one
+    # leftover member that still stores the old set. Every group needs a majority that
+    # stores exactly our set, on a lease or on a state object.
+    counted = list(out.agreeing)
     if out.conflicting:
         out.verdict = Verdict.CONFLICT
     elif majority_of_each(counted):

@@ -105,10 +105,11 @@ def test_check_rules() -> None:
     local = Membership.of(["a", "b", "c"])
     members = ["A", "B", "C"]
     assert check(local, {"A": local, "B": local}, members).verdict is Verdict.OK
-    assert check(local, {"A": local, "B": LEGACY}, members).verdict is Verdict.OK
+    # a lease from before stored sets, or a deleted one, stores nothing and confirms nothing:
+    # C, unseen, could still confirm
+    assert check(local, {"A": local, "B": LEGACY}, members).verdict is Verdict.UNOBSERVABLE
     assert check(local, {"A": local}, members).verdict is Verdict.UNOBSERVABLE
-    # deleted leases store nothing: they count while some member agrees and none differs
-    assert check(local, {"A": local, "B": None, "C": None}, members).verdict is Verdict.OK
+    assert check(local, {"A": local, "B": None, "C": None}, members).verdict is Verdict.UNCONFIRMED
     assert check(local, {"A": None, "B": None}, members).verdict is Verdict.UNCONFIRMED
     assert check(local, {"A": None, "B": None, "C": None}, members).verdict is Verdict.UNCONFIRMED
     assert check(local, {}, members).verdict is Verdict.UNOBSERVABLE

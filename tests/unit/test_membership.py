@@ -232,10 +232,12 @@ def test_a_majority_storing_our_set_is_ok() -> None:
     assert not conflicts_only(result)
 
 
-def test_members_that_store_nothing_count_once_one_agrees() -> None:
+def test_members_that_store_nothing_never_count_toward_the_majority() -> None:
+    # eu-2 and us-1 may be members removed since and wiped; eu-1 a leftover that still
+    # stores the old set: a stale record must not be confirmed by it.
     result = run({"eu-1": LOCAL, "eu-2": None, "us-1": LEGACY})
-    assert result.ok and result.silent == ["eu-2", "us-1"]
-    # ... but silence alone confirms nothing
+    assert result.silent == ["eu-2", "us-1"] and result.verdict is Verdict.UNCONFIRMED and not result.ok
+    assert run({"eu-1": LOCAL, "eu-2": LOCAL, "us-1": None}).ok
     nobody = run({"eu-1": None, "eu-2": LEGACY, "us-1": by(LOCAL, "kubectl")})
     assert nobody.verdict is Verdict.UNCONFIRMED and not nobody.ok and nobody.agreeing == []
 
@@ -278,7 +280,9 @@ def test_a_joint_configuration_needs_a_majority_of_each_group() -> None:
     members = ["eu-1", "eu-2", "us-1", "us-2", "ap-1"]
     groups = [["eu-1", "eu-2", "us-1"], ["us-1", "us-2", "ap-1"]]
     old_only = run({"eu-1": joint, "eu-2": joint, "us-2": None, "ap-1": None}, joint, members, groups)
-    assert old_only.ok  # silent members of the new group count once one agrees
+    assert old_only.verdict is Verdict.UNCONFIRMED  # the new group has no one who stores the set
+    both = run({"eu-1": joint, "eu-2": joint, "us-2": joint, "ap-1": joint}, joint, members, groups)
+    assert both.ok
     result = run({"eu-1": joint, "eu-2": joint, "us-1": None}, joint, members, groups)
     assert result.verdict is Verdict.UNOBSERVABLE  # the new group has one of three
     answered = run({"eu-1": joint, "eu-2": joint, "us-1": None, "us-2": Membership.of(["uid-c"], 1),
@@ -303,7 +307,7 @@ def test_check_never_confirms_without_a_majority_or_past_a_conflict(kinds: list[
     if "conflict" in kinds:
         assert result.verdict is Verdict.CONFLICT
     if result.ok:
-        assert result.agreeing and len(result.agreeing) + len(result.silent) >= q
+        assert len(result.agreeing) >= q
     if kinds.count("agree") >= q and "conflict" not in kinds:
         assert result.ok
     # one more answer that agrees never takes a confirmation away
