@@ -149,6 +149,10 @@ class CriticalSection:
     enter: float
     exit: float | None = None
     last_alive: float | None = None
+    # Entered while an operator's break was under way (see apply_breaks): its lock may
+    # have been broken before it entered, so when it entered says nothing of when its
+    # token was given out, and it is left out of the rising-token order.
+    unordered: bool = False
 
     def describe(self) -> str:
         return f"{self.process} (token {self.token}, [{_fmt_time(self.enter)}, {_fmt_time(self.exit)}])"
@@ -165,6 +169,7 @@ def _to_section(record: CriticalSection | Mapping[str, Any]) -> CriticalSection:
                 enter=float(record["enter"]),
                 exit=None if record.get("exit") is None else float(record["exit"]),
                 last_alive=(None if record.get("last_alive") is None else float(record["last_alive"])),
+                unordered=bool(record.get("unordered", False)),
             )
         except KeyError as exc:
             raise ValueError(f"critical-section record {record!r} lacks {exc.args[0]!r}") from exc
@@ -199,7 +204,8 @@ def check_mutual_exclusion(
 
     Fencing tokens: ordering the sections by ``enter``, each token must be strictly
     greater than every token that entered before it; an equal token is reported
-    as a reused token.
+    as a reused token. Sections marked ``unordered`` (entered during an operator's
+    break) are left out of the order but not of the reuse check.
     """
     items = sorted((_to_section(r) for r in sections), key=lambda s: (s.enter, s.token))
     violations: list[Violation] = []
@@ -240,8 +246,19 @@ def check_mutual_exclusion(
                 )
             )
 
-    highest = items[0]
-    for s in items[1:]:
+    ordered = [s for s in items if not s.unordered]
+    for s in items:
+        if s.unordered and any(o.token == s.token and o is not s for o in items):
+            violations.append(
+                Violation(
+                    kind="token-reused",
+                    message=f"fencing token {s.token} was reused: {s.describe()} has the token of another section",
+                )
+            )
+    if not ordered:
+        return CheckResult(check="mutual exclusion", violations=tuple(violations))
+    highest = ordered[0]
+    for s in ordered[1:]:
         if s.token == highest.token:
             violations.append(
                 Violation(
@@ -882,6 +899,8 @@ def apply_breaks(
                     exit_ = cut
                     s["exit"] = cut
                     s["how"] = "broken"
+                if enter >= invoked:
+                    s["unordered"] = True
         out.append(s)
     return out
 

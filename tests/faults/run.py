@@ -149,7 +149,9 @@ def _judge(recorder: Recorder) -> tuple[list[dict[str, Any]], list[dict[str, Any
     sections = apply_breaks(recorded, recorder.breaks)
     ops = list(recorder.ops.values())
     checks = [
-        check_mutual_exclusion([{k: s[k] for k in ("process", "token", "enter", "exit")} for s in sections]),
+        check_mutual_exclusion(
+            [{k: s[k] for k in ("process", "token", "enter", "exit", "unordered") if k in s} for s in sections]
+        ),
         check_linearizable_register(ops, initial=None, max_states=2_000_000, timeout=180),
     ]
     reads = [o for o in ops if o["kind"] == "read" and o["status"] == "ok"]

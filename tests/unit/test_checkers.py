@@ -512,6 +512,21 @@ def test_a_break_does_not_excuse_an_overlap_before_it_nor_after_it_completed() -
     assert untouched[0]["exit"] == 9 and "how" not in untouched[0]
 
 
+def test_a_holder_entering_during_a_break_is_left_out_of_the_token_order_only() -> None:
+    # A 10 s break: c got token 3 and was broken before its (slow) command returned, d and
+    # e took the lock with 4 and 5 meanwhile, and c entered last, believing it held it.
+    during = [sec("d", 4, 13.0, 13.2), sec("e", 5, 13.5, 13.8), sec("c", 3, 13.6, 19.0)]
+    assert "token-not-rising" in check_mutual_exclusion(during).kinds
+    cut = apply_breaks(during, [(10.0, 20.0)])
+    assert all(s["unordered"] for s in cut)
+    assert check_mutual_exclusion(cut).ok
+    # ...but not out of the reuse check, and sections after the break are ordered again.
+    reused = apply_breaks([sec("d", 4, 13.0, 13.2), sec("c", 4, 13.6, 19.0)], [(10.0, 20.0)])
+    assert check_mutual_exclusion(reused).kinds == ["token-reused", "token-reused"]
+    after = apply_breaks([sec("d", 4, 13.0, 13.2), sec("f", 6, 21.0, 22.0), sec("g", 5, 23.0, 24.0)], [(10.0, 20.0)])
+    assert check_mutual_exclusion(after).kinds == ["token-not-rising"]
+
+
 def test_a_process_tree_lasts_until_its_last_mark() -> None:
     marks = [
         "100 token 7",
