@@ -8,6 +8,8 @@
 # Two pytest workers (pytest-xdist) by default, COORDINATOR_TEST_WORKERS to change it: most
 # integration tests wait on real API servers (TTLs, timeouts, watches) rather than compute,
 # and each worker starts sandboxes of its own, so two of them halve the wait on two cores.
+# Work stealing: handed out in fixed shares, the last 20 minutes of a run went to one worker
+# while the other had finished.
 #
 # Set-up, each step skipped when already done: Debian's faketime (clock-skew tests),
 # a virtualenv in .venv with the package and its test extras, and the Go builds of
@@ -15,4 +17,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
-exec "${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-2}" "$@"
+exec "${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-2}" --dist worksteal "$@"

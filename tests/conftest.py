@@ -161,6 +161,32 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         _heal_all()
+        _restore_interrupts(item)
+
+
+# Commands started by the tests inherit how this process treats SIGINT, and coordinator
+# keeps a signal ignored at its start ignored (as a shell's background job expects). In
+# one whole-suite run every test that sends SIGINT to a command failed at once, on both
+# workers, while they pass together alone: something left SIGINT ignored or blocked in the
+# worker. Each test now starts as a terminal would start it, and whoever changed it is named.
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _restore_interrupts(item: pytest.Item) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    changed = []
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        changed.append("SIGINT handler")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if any(s in blocked for s in _INTERRUPTS):
+        changed.append("blocked " + ", ".join(s.name for s in _INTERRUPTS if s in blocked))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
+    if changed:
+        import warnings
+
+        warnings.warn(f"{item.nodeid} left {'; '.join(changed)} changed in the test process; restored", stacklevel=1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
