@@ -152,6 +152,8 @@ class Check:
     behind: list[str] = field(default_factory=list)  # store an older epoch
     silent: list[str] = field(default_factory=list)  # answered, store nothing
     unseen: list[str] = field(default_factory=list)
+    # During a member change (two groups): the groups a confirming majority is missing in.
+    short: list[list[str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -200,9 +202,19 @@ class Check:
             told.append(f"{', '.join(self.behind)} store an older configuration")
         if self.unseen:
             told.append(f"{', '.join(self.unseen)} could not be read")
+        if self.short:
+            group = self.short[0]
+            counted = f"{len(set(self.agreeing).intersection(group))} of the {len(group)} members {', '.join(group)}"
+            needed = (
+                f"{len(group) // 2 + 1} are needed (while a member change is under way, a majority of the old "
+                "set and of the new set)"
+            )
+        else:
+            counted = f"{len(self.agreeing)} of {len(self.local.members)} members"
+            needed = f"{self.local.quorum} are needed"
         return (
-            f"Only {len(self.agreeing)} of {len(self.local.members)} members of deployment {deployment!r} "
-            f"confirm this machine's member set (epoch {self.local.epoch}); {self.local.quorum} are needed"
+            f"Only {counted} of deployment {deployment!r} "
+            f"confirm this machine's member set (epoch {self.local.epoch}); {needed}"
             + (f": {'; '.join(told)}" if told else "")
             + f". Nothing was done. If the deployment was changed elsewhere, re-import it with `coordinator "
             f"deployment import {deployment} --cluster NAME`; if members are unreachable, retry when they answer."
@@ -301,6 +313,8 @@ def check(
     # leftover member that still stores the old set. Every group needs a majority that
     # stores exactly our set, on a lease or on a state object.
     counted = list(out.agreeing)
+    if len(sets) > 1:
+        out.short = [g for g in sets if len(set(counted).intersection(g)) < len(g) // 2 + 1]
     if out.conflicting:
         out.verdict = Verdict.CONFLICT
     elif majority_of_each(counted):
@@ -312,6 +326,45 @@ def check(
     else:
         out.verdict = Verdict.UNCONFIRMED
     return out
+
+
+def behind_stand_in(
+    result: Check, stored: Mapping[str, Stored], old: Sequence[str], new: Sequence[str], before: Membership
+) -> Check:
+    """While a change from ``old`` to ``new`` is being finished: a member of the new set
+    that stores an *older* configuration of this deployment than ``before`` (the set in
+    force when the change started; it missed that one's commit, and so the whole change)
+    stands in for the new set's confirmation, so that the run can take its lease and write
+    the joint set there. Without this, a joint step that reached a majority of the old set
+    but not of the new one could never be finished: the new set's majority would need the
+    very member that only the finishing run repairs.
+
+    Only where the old set decides: a majority of ``old`` must confirm (``result.agreeing``),
+    no member may store a conflicting set, and a stand-in must be a set a coordinator
+    wrote that shares a member with ``before`` (an ancestor, not another deployment's). It
+    is evidence, not silence: a member that stores nothing still confirms nothing."""
+    if result.verdict is not Verdict.UNCONFIRMED and result.verdict is not Verdict.UNOBSERVABLE:
+        return result
+
+    def majority(names: Iterable[str], group: Sequence[str]) -> bool:
+        return len(set(names).intersection(group)) >= len(group) // 2 + 1
+
+    standing_in = [
+        m
+        for m in result.behind
+        if m in new
+        and isinstance(value := stored.get(m), Membership)
+        and value.written_by_us
+        and value.epoch < before.epoch
+        and set(value.members).intersection(before.members)
+    ]
+    if not standing_in or not majority(result.agreeing, old):
+        return result
+    if majority([*result.agreeing, *standing_in], new):
+        return replace(result, verdict=Verdict.OK)
+    if majority([*result.agreeing, *standing_in, *result.unseen], new):
+        return replace(result, verdict=Verdict.UNOBSERVABLE)
+    return result
 
 
 def says_nothing(stored: Stored, local: Membership) -> bool:

@@ -50,7 +50,7 @@ from coordinator.history import HistoryStore
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
-from coordinator.membership import Check, Membership, Stored, foreign_set
+from coordinator.membership import Check, Membership, Stored, behind_stand_in, foreign_set
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
 from coordinator.state import StateClient
@@ -372,7 +372,9 @@ class _Resuming(LockEngine):
         )
 
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
-        return super().check_members({k: self._agreeing(v) for k, v in stored.items()})
+        result = super().check_members({k: self._agreeing(v) for k, v in stored.items()})
+        old, new = self.majorities.groups[0], self.majorities.groups[-1]
+        return behind_stand_in(result, stored, old, new, self.accepted[0])
 
     async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
         # With the leases deleted, the state objects speak for the members; one that still

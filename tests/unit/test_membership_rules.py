@@ -23,6 +23,7 @@ from coordinator.membership import (
     Stored,
     Verdict,
     annotation_writers,
+    behind_stand_in,
     check,
     conflicts_only,
     explain_existing,
@@ -381,3 +382,58 @@ def test_explain_existing_describes_the_newest_stored_set() -> None:
     new = by(Membership.of(["uid-b", "uid-c"], epoch=6), "coordinator")
     text = explain_existing(_existing({"eu-1": old, "eu-2": new, "us-1": new}), "web", "apps", IDS)
     assert "epoch 6, members eu-2, us-1, found on eu-2, us-1" in text
+
+
+# ------------------------------------------------- finishing a change: behind stand-ins
+
+OLD = ["eu-1", "eu-2", "us-1"]
+NEW = ["eu-2", "us-1"]
+BEFORE = Membership.of(["uid-a", "uid-b", "uid-c"], epoch=5)
+JOINT = Membership.of(BEFORE.members, epoch=6, joint=["uid-b", "uid-c"])
+
+
+def finishing(stored: dict[str, Stored]) -> Check:
+    result = check(JOINT, stored, OLD, [OLD, NEW])
+    return behind_stand_in(result, stored, OLD, NEW, BEFORE)
+
+
+def test_a_new_member_that_missed_the_change_before_stands_in_when_the_old_set_confirms() -> None:
+    older = by(Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1), "coordinator")
+    plain = check(JOINT, {"eu-1": JOINT, "eu-2": older, "us-1": JOINT}, OLD, [OLD, NEW])
+    assert plain.verdict is Verdict.UNCONFIRMED and plain.short == [NEW]
+    assert finishing({"eu-1": JOINT, "eu-2": older, "us-1": JOINT}).ok
+
+
+def test_no_stand_in_without_the_old_sets_majority_or_past_a_conflict() -> None:
+    older = by(Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1), "coordinator")
+    # only us-1 confirms among the old set: the old set does not decide
+    assert not finishing({"eu-1": None, "eu-2": older, "us-1": JOINT}).ok
+    newer = Membership.of(["uid-d", "uid-e"], epoch=9)
+    conflict = finishing({"eu-1": JOINT, "eu-2": older, "us-1": newer})
+    assert conflict.verdict is Verdict.CONFLICT
+
+
+def test_silent_planted_and_unrelated_sets_never_stand_in() -> None:
+    for value in (
+        None,
+        LEGACY,
+        by(Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1), "kubectl"),  # not a coordinator's
+        by(Membership.of(["uid-x", "uid-y"], epoch=1), "coordinator"),  # another deployment's
+    ):
+        result = finishing({"eu-1": JOINT, "eu-2": value, "us-1": JOINT})
+        assert not result.ok, value
+
+
+def test_a_stand_in_with_the_rest_unseen_is_unobservable() -> None:
+    older = by(Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1), "coordinator")
+    wide_new = ["eu-2", "us-1", "us-2"]
+    stored: dict[str, Stored] = {"eu-1": JOINT, "eu-2": older}
+    result = behind_stand_in(check(JOINT, stored, [*OLD, "us-2"], [OLD, wide_new]), stored, OLD, wide_new, BEFORE)
+    assert result.verdict is Verdict.UNOBSERVABLE
+
+
+def test_explain_during_a_change_names_the_group_short_of_a_majority() -> None:
+    older = Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1)
+    text = check(JOINT, {"eu-1": JOINT, "eu-2": older, "us-1": JOINT}, OLD, [OLD, NEW]).explain("pay", IDS)
+    assert "Only 1 of the 2 members eu-2, us-1 of deployment 'pay'" in text
+    assert "a majority of the old set and of the new set" in text and "eu-2 store an older configuration" in text

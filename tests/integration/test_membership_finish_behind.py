@@ -1,0 +1,54 @@
+"""A change whose joint step reached a majority of the old set but not of the new one,
+because a member of the new set was down and stores a configuration older than the one in
+force when the change started (it was down for that one's commit too). Found by the
+20-minute fault-suite soak: every rerun then stopped with exit 5, since the new set's
+majority needed the very member that only the finishing run repairs.
+
+On the real sandbox API servers (5-cluster sandbox); c2 is paused with SIGSTOP."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from coord_fixtures import Env
+from test_adversary_round3_membership import DEP, _doc, _ids, _ok, _stored
+from test_adversary_round4_membership import _pay_short
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _change(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return env.cli("--timeout", "3", "deployment", *args, "--ttl", "10s")
+
+
+def test_a_change_whose_new_set_missed_the_joint_step_is_finished_once_the_behind_member_is_back(dep5: Env) -> None:
+    env = dep5
+    _pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    env.sandbox.pause(2)
+    try:
+        # c2 misses two changes: it keeps epoch 1 while {c1,c2,c3} reaches epoch 5
+        _ok(_change(env, "add-cluster", DEP, "c4"))
+        _ok(_change(env, "remove-cluster", DEP, "c4"))
+        stored = _stored(env, 1)
+        assert stored is not None and stored.epoch == 5 and list(stored.members) == _ids(env, "c1", "c2", "c3")
+        # Removing c1 needs c2 for the new set {c2,c3}: the joint set lands on c1 and c3 only.
+        stopped = _change(env, "remove-cluster", DEP, "c1")
+        assert stopped.returncode == 4, stopped.stderr
+    finally:
+        env.sandbox.resume(2)
+    behind = _stored(env, 2)
+    assert behind is not None and behind.epoch == 1, behind
+    joint = _stored(env, 3)
+    assert joint is not None and joint.epoch == 6 and joint.joint is not None, joint
+
+    finished = _change(env, "remove-cluster", DEP, "c1")
+    assert finished.returncode == 0, finished.stderr
+    for index in (2, 3):
+        now = _stored(env, index)
+        assert now is not None and now.epoch == 7 and list(now.members) == _ids(env, "c2", "c3"), (index, now)
+    shown = _doc(_ok(env.cli("-o", "json", "deployment", "show", DEP)))
+    assert shown["epoch"] == 7 and shown.get("change_in_progress") is None, shown
+    # the state written before any of it is what the new set reads, c2 included
+    assert _ok(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
+    _ok(env.cli("lock", "acquire", DEP, "--holder", "after", "--ttl", "10s"))
