@@ -27,6 +27,7 @@ from coordinator.lease import (
     DEFAULT_MAX_SERVER_SKEW_S,
     DEFAULT_MAX_TTL_S,
     PROBE_MANAGER,
+    TIMESTAMP_SLACK_S,
     LeaseView,
     Sighting,
     Standing,
@@ -199,7 +200,7 @@ class EngineCore:
         stamp = manager_time(new.obj, PROBE_MANAGER)
         if stamp is not None and new.server_now is not None:
             offset = abs((new.server_now - stamp).total_seconds())
-            if offset > self.max_server_skew_s + quorum.TIMESTAMP_SLACK_S:
+            if offset > self.max_server_skew_s + TIMESTAMP_SLACK_S:
                 if cluster not in self._date_untrusted:
                     log.warning("the Date header disagrees with the server's stamps", cluster=cluster, offset=offset)
                 self._date_untrusted.add(cluster)

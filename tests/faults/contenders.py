@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from coordinator.quorum import remaining_validity
+from coordinator.lease import remaining_validity
 from faults.clock import boot_to_machine, machine_clock
 from faults.tree import TREE_SCRIPT, TREE_TICK_S, alive
 
