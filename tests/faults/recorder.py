@@ -52,6 +52,7 @@ class Recorder:
         self.modes: dict[str, str] = {}
         self.lruns: dict[str, dict[str, Any]] = {}  # instance -> the `lock run` it is in
         self.breaks: list[tuple[float, float]] = []  # successful `lock break`s: (invoked, completed)
+        self.last_enter: float | None = None  # when the latest section began (machine clock)
 
     def handle(self, instance: str, event: dict[str, Any]) -> None:
         kind = event.get("ev")
@@ -75,6 +76,7 @@ class Recorder:
                 float(event["t"]),
                 float(event["valid_until"]),
             )
+            self.last_enter = machine_clock()
         elif kind == "valid":
             renewed = self.inside.get(instance)
             if renewed is not None:
@@ -143,6 +145,14 @@ class Recorder:
     def holders_inside(self) -> list[str]:
         with self._lock:
             return list(self.inside)
+
+    def entered_within(self, seconds: float) -> bool:
+        """Whether someone is inside now, or a section began less than ``seconds`` ago:
+        the lock is being handed on, not blocked (by a tombstone, a dead holder's lease)."""
+        with self._lock:
+            if self.inside:
+                return True
+            return self.last_enter is not None and machine_clock() - self.last_enter < seconds
 
     def trees_running(self) -> dict[str, dict[str, Any]]:
         """``lock run``s whose tree has started (it wrote a mark): the lock is held."""
