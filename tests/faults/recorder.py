@@ -146,13 +146,15 @@ class Recorder:
         with self._lock:
             return list(self.inside)
 
-    def entered_within(self, seconds: float) -> bool:
-        """Whether someone is inside now, or a section began less than ``seconds`` ago:
-        the lock is being handed on, not blocked (by a tombstone, a dead holder's lease)."""
+    def entered_within(self, seconds: float, since: float) -> bool:
+        """Whether someone is inside now, or a section began less than ``seconds`` ago and
+        not before ``since``: the lock is being handed on, not blocked (by a tombstone, a
+        dead holder's lease)."""
         with self._lock:
             if self.inside:
                 return True
-            return self.last_enter is not None and machine_clock() - self.last_enter < seconds
+            last = self.last_enter
+            return last is not None and last >= since and machine_clock() - last < seconds
 
     def trees_running(self) -> dict[str, dict[str, Any]]:
         """``lock run``s whose tree has started (it wrote a mark): the lock is held."""

@@ -69,6 +69,7 @@ class Faults:
         self.collectors: list[threading.Thread] = []
         self.count: Counter[str] = Counter()
         self.serial = 0
+        self.episode_ended = 0.0  # when the last episode ended (machine clock)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -130,6 +131,7 @@ class Faults:
             room = max(1.0, limit - machine_clock())
             before = self.count[kind]
             self.episode(kind, room)
+            self.episode_ended = machine_clock()
             if self.count[kind] == before and retried[kind] < 1 and kind in LIVE_LOCK_KINDS:
                 retried[kind] += 1
                 bag.insert(0, kind)
@@ -140,8 +142,11 @@ class Faults:
         """The next kind of the round. While nobody entered the lock for a while, the
         last kind in the bag that acts on no holder and takes no lock goes first (the
         schedule would otherwise sit waiting for a holder while the lock is blocked);
-        once none is left, the next kind anyway (its episode waits as it always did)."""
-        if not self.workers.recorder.entered_within(LIVE_LOCK_S) and not self.workers.recorder.trees_running():
+        once none is left, the next kind anyway (its episode waits as it always did).
+        Only a section begun since the last episode ended counts: one begun before a
+        holder (or `lock run`) was killed says nothing about the lock now."""
+        recorder = self.workers.recorder
+        if not recorder.entered_within(LIVE_LOCK_S, since=self.episode_ended) and not recorder.trees_running():
             for j in range(len(bag) - 1, -1, -1):
                 if bag[j] not in LIVE_LOCK_KINDS:
                     return bag.pop(j)
