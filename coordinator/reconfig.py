@@ -50,11 +50,14 @@ from coordinator.history import HistoryStore
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
+from coordinator.logs import get_logger
 from coordinator.membership import Check, Membership, Stored, behind_stand_in, foreign_set
 from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
 from coordinator.state import StateClient
 from coordinator.text import printable
+
+log = get_logger("coordinator.reconfig")
 
 
 @dataclass
@@ -177,6 +180,7 @@ async def change_members(
             joint = LockEngine(c.clusters, joint_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
             seed = [m for m in target if m not in rec.clusters]
             await _refuse_foreign(joint, seed, getattr(engine, "accepted", ()))
+            await _until_new_set_takeable(joint, held.lock_id, seed, wait, lost)
             _confirm(
                 joint,
                 await joint.adopt_membership(held.lock_id, token, ttl, who, seed=seed),
@@ -254,6 +258,40 @@ async def change_members(
                 except Exception as err:  # reported; the lock expires by itself
                     report.steps.append(f"release failed: {err}")
     return report
+
+
+async def _until_new_set_takeable(
+    joint: LockEngine, lock_id: str, seed: list[str], wait: float, lost: anyio.Event
+) -> None:
+    """Before the joint step, for up to ``wait`` seconds: wait while members of the new
+    set hold leases of another lock id, so many that the joint step could not reach the
+    new set's majority. The take reached a majority of the old set without them — e.g.
+    a killed holder's lease still live on one of them — and such a lease lapses by itself
+    (its holder does not hold the lock: this change does, on a majority of the old set).
+    Only reads: nothing is written before the wait is over, so the lock's renewals under
+    the set in force go on as before."""
+    deadline = anyio.current_time() + max(0.0, wait)
+    new = joint.majorities.groups[-1]
+
+    async def one(cluster: str) -> ClusterResult[bool]:
+        try:
+            view = await joint._checked_read(cluster)
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+        lapsed = view.expired(joint.max_ttl_s) is True
+        return ClusterResult(cluster, Outcome.OK, view.lock_id == lock_id or not view.held or lapsed)
+
+    while not lost.is_set():
+        others = [m for m in new if m not in seed]
+        if not others:
+            return
+        results = await fan_out(others, one, timeout=joint.timeout)
+        takeable = [*seed, *(k for k, r in results.items() if r.ok and r.value)]
+        left = deadline - anyio.current_time()
+        if len(set(takeable).intersection(new)) >= len(new) // 2 + 1 or left <= 0:
+            return
+        log.info("the joint step waits for leases of another lock id to lapse", left_s=round(left, 1))
+        await anyio.sleep(min(1.0, left))
 
 
 def _confirm_copy(synced: Mapping[str, Any], rec: DeploymentRecord, target: list[str]) -> None:

@@ -174,9 +174,10 @@ class Members(EngineCore):
         self, lock_id: str, token: int, ttl_s: float, holder: str, *, seed: Iterable[str] = ()
     ) -> dict[str, ClusterResult[ClusterLease]]:
         """For a member change, under the lock ``lock_id``: write this engine's member set
-        on every member's lease that still names ``lock_id``, and on the members in
-        ``seed`` (new ones) take the lease for ``lock_id`` with ``token`` — unless it is
-        held by someone else or has seen a higher token. OK where the lease now names
+        on every member's lease that still names ``lock_id``; where the lease names another
+        lock id (a new member in ``seed``, or a member this lock's take did not reach) take
+        it for ``lock_id`` with ``token`` — unless it is held by someone else, has seen a
+        higher token or stores another deployment's set. OK where the lease now names
         ``lock_id`` and stores the set."""
         seeding = set(seed)
 
@@ -209,10 +210,10 @@ class Members(EngineCore):
                         view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True, with_set=True
                     )
                     return body, "member set written", ""
-                if cluster not in seeding:
-                    return ClusterResult(
-                        cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "not ours"), detail="no longer ours"
-                    )
+                # Not ours: a new member (seeded here), or a member whose lease this lock
+                # did not get (the take reached a majority without it, or it lapsed since).
+                # Either is taken as an acquisition would take it: only when free or lapsed,
+                # and only when it has seen no higher token.
                 if foreign_set(self.stored_membership(view), self.membership):
                     # another deployment of this name and namespace lives there (or
                     # someone planted a set): seeding would take it over
@@ -237,7 +238,7 @@ class Members(EngineCore):
                         detail=f"the new member's lease has token {view.token}, above this lock's {token}",
                     )
                 body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder)
-                return body, "seeded with the lock", ""
+                return body, "seeded with the lock" if cluster in seeding else "taken with the lock", ""
 
             return await self._cas(cluster, view, decide)
 

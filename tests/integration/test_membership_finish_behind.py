@@ -52,3 +52,25 @@ def test_a_change_whose_new_set_missed_the_joint_step_is_finished_once_the_behin
     # the state written before any of it is what the new set reads, c2 included
     assert _ok(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
     _ok(env.cli("lock", "acquire", DEP, "--holder", "after", "--ttl", "10s"))
+
+
+def test_a_change_waits_within_its_wait_for_a_dead_holders_lease_on_a_member_of_the_new_set(dep5: Env) -> None:
+    """Found by the fault suite: `lock run` SIGKILLed, then `remove-cluster` at once. The
+    change's take reached a majority of the old set while the killed holder's lease was
+    still live on c1, a member the new set {c1,c2} needs; the joint step then stopped with
+    exit 4 ("held-by-other (no longer ours)") although that lease lapses by itself. Within
+    its --wait the change now waits for it, then takes it and finishes."""
+    env = dep5
+    _pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    _ok(env.cli("lock", "acquire", DEP, "--holder", "dead", "--ttl", "10s"))
+    env.sandbox.pause(1)
+    try:  # the holder's release reaches c2 and c3 only: c1 keeps its live lease
+        env.cli("--timeout", "2", "lock", "release", DEP, "--holder", "dead")
+    finally:
+        env.sandbox.resume(1)
+    changed = env.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "60s")
+    assert changed.returncode == 0, changed.stderr
+    for index in (1, 2):
+        now = _stored(env, index)
+        assert now is not None and list(now.members) == _ids(env, "c1", "c2") and now.joint is None, (index, now)
+    assert _ok(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
