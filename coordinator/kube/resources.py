@@ -10,6 +10,8 @@ LABEL_VALUE = "coordinator"
 LABEL_DEPLOYMENT = "coordinator.io/deployment"
 ANNOTATION_PREFIX = "coordinator.io/"
 FIELD_MANAGER = "coordinator"
+# On a state object: the highest fencing token granted that it knows of (lock/floor.py).
+A_TOKEN_FLOOR = ANNOTATION_PREFIX + "token-floor"
 IDENTITY_CONFIGMAP = "coordinator-identity"
 
 

@@ -55,6 +55,7 @@ This package re-exports the names other modules use.
 
 from __future__ import annotations
 
+from coordinator.kube.resources import A_TOKEN_FLOOR
 from coordinator.lease import (
     A_COMMAND,
     A_HOLDER,
@@ -75,7 +76,6 @@ from coordinator.lease import (
 from coordinator.lock.core import MAX_CAS_RETRIES, first_kube_error
 from coordinator.lock.engine import LockEngine
 from coordinator.lock.floor import (
-    A_TOKEN_FLOOR,
     ABSENT,
     envelope_evidence,
     genesis_state_object,

@@ -19,16 +19,19 @@ from coordinator.errors import CoordinatorError, NoQuorumError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import FIELD_MANAGER, owned_metadata, state_name, state_paths
+from coordinator.kube.resources import A_TOKEN_FLOOR, FIELD_MANAGER, owned_metadata, state_name, state_paths
 from coordinator.lock.core import MAX_CAS_RETRIES
 from coordinator.lock.release import Release
 from coordinator.lock.results import AcquireResult
+from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership, Stored, in_lease_object, says_nothing
 from coordinator.outcome import Outcome
 
-A_TOKEN_FLOOR = "coordinator.io/token-floor"
+log = get_logger("coordinator.lock")
+
 
 ABSENT = "no state object"
+NO_FLOOR = "no token floor"
 
 
 def token_floor(obj: dict[str, Any]) -> int:
@@ -54,9 +57,25 @@ def _set_on_state_is_behind(obj: dict[str, Any], ours: Membership) -> bool:
     return noted is None or noted.epoch < ours.epoch
 
 
+def has_floor(obj: dict[str, Any]) -> bool:
+    """Whether a state object carries a token-floor annotation at all. Every acquisition
+    raises the floor on a majority before it counts, so a majority of objects carry one;
+    an object without it (never raised there, or removed by someone else) knows only the
+    token of its last state write, which can be below a token granted since."""
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_TOKEN_FLOOR)
+    return isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 4000
+
+
 def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored] | None:
-    """From a state object: the fencing token its envelope was written with and the
-    member set it stores (by identity); None when the envelope is unreadable."""
+    """From a state object: the highest fencing token it records (its envelope's or its
+    token floor) and the member set its annotation stores, when a coordinator field
+    manager wrote it; None when the envelope is unreadable.
+
+    The envelope's own member set is not evidence: it is the set of the object's last
+    state write, which a removed member keeps for ever, and with the annotation removed
+    (by anyone allowed to annotate the object) it would speak for the old set again.
+    Acquisitions and member changes note the set in the annotation; so does the object's
+    creation."""
     raw = (obj.get("data") or {}).get("envelope.json")
     if not isinstance(raw, str):
         return None
@@ -68,17 +87,7 @@ def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored
     token = doc.get("token") if isinstance(doc, dict) else None
     if not isinstance(token, int) or token < 0:
         return None
-    token = max(token, token_floor(obj))
-    stored: Stored = Membership.parse(doc.get("membership"))
-    if stored is None and isinstance(doc.get("member_ids"), dict) and doc["member_ids"]:
-        # envelopes from before stored epochs name the writer's members by identity
-        stored = Membership.of(str(v) for v in doc["member_ids"].values())
-    # The envelope keeps the set of its last write; the annotation, the set of the last
-    # acquisition or member change. The newer of the two speaks for this object.
-    noted = set_on_state(obj)
-    if noted is not None and (not isinstance(stored, Membership) or noted.epoch > stored.epoch):
-        stored = noted
-    return token, stored
+    return max(token, token_floor(obj)), set_on_state(obj)
 
 
 def kept_set_speaks(lease_set: Stored, kept: Stored, ours: Membership) -> Membership | None:
@@ -96,10 +105,14 @@ def genesis_state_object(deployment: str, storage: str, membership: dict[str, An
 
     text = genesis_text(deployment, membership)
     secret = storage == "secret"
+    annotations = {NOTE_ANNOTATION: NOTE, A_TOKEN_FLOOR: "0"}  # no token granted yet
+    noted = Membership.parse(membership)
+    if noted is not None:
+        annotations[A_MEMBERSHIP] = noted.dump()
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret" if secret else "ConfigMap",
-        "metadata": owned_metadata(state_name(deployment), deployment) | {"annotations": {NOTE_ANNOTATION: NOTE}},
+        "metadata": owned_metadata(state_name(deployment), deployment) | {"annotations": annotations},
         "data": {DATA_KEY: base64.b64encode(text.encode()).decode() if secret else text},
     }
     if secret:
@@ -114,7 +127,7 @@ class TokenFloor(Release):
         """What a majority of the state replicas say: per member, the fencing token its
         object records (its envelope's or its token floor, the higher) and the member set
         it stores. Returns as soon as a majority of state objects answered. A missing
-        state object says nothing (it may have held the floor of the token to beat and
+        state object, or one without a token floor, says nothing (it may have held the floor of the token to beat and
         been deleted): it counts, as token 0, only when every member answered and too
         few objects are left to make a majority (a state never recorded anywhere, or
         deleted on a majority, which no record survives)."""
@@ -130,10 +143,12 @@ class TokenFloor(Release):
             found = envelope_evidence(resp.body, secret=self.dep.storage == "secret")
             if found is None:
                 return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
-            return ClusterResult(cluster, Outcome.OK, found)
+            return ClusterResult(cluster, Outcome.OK, found, detail="" if has_floor(resp.body) else NO_FLOOR)
 
         def present(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> list[str]:
-            return [k for k, r in rs.items() if r.ok and r.detail != ABSENT]
+            # An object without a floor counts like a missing one: it may be one whose floor
+            # was removed, and the token it knows may be below one granted since.
+            return [k for k, r in rs.items() if r.ok and r.detail not in (ABSENT, NO_FLOOR)]
 
         def everyone(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> bool:
             return len(rs) == self.n and all(r.ok for r in rs.values())
@@ -146,7 +161,16 @@ class TokenFloor(Release):
         )
         counted = present(results)
         if not self.majorities.reached(counted) and everyone(results):
-            counted = list(results)
+            # Too few objects to make a majority: a state never recorded, or deleted on a
+            # majority, which no record survives. Not when an object is there without a
+            # floor: coordinator creates every state object with one (and acquisitions
+            # raise it), so its floor was removed, and what is left may be below a token
+            # granted since. No token is proven new then (exit 4) until a floor is put back.
+            stripped = [k for k, r in results.items() if r.ok and r.detail == NO_FLOOR]
+            if not stripped:
+                counted = list(results)
+            else:
+                log.warning("state objects hold a written state but no token floor", clusters=sorted(stripped))
         return {k: v for k in counted if (v := results[k].value) is not None}
 
     async def _record_token_floor(self, result: AcquireResult) -> None:
