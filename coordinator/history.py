@@ -54,6 +54,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, TypeAlias, assert_never
 
 from coordinator import cas
@@ -219,13 +220,35 @@ def clean(raw: Any) -> dict[str, Any] | None:
     lock_id, kind, at = raw.get("lock_id"), raw.get("event"), raw.get("at")
     if not isinstance(lock_id, str) or not 0 < len(lock_id) <= MAX_LOCK_ID or kind not in EVENTS:
         return None
-    if not isinstance(at, str) or parse_time(at) is None:
+    when = _time_text(at) if isinstance(at, str) else None
+    if when is None:
         return None
     token = raw.get("token")
     if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
         token = None
     text = {key: raw[key] for key in _TEXT_FIELDS if isinstance(raw.get(key), str)}
-    return event(kind, lock_id, at=micro_time(parse_time(at) or datetime.now(UTC)), token=token, **text)
+    return event(kind, lock_id, at=when[0], token=token, **text)
+
+
+# Longer than any RFC 3339 time: such a text is parsed every time, never kept.
+_MAX_TIME_TEXT = 40
+
+
+@lru_cache(maxsize=4096)
+def _cached_time_text(at: str) -> tuple[str, datetime] | None:
+    when = parse_time(at)
+    return None if when is None else (micro_time(when), when)
+
+
+def _time_text(at: str) -> tuple[str, datetime] | None:
+    """An event's time as stored (MicroTime text) and as a datetime; None when ``at`` is
+    no time. Every copy of every event is decoded again by each write and read: the same
+    few hundred times, so the parse is remembered (for short texts only, so that no
+    planted text can make the cache large)."""
+    if len(at) > _MAX_TIME_TEXT:
+        when = parse_time(at)
+        return None if when is None else (micro_time(when), when)
+    return _cached_time_text(at)
 
 
 def written_by_us(obj: Mapping[str, Any]) -> bool:
@@ -282,16 +305,32 @@ def merge_for_write(
     not erase what the others recorded: the events of a writer whose clock was ahead
     are read once their time has come. They are bounded on their own, to :data:`LIMIT`
     lock ids."""
+    return _merge_for_write([e for e in (clean(raw) for raw in have) if e is not None], events, now=now)
+
+
+def _merge_for_write(
+    have: list[dict[str, Any]], events: Iterable[Mapping[str, Any]], *, now: datetime | None
+) -> list[dict[str, Any]]:
+    """:func:`merge_for_write` of a copy's events already cleaned (as :func:`stored`
+    returns them): each write merges them twice, and cleaning them again each time is
+    most of the work."""
     latest = _latest(now)
-    have = list(have)
-    kept = merge([e for e in have if _when(e) <= latest], events)
+    fresh = [e for e in (clean(raw) for raw in events) if e is not None]
+    kept = _merge_clean([[e for e in have if _when(e) <= latest], fresh])
     keys = {(e["lock_id"], e["event"]) for e in kept}
-    ahead = [e for e in merge([e for e in have if _when(e) > latest]) if (e["lock_id"], e["event"]) not in keys]
+    ahead = [
+        e for e in _merge_clean([[e for e in have if _when(e) > latest]]) if (e["lock_id"], e["event"]) not in keys
+    ]
     return sorted(kept + ahead, key=_order)
 
 
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
 def _when(e: Mapping[str, Any]) -> datetime:
-    return parse_time(e["at"]) or datetime.min.replace(tzinfo=UTC)
+    at = e["at"]
+    found = _time_text(at) if isinstance(at, str) else None
+    return found[1] if found is not None else _NEVER
 
 
 def _order(e: Mapping[str, Any]) -> tuple[datetime, int, str]:
@@ -303,12 +342,15 @@ def merge(*copies: Iterable[Mapping[str, Any]], limit: int = LIMIT) -> list[dict
     events of the ``limit`` lock ids seen last. Of two records of the same (lock id,
     event) the earlier is kept (ties: the one whose JSON sorts first), so every reader
     and writer merging the same copies gets the same list, in any order."""
+    return _merge_clean([[e for e in (clean(raw) for raw in copy) if e is not None] for copy in copies], limit=limit)
+
+
+def _merge_clean(copies: Iterable[Iterable[dict[str, Any]]], *, limit: int = LIMIT) -> list[dict[str, Any]]:
+    """:func:`merge` of copies whose events are clean already (:func:`clean` of a clean
+    event is the same event)."""
     chosen: dict[tuple[str, str], dict[str, Any]] = {}
     for copy in copies:
-        for raw in copy:
-            e = clean(raw)
-            if e is None:
-                continue
+        for e in copy:
             key = (e["lock_id"], e["event"])
             have = chosen.get(key)
             if have is None or (_when(e), _dump(e)) < (_when(have), _dump(have)):
@@ -447,8 +489,8 @@ class HistoryStore:
             old, server_now = copy
             have = stored(old)
             # Judged by the server's clock, and nothing is dropped for being ahead of it.
-            merged = merge_for_write(have, events, now=server_now)
-            unchanged = merged == merge_for_write(have, [], now=server_now)
+            merged = _merge_for_write(have, events, now=server_now)
+            unchanged = merged == _merge_for_write(have, [], now=server_now)
             if unchanged and (old is None or written_by_us(old)):
                 return cas.Keep(len(merged))
             return cas.Put((_object(self.deployment, merged, old), len(merged)))
@@ -558,7 +600,7 @@ class HistoryStore:
             return ClusterResult(cluster, Outcome.OK, len(copies[cluster]))
 
         results = await fan_out(self.members, one, timeout=timeout)
-        return merge(*copies.values()), results
+        return _merge_clean(copies.values()), results
 
     async def create_empty(self, cluster: str) -> ClusterResult[str]:
         """Create this member's copy, holding no event, so that the name is taken (one
