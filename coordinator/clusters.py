@@ -50,6 +50,10 @@ class ClusterSet:
         self._verified: dict[str, anyio.Event] = {}
         self._verify_errors: dict[str, KubeError] = {}
         self._proven: dict[str, bool] = {}
+        # Clusters that left a request unanswered until a fan-out gave up on them, in
+        # this process (see fanout.fan_out's ``silent``): later fan-outs of the same
+        # command still ask them, but do not linger for them once decided.
+        self.silent: set[str] = set()
 
     def record(self, name: str) -> ClusterRecord:
         try:

@@ -99,6 +99,7 @@ async def fan_out(
     background: TaskGroup | None = None,
     grace_factor: float = 0.25,
     leave_running: Callable[[], bool] | None = None,
+    silent: set[str] | None = None,
 ) -> dict[str, ClusterResult[T]]:
     """Run ``operation(cluster)`` for every cluster at once; each gets ``timeout`` seconds.
 
@@ -112,20 +113,32 @@ async def fan_out(
     ``background`` is given and ``leave_running()`` (if given) says so: then they go on
     there (still bounded by ``timeout``), to clean up after themselves, and their
     results are dropped.
+
+    ``silent``: the clusters known to have left a request unanswered earlier in this
+    command (a :class:`~coordinator.clusters.ClusterSet` keeps them). They are asked all
+    the same, and their answers count while the question is open; but once it is
+    decided the grace does not wait for them. This call adds the clusters it gave up on
+    that never answered it (reached ``timeout`` with a request unanswered, or dropped
+    after the decision without a single answer), and takes out those that answered.
     """
     names = list(dict.fromkeys(clusters))
     results: dict[str, ClusterResult[T]] = {}
     scopes: dict[str, anyio.CancelScope] = {}
     decided = anyio.Event()
-    all_done = anyio.Event()
+    waited_for = anyio.Event()  # every cluster not known silent has answered
     closed = False
     begun = time.monotonic()
+    traffics: dict[str, _Traffic] = {}
     if not names:
         return results
 
+    def check_waited_for() -> None:
+        if all(n in results or (silent is not None and n in silent) for n in names):
+            waited_for.set()
+
     async def run_one(name: str) -> None:
         started = time.monotonic()
-        traffic = _Traffic(started)
+        traffic = traffics[name] = _Traffic(started)
         request_events.set(traffic.tell)  # this task's context (and its children's) only
         with anyio.CancelScope() as scope:
             scopes[name] = scope
@@ -139,11 +152,15 @@ async def fan_out(
             if limit.cancelled_caught:
                 result = traffic.timed_out(name, timeout)
             result.elapsed_s = time.monotonic() - started
+            if silent is not None:
+                if limit.cancelled_caught and traffic.sent > traffic.answered:
+                    silent.add(name)
+                elif traffic.answered:
+                    silent.discard(name)
             if closed:
                 return  # a straggler: the caller has moved on
             results[name] = result
-            if len(results) == len(names):
-                all_done.set()
+            check_waited_for()
             log.info(
                 "cluster outcome",
                 cluster=name,
@@ -159,10 +176,16 @@ async def fan_out(
         for name in names:
             owner.start_soon(run_one, name)
         await decided.wait()
-        if not all_done.is_set():
+        check_waited_for()
+        if not waited_for.is_set():
             with anyio.move_on_after(grace_factor * (time.monotonic() - begun) + 0.01):
-                await all_done.wait()
+                await waited_for.wait()
         closed = True
+        if silent is not None:
+            for name in names:
+                t = traffics.get(name)
+                if name not in results and t is not None and t.sent and not t.answered:
+                    silent.add(name)
         if background is None or (leave_running is not None and not leave_running()):
             for name, scope in scopes.items():
                 if name not in results:

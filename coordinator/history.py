@@ -557,29 +557,48 @@ class HistoryStore:
         return await fan_out(self.members, lambda c: self._append_one(c, events), timeout=timeout)
 
     async def record(self, events: list[dict[str, Any]], *, timeout: float) -> None:
-        """Best effort: :meth:`append`, with any failure logged as a warning. Once a
-        majority has the events it waits for the other members only as long again as
-        that took, so a paused member does not hold the command up for its whole timeout
-        at exit (reads merge every copy; a member left out misses these events)."""
+        """Best effort: :meth:`append`, with any failure logged as a warning. It waits
+        until a majority has the events, or until every member has answered but those
+        already found silent earlier in this command (they are asked, not waited for);
+        then for the others only as long again as that took. So a paused member does not
+        hold the command up for its whole timeout at exit (reads merge every copy; a
+        member left out misses these events)."""
         if not events:
             return
         majority = len(self.members) // 2 + 1
+        silent = self.clusters.silent
+
+        def enough(rs: Mapping[str, ClusterResult[int]]) -> bool:
+            if sum(1 for r in rs.values() if r.ok) >= majority:
+                return True
+            return all(c in rs or c in silent for c in self.members)
+
         try:
             results = await fan_out(
                 self.members,
                 lambda c: self._append_one(c, events),
                 timeout=timeout,
-                until=lambda rs: sum(1 for r in rs.values() if r.ok) >= majority,
+                until=enough,
                 grace_factor=1.0,
+                silent=silent,
             )
         except Exception as err:  # history must never sink the command that made it
             log.warning("lock history not recorded", deployment=self.deployment, error=f"{type(err).__name__}: {err}")
             return
         missed = {c: f"{r.outcome}: {r.detail}" for c, r in results.items() if not r.ok}
-        missed.update({c: "no answer" for c in self.members if c not in results})
+        missed.update(
+            {
+                c: "not waited for: it gave no answer earlier in this command" if c in silent else "no answer"
+                for c in self.members
+                if c not in results
+            }
+        )
         if missed:
+            kept = sum(1 for r in results.values() if r.ok)
             log.warning(
-                "lock history not recorded on every member; the others keep it",
+                "lock history not recorded on every member; the others keep it"
+                if kept >= majority
+                else f"lock history recorded on only {kept} of {len(self.members)} members",
                 deployment=self.deployment,
                 events=",".join(sorted({e["event"] for e in events})),
                 clusters=missed,

@@ -267,6 +267,7 @@ class Acquire(TokenFloor, Turns):
             # A won attempt does not wait for stragglers (a lease of ours that lands late is
             # freed by release or expiry); a lost one lets them finish and give back.
             leave_running=lambda: not attempt_over["won"],
+            silent=self.clusters.silent,
         )
         token = chosen.get("token")
         result = self._result(

@@ -158,6 +158,7 @@ class TokenFloor(Release):
             one,
             timeout=self.timeout,
             until=lambda rs: self.majorities.reached(present(rs)) or everyone(rs),
+            silent=self.clusters.silent,
         )
         counted = present(results)
         if not self.majorities.reached(counted) and everyone(results):
@@ -194,6 +195,7 @@ class TokenFloor(Release):
             lambda c: self._raise_floor(c, token),
             timeout=self.timeout,
             until=lambda rs: self.majorities.reached(k for k, r in rs.items() if r.ok),
+            silent=self.clusters.silent,
         )
         if self.majorities.reached(k for k, r in results.items() if r.ok):
             return

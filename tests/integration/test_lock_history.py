@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import pytest
+from faults.admission import add_policy, remove_policy
+from faults.kubectl import kubectl as run_kubectl
 
 from coordinator import history
 from coordinator.cli.history import select
@@ -270,6 +273,51 @@ def test_a_member_down_while_recording_loses_nothing(dep3: Any) -> None:
         env.sandbox.resume(2)
     assert short.returncode == 4, short.stderr
     assert json.loads(short.stdout)["tenures"] == []
+
+
+@pytest.mark.integration
+def test_an_acquire_does_not_wait_for_history_on_members_that_gave_no_answer_to_the_take(dep5: Any) -> None:
+    """c4 and c5 paused, c3 refusing writes of the history (an admission policy): the lock
+    is taken on c1-c3 and its token floor recorded there, but only c1 and c2 can record
+    the history, fewer than a majority. The history waited for the paused members to
+    make one, up to the per-cluster timeout (30 s here); they gave no answer to the take,
+    so it now ends once every other member answered, with a warning. The acquisition is
+    recorded where it could be, and `lock history` shows it."""
+    env = dep5
+    ns = env.namespace
+    policy = f"refuse-history-{ns}"
+    expression = f"request.namespace != '{ns}' || object.metadata.name != '{history_name(env.deployment)}'"
+    admin = env.sandbox.admin(3)
+    add_policy(admin, policy, expression, "the lock history is frozen here", exist_ok=False)
+    try:
+        deadline = time.monotonic() + 30
+        # a new policy takes effect asynchronously: wait until a dry run is refused
+        while run_kubectl(env.kubeconfig, 3, ns, "annotate", "--overwrite", "--dry-run=server", "configmap",
+                          history_name(env.deployment), "probe=1").returncode == 0:  # fmt: skip
+            assert time.monotonic() < deadline, "the policy never took effect"
+            time.sleep(0.5)
+        env.sandbox.pause(4)
+        env.sandbox.pause(5)
+        try:
+            started = time.monotonic()
+            taken = env.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice",
+                            env={"COORDINATOR_TIMEOUT": "30s"})  # fmt: skip
+            elapsed = time.monotonic() - started
+        finally:
+            env.sandbox.resume(4)
+            env.sandbox.resume(5)
+    finally:
+        remove_policy(admin, policy)
+    lock_id = _json(taken)["lock_id"]
+    assert elapsed < 20, f"lock acquire took {elapsed:.1f}s: it waited for the paused members"
+    assert "lock history recorded on only 2 of 5 members" in taken.stderr, taken.stderr
+    assert "not waited for" in taken.stderr
+    for i in (1, 2):
+        assert {e["event"] for e in _copy(env, i) if e["lock_id"] == lock_id} == {ACQUIRED}
+    for i in (3, 4, 5):
+        assert all(e["lock_id"] != lock_id for e in _copy(env, i))
+    (tenure,) = [t for t in _history(env)["tenures"] if t["lock_id"] == lock_id]
+    assert (tenure["holder"], tenure["ended"]) == ("alice", None)
 
 
 @pytest.mark.integration
