@@ -54,7 +54,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from typing import Any, TypeAlias, assert_never
 
 from coordinator import cas
@@ -65,11 +64,11 @@ from coordinator.kube.client import KubeError
 from coordinator.kube.resources import (
     ANNOTATION_PREFIX,
     FIELD_MANAGER,
+    canonical_time,
     configmaps_path,
     history_name,
     micro_time,
     owned_metadata,
-    parse_time,
 )
 from coordinator.lease import LeaseView
 from coordinator.logs import get_logger
@@ -220,35 +219,13 @@ def clean(raw: Any) -> dict[str, Any] | None:
     lock_id, kind, at = raw.get("lock_id"), raw.get("event"), raw.get("at")
     if not isinstance(lock_id, str) or not 0 < len(lock_id) <= MAX_LOCK_ID or kind not in EVENTS:
         return None
-    when = _time_text(at) if isinstance(at, str) else None
-    if when is None:
+    if not isinstance(at, str) or (when := canonical_time(at)) is None:
         return None
     token = raw.get("token")
     if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
         token = None
     text = {key: raw[key] for key in _TEXT_FIELDS if isinstance(raw.get(key), str)}
     return event(kind, lock_id, at=when[0], token=token, **text)
-
-
-# Longer than any RFC 3339 time: such a text is parsed every time, never kept.
-_MAX_TIME_TEXT = 40
-
-
-@lru_cache(maxsize=4096)
-def _cached_time_text(at: str) -> tuple[str, datetime] | None:
-    when = parse_time(at)
-    return None if when is None else (micro_time(when), when)
-
-
-def _time_text(at: str) -> tuple[str, datetime] | None:
-    """An event's time as stored (MicroTime text) and as a datetime; None when ``at`` is
-    no time. Every copy of every event is decoded again by each write and read: the same
-    few hundred times, so the parse is remembered (for short texts only, so that no
-    planted text can make the cache large)."""
-    if len(at) > _MAX_TIME_TEXT:
-        when = parse_time(at)
-        return None if when is None else (micro_time(when), when)
-    return _cached_time_text(at)
 
 
 def written_by_us(obj: Mapping[str, Any]) -> bool:
@@ -293,7 +270,11 @@ def decode(obj: Mapping[str, Any] | None, *, now: datetime | None = None) -> lis
 
 
 def merge_for_write(
-    have: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]], *, now: datetime | None = None
+    have: Iterable[Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+    *,
+    now: datetime | None = None,
+    have_clean: bool = False,
 ) -> list[dict[str, Any]]:
     """What a writer stores: the copy's events and ``events``, merged and bounded, and the
     copy's events dated more than :data:`MAX_FUTURE_S` after ``now`` (the server's time)
@@ -304,33 +285,19 @@ def merge_for_write(
     "ahead" depends on a clock, and a writer whose clock is behind (or a server's) must
     not erase what the others recorded: the events of a writer whose clock was ahead
     are read once their time has come. They are bounded on their own, to :data:`LIMIT`
-    lock ids."""
-    return _merge_for_write([e for e in (clean(raw) for raw in have) if e is not None], events, now=now)
-
-
-def _merge_for_write(
-    have: list[dict[str, Any]], events: Iterable[Mapping[str, Any]], *, now: datetime | None
-) -> list[dict[str, Any]]:
-    """:func:`merge_for_write` of a copy's events already cleaned (as :func:`stored`
-    returns them): each write merges them twice, and cleaning them again each time is
-    most of the work."""
+    lock ids. ``have_clean``: ``have`` was cleaned already (:func:`stored`)."""
+    mine: list[dict[str, Any]] = [dict(e) for e in have] if have_clean else _cleaned(have)
     latest = _latest(now)
-    fresh = [e for e in (clean(raw) for raw in events) if e is not None]
-    kept = _merge_clean([[e for e in have if _when(e) <= latest], fresh])
+    kept = _merge_clean([[e for e in mine if _when(e) <= latest], _cleaned(events)])
     keys = {(e["lock_id"], e["event"]) for e in kept}
-    ahead = [
-        e for e in _merge_clean([[e for e in have if _when(e) > latest]]) if (e["lock_id"], e["event"]) not in keys
-    ]
+    later = _merge_clean([[e for e in mine if _when(e) > latest]])
+    ahead = [e for e in later if (e["lock_id"], e["event"]) not in keys]
     return sorted(kept + ahead, key=_order)
 
 
-_NEVER = datetime.min.replace(tzinfo=UTC)
-
-
 def _when(e: Mapping[str, Any]) -> datetime:
-    at = e["at"]
-    found = _time_text(at) if isinstance(at, str) else None
-    return found[1] if found is not None else _NEVER
+    found = canonical_time(e["at"])  # a clean event's
+    return found[1] if found is not None else datetime.min.replace(tzinfo=UTC)
 
 
 def _order(e: Mapping[str, Any]) -> tuple[datetime, int, str]:
@@ -342,12 +309,15 @@ def merge(*copies: Iterable[Mapping[str, Any]], limit: int = LIMIT) -> list[dict
     events of the ``limit`` lock ids seen last. Of two records of the same (lock id,
     event) the earlier is kept (ties: the one whose JSON sorts first), so every reader
     and writer merging the same copies gets the same list, in any order."""
-    return _merge_clean([[e for e in (clean(raw) for raw in copy) if e is not None] for copy in copies], limit=limit)
+    return _merge_clean([_cleaned(copy) for copy in copies], limit=limit)
+
+
+def _cleaned(raw: Iterable[Any]) -> list[dict[str, Any]]:
+    return [e for e in (clean(r) for r in raw) if e is not None]
 
 
 def _merge_clean(copies: Iterable[Iterable[dict[str, Any]]], *, limit: int = LIMIT) -> list[dict[str, Any]]:
-    """:func:`merge` of copies whose events are clean already (:func:`clean` of a clean
-    event is the same event)."""
+    """:func:`merge` of copies whose events are clean already (cleaning changes none)."""
     chosen: dict[tuple[str, str], dict[str, Any]] = {}
     for copy in copies:
         for e in copy:
@@ -489,8 +459,8 @@ class HistoryStore:
             old, server_now = copy
             have = stored(old)
             # Judged by the server's clock, and nothing is dropped for being ahead of it.
-            merged = _merge_for_write(have, events, now=server_now)
-            unchanged = merged == _merge_for_write(have, [], now=server_now)
+            merged = merge_for_write(have, events, now=server_now, have_clean=True)
+            unchanged = merged == merge_for_write(have, [], now=server_now, have_clean=True)
             if unchanged and (old is None or written_by_us(old)):
                 return cas.Keep(len(merged))
             return cas.Put((_object(self.deployment, merged, old), len(merged)))
@@ -557,48 +527,35 @@ class HistoryStore:
         return await fan_out(self.members, lambda c: self._append_one(c, events), timeout=timeout)
 
     async def record(self, events: list[dict[str, Any]], *, timeout: float) -> None:
-        """Best effort: :meth:`append`, with any failure logged as a warning. It waits
-        until a majority has the events, or until every member has answered but those
-        already found silent earlier in this command (they are asked, not waited for);
-        then for the others only as long again as that took. So a paused member does not
-        hold the command up for its whole timeout at exit (reads merge every copy; a
-        member left out misses these events)."""
+        """Best effort: :meth:`append`, any failure logged as a warning. It waits until a
+        majority has the events or every member answered but those silent earlier in this
+        command (asked, not waited for), then for the others as long again: a paused member
+        does not hold the command up at exit (a member left out misses these events)."""
         if not events:
             return
         majority = len(self.members) // 2 + 1
         silent = self.clusters.silent
 
         def enough(rs: Mapping[str, ClusterResult[int]]) -> bool:
-            if sum(1 for r in rs.values() if r.ok) >= majority:
-                return True
-            return all(c in rs or c in silent for c in self.members)
+            ok = sum(1 for r in rs.values() if r.ok)
+            return ok >= majority or all(c in rs or c in silent for c in self.members)
 
         try:
             results = await fan_out(
-                self.members,
-                lambda c: self._append_one(c, events),
-                timeout=timeout,
-                until=enough,
-                grace_factor=1.0,
+                self.members, lambda c: self._append_one(c, events), timeout=timeout, until=enough, grace_factor=1.0,
                 silent=silent,
-            )
+            )  # fmt: skip
         except Exception as err:  # history must never sink the command that made it
             log.warning("lock history not recorded", deployment=self.deployment, error=f"{type(err).__name__}: {err}")
             return
         missed = {c: f"{r.outcome}: {r.detail}" for c, r in results.items() if not r.ok}
-        missed.update(
-            {
-                c: "not waited for: it gave no answer earlier in this command" if c in silent else "no answer"
-                for c in self.members
-                if c not in results
-            }
-        )
+        unasked = "not waited for: it gave no answer earlier in this command"
+        missed.update({c: unasked if c in silent else "no answer" for c in self.members if c not in results})
         if missed:
             kept = sum(1 for r in results.values() if r.ok)
+            some = f"recorded on only {kept} of {len(self.members)} members"
             log.warning(
-                "lock history not recorded on every member; the others keep it"
-                if kept >= majority
-                else f"lock history recorded on only {kept} of {len(self.members)} members",
+                f"lock history {'not recorded on every member; the others keep it' if kept >= majority else some}",
                 deployment=self.deployment,
                 events=",".join(sorted({e["event"] for e in events})),
                 clusters=missed,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 LABEL_MANAGED_BY = "coordinator.io/managed-by"
@@ -77,6 +78,20 @@ def parse_time(text: str | None) -> datetime | None:
         return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
     except (ValueError, OverflowError):
         return None
+
+
+@lru_cache(maxsize=4096)
+def _canonical(text: str) -> tuple[str, datetime] | None:
+    value = parse_time(text)
+    return None if value is None else (micro_time(value), value)
+
+
+def canonical_time(text: str) -> tuple[str, datetime] | None:
+    """``text`` as MicroTime text and as :func:`parse_time` reads it; None when it is no
+    time. Remembered, for callers that sort the same times over and over (the lock
+    history): of short texts only (no RFC 3339 time is longer), so that text from the
+    clusters cannot make the cache large."""
+    return _canonical(text) if len(text) <= 40 else _canonical.__wrapped__(text)
 
 
 def last_write_time(obj: dict[str, Any]) -> datetime | None:
