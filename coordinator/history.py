@@ -553,7 +553,7 @@ class HistoryStore:
         missed.update({c: unasked if c in silent else "no answer" for c in self.members if c not in results})
         if missed:
             kept = sum(1 for r in results.values() if r.ok)
-            some = f"recorded on only {kept} of {len(self.members)} members"
+            some = f"not recorded on a majority: on {kept} of {len(self.members)} members"
             log.warning(
                 f"lock history {'not recorded on every member; the others keep it' if kept >= majority else some}",
                 deployment=self.deployment,
