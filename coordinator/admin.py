@@ -42,8 +42,8 @@ from coordinator.kube.resources import (
     state_paths,
 )
 from coordinator.lease import MAX_MAX_TTL_S
-from coordinator.models import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.outcome import Outcome
+from coordinator.records import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
 from coordinator.text import printable
 
 
@@ -346,7 +346,7 @@ async def create_deployment(
     storage: str,
     max_ttl_s: float | None = None,
 ) -> tuple[DeploymentRecord, dict[str, ClusterResult[str]]]:
-    from coordinator.models import MAX_DEPLOYMENT_NAME
+    from coordinator.records import MAX_DEPLOYMENT_NAME
 
     valid_name(name, "deployment name", MAX_DEPLOYMENT_NAME)
     valid_name(namespace, "namespace")

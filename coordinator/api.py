@@ -35,10 +35,11 @@ from coordinator.lock import (
     default_holder,
     keep_renewed,
 )
-from coordinator.models import DeploymentRecord, LocalConfig, LockRecord
+from coordinator.records import DeploymentRecord, LocalConfig
 
 if TYPE_CHECKING:
     from coordinator.history import Tenure
+    from coordinator.models import LockRecord
     from coordinator.state import StateClient
 
 DEFAULT_TTL_S = 180.0
@@ -267,6 +268,8 @@ class Coordinator:
     def _remember(self, result: AcquireResult) -> None:
         if self.store is None:
             return
+        from coordinator.models import LockRecord  # pydantic: only commands that take a lock
+
         with self.store.edit_locks() as book:
             book.locks = [
                 r for r in book.locks if not (r.deployment == result.deployment and r.holder == result.holder)

@@ -14,8 +14,8 @@ from coordinator.fanout import ClusterResult
 from coordinator.kube import client as kube
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.identity import read_identity
-from coordinator.models import ClusterRecord, LocalConfig
 from coordinator.outcome import Outcome
+from coordinator.records import ClusterRecord, LocalConfig
 from coordinator.text import printable
 
 IDENTITY_MISMATCH = kube.IDENTITY_MISMATCH

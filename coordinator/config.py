@@ -5,6 +5,10 @@ the whole read-modify-write, so two CLI processes running at once never lose eac
 other's changes; the new file is written to a temporary name and renamed over the old
 one, so a crash never leaves half a file. A file that does not parse or validate is
 reported (file, line or field) and never overwritten.
+
+Reading does without pydantic when the plain read of ``coordinator.records`` vouches for
+every value (the files this module writes); anything else, and every write, is validated
+by the pydantic models of ``coordinator.models``, which word the errors.
 """
 
 from __future__ import annotations
@@ -15,15 +19,17 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
 
 from coordinator.errors import ConfigError, UsageError
-from coordinator.models import LocalConfig, LockBook
+from coordinator.records import LocalConfig, from_document
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
+
+    from coordinator.models import LockBook
 
 
 def default_config_path() -> Path:
@@ -47,9 +53,10 @@ def _describe_validation(err: ValidationError) -> str:
     return "; ".join(parts) + more
 
 
-def _load_file(path: Path, model: type[M], *, what: str) -> M:
+def _read_document(path: Path, *, what: str) -> dict[str, Any] | None:
+    """The mapping the file holds (None if there is no file), or a ConfigError."""
     if not path.exists():
-        return model()
+        return None
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -74,6 +81,12 @@ def _load_file(path: Path, model: type[M], *, what: str) -> M:
             f"The {what} {path} must hold a mapping at the top level, not "
             f"{type(raw).__name__}. Fix or move the file; coordinator did not change it."
         )
+    return raw
+
+
+def _validate(path: Path, raw: dict[str, Any], model: type[BaseModel], *, what: str) -> Any:
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(raw)
     except ValidationError as err:
@@ -81,6 +94,18 @@ def _load_file(path: Path, model: type[M], *, what: str) -> M:
             f"The {what} {path} is not valid: {_describe_validation(err)}. "
             "Fix or move the file; coordinator did not change it."
         ) from err
+
+
+def _load_config(path: Path) -> LocalConfig:
+    raw = _read_document(path, what="config file")
+    if raw is None:
+        return LocalConfig()
+    plain = from_document(raw)
+    if plain is not None:
+        return plain
+    from coordinator.models import ConfigModel, config_of
+
+    return config_of(_validate(path, raw, ConfigModel, what="config file"))
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -101,7 +126,12 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def _dump(model: BaseModel) -> str:
+def _dump(model: BaseModel | LocalConfig) -> str:
+    """The file's text; a config is validated first (pydantic.ValidationError if it is not valid)."""
+    if isinstance(model, LocalConfig):
+        from coordinator.models import schema_of
+
+        model = schema_of(model)
     data = json.loads(model.model_dump_json(by_alias=True))
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
@@ -138,7 +168,7 @@ class ConfigStore:
             ) from err
 
     def load(self) -> LocalConfig:
-        return _load_file(self.path, LocalConfig, what="config file")
+        return _load_config(self.path)
 
     @contextlib.contextmanager
     def edit(self) -> Iterator[LocalConfig]:
@@ -147,7 +177,7 @@ class ConfigStore:
             cfg = self.load()
             before = _dump(cfg)
             yield cfg
-            after = _dump(LocalConfig.model_validate(cfg.model_dump()))
+            after = _dump(cfg)
             if after != before or not self.path.exists():
                 _atomic_write(self.path, after)
 
@@ -158,7 +188,13 @@ class ConfigStore:
         os.unlink(tmp)
 
     def load_locks(self) -> LockBook:
-        return _load_file(self.lock_book_path, LockBook, what="lock record file")
+        from coordinator.models import LockBook
+
+        raw = _read_document(self.lock_book_path, what="lock record file")
+        if raw is None:
+            return LockBook()
+        book: LockBook = _validate(self.lock_book_path, raw, LockBook, what="lock record file")
+        return book
 
     @contextlib.contextmanager
     def edit_locks(self) -> Iterator[LockBook]:

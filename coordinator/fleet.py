@@ -43,8 +43,8 @@ from coordinator.kube.client import KubeError
 from coordinator.lease import UNREADABLE, LeaseView, TurnClaim, pid_of
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
-from coordinator.models import LocalConfig
 from coordinator.outcome import Outcome
+from coordinator.records import LocalConfig
 
 LEASE_PREFIX = "coordinator-lock-"
 ALL_LEASES = "/apis/coordination.k8s.io/v1/leases"

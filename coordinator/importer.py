@@ -22,8 +22,8 @@ from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, lease_path,
 from coordinator.lease import DEFAULT_MAX_TTL_S, LeaseView
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, LEGACY, Membership, Stored, in_lease_object
-from coordinator.models import MAX_DEPLOYMENT_NAME, DeploymentRecord
 from coordinator.outcome import Outcome
+from coordinator.records import MAX_DEPLOYMENT_NAME, DeploymentRecord
 from coordinator.state import decode_replica
 from coordinator.text import printable
 

@@ -1,42 +1,55 @@
-"""Pydantic models: the local config, lock records, and the in-cluster state envelope."""
+"""Pydantic models: what a valid local config is, lock records, and the in-cluster state envelope.
+
+The config's records themselves are plain (``coordinator.records``: a read-only command
+does not import pydantic); the models here are the one definition of a valid config,
+used when the plain read cannot vouch for a file and whenever the config is written.
+"""
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-# Leases are named coordinator-lock-<deployment>; keep the whole name a valid label.
-MAX_DEPLOYMENT_NAME = 63 - len("coordinator-state-")
+from coordinator.records import (
+    DNS1123_LABEL,
+    MAX_DEPLOYMENT_NAME,
+    ClusterRecord,
+    DeploymentRecord,
+    LocalConfig,
+    check_dns_label,
+    utcnow,
+)
 
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def check_dns_label(value: str, *, what: str, max_len: int = 63) -> str:
-    """Return ``value`` if it is a DNS-1123 label, else raise ValueError saying why."""
-    if not value:
-        raise ValueError(f"{what} must not be empty")
-    if len(value) > max_len:
-        raise ValueError(f"{what} {value!r} is {len(value)} characters long; the limit is {max_len}")
-    if not DNS1123_LABEL.fullmatch(value):
-        raise ValueError(
-            f"{what} {value!r} is not a valid DNS-1123 label: use lower-case letters, digits "
-            "and '-', starting and ending with a letter or digit"
-        )
-    return value
+__all__ = [
+    "DNS1123_LABEL",
+    "HISTORY_LIMIT",
+    "MAX_DEPLOYMENT_NAME",
+    "STATE_SCHEMA",
+    "AuditEntry",
+    "ClusterModel",
+    "ClusterRecord",
+    "ConfigModel",
+    "DeploymentModel",
+    "DeploymentRecord",
+    "LocalConfig",
+    "LockBook",
+    "LockRecord",
+    "StateEnvelope",
+    "check_dns_label",
+    "config_of",
+    "schema_of",
+    "utcnow",
+]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ClusterRecord(_Model):
-    """A connected cluster: how to reach it and which cluster it proved to be."""
+class ClusterModel(_Model):
+    """What a valid :class:`~coordinator.records.ClusterRecord` is."""
 
     name: str
     context: str
@@ -56,8 +69,8 @@ class ClusterRecord(_Model):
         return check_dns_label(v, what="cluster name")
 
 
-class DeploymentRecord(_Model):
-    """A deployment: its namespace and the clusters it spans."""
+class DeploymentModel(_Model):
+    """What a valid :class:`~coordinator.records.DeploymentRecord` is."""
 
     name: str
     namespace: str
@@ -90,17 +103,34 @@ class DeploymentRecord(_Model):
             raise ValueError("a cluster is listed twice")
         return v
 
-    @property
-    def quorum(self) -> int:
-        return len(self.clusters) // 2 + 1
 
-
-class LocalConfig(_Model):
-    """The whole local config file."""
+class ConfigModel(_Model):
+    """What a valid local config file (:class:`~coordinator.records.LocalConfig`) is."""
 
     version: Literal[1] = 1
-    clusters: dict[str, ClusterRecord] = Field(default_factory=dict)
-    deployments: dict[str, DeploymentRecord] = Field(default_factory=dict)
+    clusters: dict[str, ClusterModel] = Field(default_factory=dict)
+    deployments: dict[str, DeploymentModel] = Field(default_factory=dict)
+
+
+_SCHEMAS: dict[type, type[_Model]] = {
+    ClusterRecord: ClusterModel,
+    DeploymentRecord: DeploymentModel,
+    LocalConfig: ConfigModel,
+}
+
+
+def schema_of(record: ClusterRecord | DeploymentRecord | LocalConfig) -> _Model:
+    """``record`` validated (pydantic.ValidationError if it is not valid)."""
+    return _SCHEMAS[type(record)].model_validate(record.model_dump())
+
+
+def config_of(model: ConfigModel) -> LocalConfig:
+    """The plain records of a validated config."""
+    return LocalConfig(
+        version=model.version,
+        clusters={k: ClusterRecord(**dict(v)) for k, v in model.clusters.items()},
+        deployments={k: DeploymentRecord(**dict(v)) for k, v in model.deployments.items()},
+    )
 
 
 class LockRecord(_Model):

@@ -52,7 +52,7 @@ from coordinator.kube.resources import (
     lease_name,
     state_name,
 )
-from coordinator.models import DNS1123_LABEL, MAX_DEPLOYMENT_NAME, check_dns_label
+from coordinator.records import DNS1123_LABEL, MAX_DEPLOYMENT_NAME, check_dns_label
 
 Storage = Literal["configmap", "secret"]
 SubjectKind = Literal["User", "Group", "ServiceAccount"]

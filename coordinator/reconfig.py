@@ -52,8 +52,8 @@ from coordinator.lease import LeaseView
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
 from coordinator.logs import get_logger
 from coordinator.membership import Check, Membership, Stored, behind_stand_in, foreign_set
-from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
+from coordinator.records import DeploymentRecord
 from coordinator.state import StateClient
 from coordinator.text import printable
 

@@ -44,8 +44,8 @@ from coordinator.lock.reports import identity_report
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Check, Membership
-from coordinator.models import DeploymentRecord
 from coordinator.outcome import Outcome
+from coordinator.records import DeploymentRecord
 
 log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
 

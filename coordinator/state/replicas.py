@@ -23,8 +23,9 @@ from coordinator.lock.members import membership_error
 from coordinator.logs import get_logger
 from coordinator.membership import Check, Stored, says_nothing, stored_in_lease
 from coordinator.membership import check as check_membership
-from coordinator.models import STATE_SCHEMA, DeploymentRecord, LockRecord
+from coordinator.models import STATE_SCHEMA, LockRecord
 from coordinator.outcome import Outcome
+from coordinator.records import DeploymentRecord
 from coordinator.register import (
     Choice,
     Kind,
