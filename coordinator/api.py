@@ -11,7 +11,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -27,22 +27,18 @@ from coordinator.errors import (
     UsageError,
 )
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
-from coordinator.lock import (
-    AcquireResult,
-    LockEngine,
-    LockStatus,
-    current_command,
-    default_holder,
-    keep_renewed,
-)
+from coordinator.lock.results import AcquireResult, LockStatus, current_command, default_holder
 from coordinator.records import DeploymentRecord, LocalConfig
 
 if TYPE_CHECKING:
     from coordinator.history import Tenure
+    from coordinator.lock import LockEngine
+    from coordinator.lock.core import EngineCore
     from coordinator.models import LockRecord
     from coordinator.state import StateClient
 
 DEFAULT_TTL_S = 180.0
+E = TypeVar("E", bound="EngineCore")
 
 
 def check_ttl(ttl: float, engine: LockEngine) -> None:
@@ -131,10 +127,15 @@ class Coordinator:
             ) from None
 
     def lock_engine(self, deployment: str) -> LockEngine:
+        from coordinator.lock.engine import LockEngine
+
+        return self._engine(deployment, LockEngine)
+
+    def _engine(self, deployment: str, cls: type[E]) -> E:
         dep = self.deployment(deployment)
         for c in dep.clusters:
             self.clusters.record(c)
-        return LockEngine(
+        return cls(
             self.clusters,
             dep,
             background=self._tg,
@@ -381,7 +382,11 @@ class Coordinator:
         return result
 
     async def status(self, deployment: str) -> LockStatus:
-        return await self.lock_engine(deployment).status()
+        # The read side of the engine alone: the write side (acquire, renew, release, the
+        # token floor) and the history are never imported by a command that only looks.
+        from coordinator.lock.status import Status
+
+        return await self._engine(deployment, Status).status()
 
     async def break_lock(self, deployment: str, *, by: str | None = None, reason: str = "") -> dict[str, Any]:
         results = await self.lock_engine(deployment).break_lock(by=by or default_holder(), reason=reason)
@@ -417,6 +422,8 @@ class Coordinator:
         check_ttl(ttl, engine)
         result = await engine.acquire(ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait)
         try:
+            from coordinator.lock.renew import keep_renewed
+
             async with keep_renewed(engine, result) as lost:
                 yield HeldLock(deployment, result.lock_id, result.fencing_token or 0, result, lost)
         finally:

@@ -16,7 +16,7 @@ import dataclasses
 import math
 import re
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self, cast
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Leases are named coordinator-lock-<deployment>; keep the whole name a valid label.
@@ -45,15 +45,16 @@ class _Record:
     """What callers used of the pydantic models these records were: a copy with changes,
     and the document (JSON mode: as the config file and ``-o json`` show it)."""
 
-    def model_copy(self, *, update: dict[str, Any] | None = None) -> Any:
-        return dataclasses.replace(self, **(update or {}))  # type: ignore[type-var]
+    def model_copy(self, *, update: dict[str, Any] | None = None) -> Self:
+        copy: Self = dataclasses.replace(cast(Any, self), **(update or {}))
+        return copy
 
     def model_dump(self, *, mode: str = "python", by_alias: bool = False) -> dict[str, Any]:
         if mode == "python":
-            return dataclasses.asdict(self)  # type: ignore[call-overload, no-any-return]
+            return dataclasses.asdict(cast(Any, self))
         from coordinator.models import schema_of  # pydantic words the JSON form, as it always did
 
-        return schema_of(self).model_dump(mode=mode, by_alias=by_alias)  # type: ignore[no-any-return]
+        return schema_of(cast(Any, self)).model_dump(mode=mode, by_alias=by_alias)
 
 
 @dataclasses.dataclass(kw_only=True, eq=True)

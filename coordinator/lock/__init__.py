@@ -55,49 +55,113 @@ This package re-exports the names other modules use.
 
 from __future__ import annotations
 
-from coordinator.kube.resources import A_TOKEN_FLOOR
-from coordinator.lease import (
-    A_COMMAND,
-    A_HOLDER,
-    A_HOST,
-    A_LAST_BREAK,
-    A_MEMBERS,
-    A_NAMESPACE,
-    A_NEXT,
-    A_PID,
-    A_REASON,
-    A_RELEASED,
-    A_TOKEN,
-    HANDOFF_GRACE_S,
-    LINE_MANAGER,
-    LeaseView,
-    TurnClaim,
-)
-from coordinator.lock.core import MAX_CAS_RETRIES, first_kube_error
-from coordinator.lock.engine import LockEngine
-from coordinator.lock.floor import (
-    ABSENT,
-    envelope_evidence,
-    genesis_state_object,
-    set_on_state,
-    token_floor,
-)
-from coordinator.lock.renew import keep_renewed
-from coordinator.lock.reports import acquire_report, identity_report, summarize
-from coordinator.lock.results import (
-    AcquireResult,
-    ClusterLease,
-    ClusterStatus,
-    Decision,
-    LockStatus,
-    current_command,
-    default_holder,
-    new_lock_id,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
+# Each name is imported from its module on first use (PEP 562), so that a command that
+# only reads the lock (``lock status``) never imports the write side (acquire, turns,
+# renew, release, floor) nor the history.
+_WHERE = {
+    **dict.fromkeys(
+        [
+            "A_COMMAND",
+            "A_HOLDER",
+            "A_HOST",
+            "A_LAST_BREAK",
+            "A_MEMBERS",
+            "A_NAMESPACE",
+            "A_NEXT",
+            "A_PID",
+            "A_REASON",
+            "A_RELEASED",
+            "A_TOKEN",
+            "HANDOFF_GRACE_S",
+            "LINE_MANAGER",
+            "LeaseView",
+            "TurnClaim",
+        ],
+        "coordinator.lease",
+    ),
+    **dict.fromkeys(["MAX_CAS_RETRIES", "first_kube_error"], "coordinator.lock.core"),
+    "LockEngine": "coordinator.lock.engine",
+    "A_TOKEN_FLOOR": "coordinator.kube.resources",
+    **dict.fromkeys(
+        ["ABSENT", "envelope_evidence", "genesis_state_object", "set_on_state", "token_floor"],
+        "coordinator.lock.floor",
+    ),
+    "keep_renewed": "coordinator.lock.renew",
+    **dict.fromkeys(["acquire_report", "identity_report", "summarize"], "coordinator.lock.reports"),
+    **dict.fromkeys(
+        [
+            "AcquireResult",
+            "ClusterLease",
+            "ClusterStatus",
+            "Decision",
+            "LockStatus",
+            "current_command",
+            "default_holder",
+            "new_lock_id",
+        ],
+        "coordinator.lock.results",
+    ),
+}
 # The names these had when the engine was one module (api.py and tests import them).
-_envelope_evidence = envelope_evidence
-_summarize = summarize
+_ALIASES = {"_envelope_evidence": "envelope_evidence", "_summarize": "summarize"}
+
+
+def __getattr__(name: str) -> Any:
+    real = _ALIASES.get(name, name)
+    module = _WHERE.get(real)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), real)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from coordinator.kube.resources import A_TOKEN_FLOOR
+    from coordinator.lease import (
+        A_COMMAND,
+        A_HOLDER,
+        A_HOST,
+        A_LAST_BREAK,
+        A_MEMBERS,
+        A_NAMESPACE,
+        A_NEXT,
+        A_PID,
+        A_REASON,
+        A_RELEASED,
+        A_TOKEN,
+        HANDOFF_GRACE_S,
+        LINE_MANAGER,
+        LeaseView,
+        TurnClaim,
+    )
+    from coordinator.lock.core import MAX_CAS_RETRIES, first_kube_error
+    from coordinator.lock.engine import LockEngine
+    from coordinator.lock.floor import (
+        ABSENT,
+        envelope_evidence,
+        genesis_state_object,
+        set_on_state,
+        token_floor,
+    )
+    from coordinator.lock.renew import keep_renewed
+    from coordinator.lock.reports import acquire_report, identity_report, summarize
+    from coordinator.lock.results import (
+        AcquireResult,
+        ClusterLease,
+        ClusterStatus,
+        Decision,
+        LockStatus,
+        current_command,
+        default_holder,
+        new_lock_id,
+    )
+
+    _envelope_evidence = envelope_evidence
+    _summarize = summarize
 
 __all__ = [
     "ABSENT",

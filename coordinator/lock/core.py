@@ -7,12 +7,12 @@ import math
 import secrets
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 import anyio
 from anyio.abc import TaskGroup
 
-from coordinator import cas, history, quorum
+from coordinator import quorum
 from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import IdentityMismatchError
 from coordinator.fanout import ClusterResult, fan_out
@@ -46,6 +46,9 @@ from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Check, Membership
 from coordinator.outcome import Outcome
 from coordinator.records import DeploymentRecord
+
+if TYPE_CHECKING:
+    from coordinator.history import HistoryStore
 
 log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
 
@@ -134,7 +137,7 @@ class EngineCore:
         self.n = len(self.members)
         self.q = self.majorities.quorum  # for display: q of the current set
         self.max_ttl_s = float(getattr(deployment, "max_ttl_s", DEFAULT_MAX_TTL_S))
-        self.history = history.HistoryStore(self.clusters, deployment.name, deployment.namespace, self.members)
+        self._history: HistoryStore | None = None  # of these members, made on first use
         # The member set this machine's record names, by identity: what every member
         # must store (see coordinator/membership.py).
         self.membership = recorded_membership(self.clusters, deployment)
@@ -142,6 +145,16 @@ class EngineCore:
     @property
     def timeout(self) -> float:
         return self.clusters.timeout
+
+    @property
+    def history(self) -> HistoryStore:
+        """The lock's history (coordinator/history.py), of the members bound now; made on
+        first use (a command that only reads the lock never imports it)."""
+        if self._history is None:
+            from coordinator.history import HistoryStore
+
+            self._history = HistoryStore(self.clusters, self.dep.name, self.dep.namespace, self.members)
+        return self._history
 
     async def _read(self, cluster: str) -> LeaseView:
         client = self.clusters.client(cluster)
@@ -298,6 +311,7 @@ class EngineCore:
         either a final result, or the body to write and the action to report. A write
         that loses the race (409) is never retried blindly: the lease is read again and
         decided again."""
+        from coordinator import cas  # the write side: a command that only reads never needs it
 
         def step(view: LeaseView) -> cas.Put[tuple[dict[str, Any], str, str]] | cas.Keep[ClusterResult[ClusterLease]]:
             decision = decide(view)
