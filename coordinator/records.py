@@ -186,7 +186,9 @@ def _deployment(raw: Any) -> DeploymentRecord:
     if storage not in ("configmap", "secret"):
         raise _CannotVouch
     max_ttl = d.get("max_ttl_s", 600.0)
-    if type(max_ttl) not in (int, float) or not math.isfinite(max_ttl) or max_ttl < 1:
+    if type(max_ttl) is int:
+        max_ttl = float(max_ttl) if 1 <= max_ttl <= 2**53 else math.nan  # an int too large for a float too
+    if type(max_ttl) is not float or not math.isfinite(max_ttl) or max_ttl < 1:
         raise _CannotVouch
     epoch = d.get("epoch", 1)
     if type(epoch) is not int or epoch < 1:
@@ -197,7 +199,7 @@ def _deployment(raw: Any) -> DeploymentRecord:
         namespace=_label(d["namespace"]),
         clusters=clusters,
         storage=storage,
-        max_ttl_s=float(max_ttl),
+        max_ttl_s=max_ttl,
         epoch=epoch,
         joint=None if joint is None else _str_list(joint),
     )

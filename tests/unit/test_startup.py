@@ -191,6 +191,7 @@ _DELETE = object()
         (("deployments", "d", "max_ttl_s"), "60"),
         (("deployments", "d", "max_ttl_s"), float("inf")),
         (("deployments", "d", "max_ttl_s"), True),
+        pytest.param(("deployments", "d", "max_ttl_s"), 10**400, id="max_ttl_s-beyond-float"),
         (("deployments", "d", "epoch"), 0),
         (("deployments", "d", "epoch"), 2.0),
         (("deployments", "d", "storage"), "disk"),
