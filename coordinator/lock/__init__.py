@@ -34,16 +34,17 @@ its holder's validity ended, and that a lease that disappears is never taken as 
   history; when deleted leases leave no such majority, every member's lease and the
   state replicas' tokens of a majority are included too; short of that, nothing is taken.
 * Renewals return once a majority is renewed, never re-take a lease, and report the
-  lock lost at once when a lease names another lock id or a break note names ours.
+  lock lost at once when a lease names another lock id with a higher token (a take
+  after ours) or a break note names ours.
 
 Assumed: only coordinator writes a lease's ``spec`` holder fields and its
 ``coordinator.io/`` holder annotations; anyone may label or annotate it, strip its
 managedFields, change its duration, or delete it (each handled as above).
 
 Not guaranteed: a holder that stops past its validity may still act, unless it checks
-``held.valid`` or the resource checks fencing tokens. A token granted to a holder whose
-every lease was then deleted, and which never wrote the state, can be granted again
-after the maximum TTL (nothing in the clusters remembers it).
+``held.valid`` or the resource checks fencing tokens. A token can be granted again when
+the leases and the state objects (which carry the token floor) of a majority are deleted
+together: nothing in the clusters remembers it.
 
 The engine is one class, :class:`LockEngine`, put together from one module per job:
 ``core`` (one lease's reads, writes and compare-and-swap), ``bodies`` (what is written),
