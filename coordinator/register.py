@@ -53,7 +53,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from coordinator.errors import UsageError
-from coordinator.kube.resources import A_TOKEN_FLOOR, ANNOTATION_PREFIX, owned_metadata
+from coordinator.kube.resources import ANNOTATION_PREFIX, owned_metadata
 from coordinator.models import HISTORY_LIMIT, STATE_SCHEMA, AuditEntry, StateEnvelope
 from coordinator.text import printable
 
@@ -404,10 +404,6 @@ def build_object(
         obj = {"apiVersion": "v1", "kind": kind, "metadata": owned_metadata(name, deployment)}
         meta = obj["metadata"]
     ours = {PROMISE_ANNOTATION: str(promise), NOTE_ANNOTATION: NOTE}
-    if not rep.exists:
-        # Every state object is created with a token floor (the lock's token checks that
-        # an object without one had it removed): a write's own token was granted.
-        ours[A_TOKEN_FLOOR] = str(promise.token)
     meta["annotations"] = dict(meta.get("annotations") or {}) | ours
     if envelope_text is None and not rep.exists:
         envelope_text = genesis_text(deployment)

@@ -24,7 +24,15 @@ from coordinator.lock.core import MAX_CAS_RETRIES
 from coordinator.lock.release import Release
 from coordinator.lock.results import AcquireResult
 from coordinator.logs import get_logger
-from coordinator.membership import A_MEMBERSHIP, Membership, Stored, in_lease_object, says_nothing
+from coordinator.membership import (
+    A_MEMBERSHIP,
+    Membership,
+    Stored,
+    annotation_writers,
+    in_lease_object,
+    is_ours,
+    says_nothing,
+)
 from coordinator.outcome import Outcome
 
 log = get_logger("coordinator.lock")
@@ -34,13 +42,28 @@ ABSENT = "no state object"
 NO_FLOOR = "no token floor"
 
 
-def token_floor(obj: dict[str, Any]) -> int:
-    """The token floor a state object carries (0 for none or garbage). Any length a
-    lease's token may have is read: a floor read as 0 would let tokens go down."""
+# As many digits as a lease's token may have (Python's int() refuses longer text).
+_MAX_DIGITS = 4300
+
+
+def _floor_text(obj: dict[str, Any]) -> str | None:
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_TOKEN_FLOOR)
-    if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 4000:
-        return int(raw)
-    return 0
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= _MAX_DIGITS:
+        return raw
+    return None
+
+
+def token_floor(obj: dict[str, Any]) -> int:
+    """The token floor a state object carries (0 for none or garbage), whoever wrote it:
+    a higher floor only makes the next token higher. Any length a lease's token may have
+    is read: a floor read as 0 would let tokens go down."""
+    raw = _floor_text(obj)
+    return int(raw) if raw is not None else 0
+
+
+def floor_is_ours(obj: dict[str, Any]) -> bool:
+    """Whether a coordinator field manager owns the floor annotation (managedFields)."""
+    return any(is_ours(w) for w in annotation_writers(obj, A_TOKEN_FLOOR))
 
 
 def set_on_state(obj: dict[str, Any]) -> Membership | None:
@@ -58,12 +81,13 @@ def _set_on_state_is_behind(obj: dict[str, Any], ours: Membership) -> bool:
 
 
 def has_floor(obj: dict[str, Any]) -> bool:
-    """Whether a state object carries a token-floor annotation at all. Every acquisition
-    raises the floor on a majority before it counts, so a majority of objects carry one;
-    an object without it (never raised there, or removed by someone else) knows only the
-    token of its last state write, which can be below a token granted since."""
-    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_TOKEN_FLOOR)
-    return isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 4000
+    """Whether a state object carries a token floor that speaks: a number, written by
+    coordinator. Every acquisition raises the floor on a majority before it counts, and
+    `deployment create` creates the objects with one, so a majority of objects carry one;
+    an object without it (recreated by a state write, or its floor removed, garbled or
+    rewritten by another client, perhaps lowered) knows only the token of its last state
+    write, which can be below a token granted since."""
+    return _floor_text(obj) is not None and floor_is_ours(obj)
 
 
 def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored] | None:
@@ -74,8 +98,8 @@ def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored
     The envelope's own member set is not evidence: it is the set of the object's last
     state write, which a removed member keeps for ever, and with the annotation removed
     (by anyone allowed to annotate the object) it would speak for the old set again.
-    Acquisitions and member changes note the set in the annotation; so does the object's
-    creation."""
+    Acquisitions and member changes note the set in the annotation; so does
+    `deployment create`."""
     raw = (obj.get("data") or {}).get("envelope.json")
     if not isinstance(raw, str):
         return None
@@ -164,14 +188,16 @@ class TokenFloor(Release):
         if not self.majorities.reached(counted) and everyone(results):
             # Too few objects to make a majority: a state never recorded, or deleted on a
             # majority, which no record survives. Not when an object is there without a
-            # floor: coordinator creates every state object with one (and acquisitions
-            # raise it), so its floor was removed, and what is left may be below a token
-            # granted since. No token is proven new then (exit 4) until a floor is put back.
-            stripped = [k for k, r in results.items() if r.ok and r.detail == NO_FLOOR]
-            if not stripped:
+            # floor of coordinator's: `deployment create` gives every object one and
+            # acquisitions raise it, so its floor was removed or rewritten (or the object
+            # was recreated by a state write after a deletion), and what it knows may be
+            # below a token granted since. No token is proven new then (exit 4 or 5)
+            # until an acquisition, or an operator, puts a floor back.
+            floorless = [k for k, r in results.items() if r.ok and r.detail == NO_FLOOR]
+            if not floorless:
                 counted = list(results)
             else:
-                log.warning("state objects hold a written state but no token floor", clusters=sorted(stripped))
+                log.warning("state objects without a token floor of coordinator's", clusters=sorted(floorless))
         return {k: v for k in counted if (v := results[k].value) is not None}
 
     async def _record_token_floor(self, result: AcquireResult) -> None:
@@ -241,8 +267,9 @@ class TokenFloor(Release):
                 body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
                 return cas.Put(body)
             changes: dict[str, str] = {}
-            if token_floor(obj) < token:
-                changes[A_TOKEN_FLOOR] = str(token)
+            if token_floor(obj) < token or not has_floor(obj):
+                # (a floor another client wrote is made ours, never lowered)
+                changes[A_TOKEN_FLOOR] = str(max(token, token_floor(obj)))
             if _set_on_state_is_behind(obj, self.membership):
                 changes[A_MEMBERSHIP] = self.membership.dump()
             if not changes:
