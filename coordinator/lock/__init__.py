@@ -34,8 +34,8 @@ its holder's validity ended, and that a lease that disappears is never taken as 
   history; when deleted leases leave no such majority, every member's lease and the
   state replicas' tokens of a majority are included too; short of that, nothing is taken.
 * Renewals return once a majority is renewed, never re-take a lease, and report the
-  lock lost at once when a lease names another lock id with a higher token (a take
-  after ours) or a break note names ours.
+  lock lost at once when a lease names another lock id with a token not below ours (a
+  take after ours, or an edit) or a break note names ours.
 
 Assumed: only coordinator writes a lease's ``spec`` holder fields and its
 ``coordinator.io/`` holder annotations; anyone may label or annotate it, strip its

@@ -31,8 +31,8 @@ class Renew(Members):
     ) -> AcquireResult:
         """Extend the leases still ours; succeed on a majority, returning as soon as one
         is renewed. A renewal never re-takes a lease it no longer holds, and one that
-        finds our lease broken or held by another lock id with a higher token (a take after
-        this lock was granted) has lost the lock at once
+        finds our lease broken or held by another lock id with a token not below ours (a take
+        after this lock was granted, or an edit) has lost the lock at once
         (``result.lost`` says why). A lease storing a newer member set is not renewed:
         when this machine's record followed that change, the renewal counts over the new
         members; otherwise it reaches no majority (and the lock runs out)."""
@@ -70,11 +70,12 @@ class Renew(Members):
                     by = printable(str(note.get("by") or "someone"))  # the lease's text: escaped
                     lost[cluster] = f"broken on {cluster} by {by}"
                     detail = f"the lock was broken by {by}"
-                elif verdict is RenewVerdict.TAKEN and view.token <= token:
-                    # Held by a lock older than this one (or by an attempt that lost to it):
-                    # a lease this lock never got, its holder's not lapsed yet there. Whoever
-                    # takes a lease after this lock was granted read one of its majority and
-                    # draws a higher token; this one is no such take, so nothing was lost.
+                elif verdict is RenewVerdict.TAKEN and view.token < token:
+                    # Held by a lock older than this one: a lease this lock never got, its
+                    # holder's not lapsed yet there. Whoever takes a lease after this lock
+                    # was granted read one of its majority and draws a higher token; this
+                    # one is no such take, so nothing was lost. (An equal token, a losing
+                    # attempt's or an edited lease's, still counts as lost: to be safe.)
                     detail = held_detail(view)
                 elif verdict is RenewVerdict.TAKEN:
                     lost[cluster] = f"{cluster} is held by another lock ({held_detail(view)})"
