@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from coordinator.kube.resources import ANNOTATION_PREFIX, FIELD_MANAGER
+from coordinator.quorum import Majorities
 from coordinator.text import printable
 
 A_MEMBERSHIP = ANNOTATION_PREFIX + "membership"
@@ -302,10 +303,7 @@ def check(
             else:
                 out.behind.append(member)
     sets = [list(g) for g in groups] if groups else [list(members)]
-
-    def majority_of_each(names: Iterable[str]) -> bool:
-        chosen = set(names)
-        return all(len(chosen.intersection(g)) >= len(g) // 2 + 1 for g in sets)
+    majority_of_each = Majorities(sets).reached
 
     # A member that stores nothing (its lease deleted and its state object gone or
     # silent) confirms nothing: it may be a member removed since and wiped, as removed
@@ -314,7 +312,7 @@ def check(
     # stores exactly our set, on a lease or on a state object.
     counted = list(out.agreeing)
     if len(sets) > 1:
-        out.short = [g for g in sets if len(set(counted).intersection(g)) < len(g) // 2 + 1]
+        out.short = [g for g in sets if not Majorities([g]).reached(counted)]
     if out.conflicting:
         out.verdict = Verdict.CONFLICT
     elif majority_of_each(counted):
@@ -346,9 +344,6 @@ def behind_stand_in(
     if result.verdict is not Verdict.UNCONFIRMED and result.verdict is not Verdict.UNOBSERVABLE:
         return result
 
-    def majority(names: Iterable[str], group: Sequence[str]) -> bool:
-        return len(set(names).intersection(group)) >= len(group) // 2 + 1
-
     standing_in = [
         m
         for m in result.behind
@@ -358,11 +353,11 @@ def behind_stand_in(
         and value.epoch < before.epoch
         and set(value.members).intersection(before.members)
     ]
-    if not standing_in or not majority(result.agreeing, old):
+    if not standing_in or not Majorities([old]).reached(result.agreeing):
         return result
-    if majority([*result.agreeing, *standing_in], new):
+    if Majorities([new]).reached([*result.agreeing, *standing_in]):
         return replace(result, verdict=Verdict.OK)
-    if majority([*result.agreeing, *standing_in, *result.unseen], new):
+    if Majorities([new]).reached([*result.agreeing, *standing_in, *result.unseen]):
         return replace(result, verdict=Verdict.UNOBSERVABLE)
     return result
 

@@ -53,6 +53,7 @@ from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_co
 from coordinator.logs import get_logger
 from coordinator.membership import Check, Membership, Stored, behind_stand_in, foreign_set
 from coordinator.outcome import Outcome
+from coordinator.quorum import Majorities
 from coordinator.records import DeploymentRecord
 from coordinator.state import StateClient
 from coordinator.text import printable
@@ -281,14 +282,13 @@ async def _until_new_set_takeable(
         lapsed = view.expired(joint.max_ttl_s) is True
         return ClusterResult(cluster, Outcome.OK, view.lock_id == lock_id or not view.held or lapsed)
 
-    while not lost.is_set():
-        others = [m for m in new if m not in seed]
-        if not others:
-            return
+    others = [m for m in new if m not in seed]
+    new_set = Majorities([new])
+    while others and not lost.is_set():
         results = await fan_out(others, one, timeout=joint.timeout)
         takeable = [*seed, *(k for k, r in results.items() if r.ok and r.value)]
         left = deadline - anyio.current_time()
-        if len(set(takeable).intersection(new)) >= len(new) // 2 + 1 or left <= 0:
+        if new_set.reached(takeable) or left <= 0:
             return
         log.info("the joint step waits for leases of another lock id to lapse", left_s=round(left, 1))
         await anyio.sleep(min(1.0, left))

@@ -151,10 +151,11 @@ class TokenFloor(Release):
         """What a majority of the state replicas say: per member, the fencing token its
         object records (its envelope's or its token floor, the higher) and the member set
         it stores. Returns as soon as a majority of state objects answered. A missing
-        state object, or one without a token floor, says nothing (it may have held the floor of the token to beat and
-        been deleted): it counts, as token 0, only when every member answered and too
-        few objects are left to make a majority (a state never recorded anywhere, or
-        deleted on a majority, which no record survives)."""
+        state object, or one without a token floor, says nothing (it may have held the
+        floor of the token to beat and been deleted): it counts, as token 0, only when
+        every member answered and too few objects are left to make a majority (a state
+        never recorded anywhere, or deleted on a majority, which no record survives) and
+        none of those left lacks a floor."""
         _, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
 
         async def one(cluster: str) -> ClusterResult[tuple[int, Stored]]:

@@ -70,16 +70,15 @@ class Renew(Members):
                     by = printable(str(note.get("by") or "someone"))  # the lease's text: escaped
                     lost[cluster] = f"broken on {cluster} by {by}"
                     detail = f"the lock was broken by {by}"
-                elif verdict is RenewVerdict.TAKEN and view.token < token:
-                    # Held by a lock older than this one: a lease this lock never got, its
-                    # holder's not lapsed yet there. Whoever takes a lease after this lock
-                    # was granted read one of its majority and draws a higher token; this
-                    # one is no such take, so nothing was lost. (An equal token, a losing
-                    # attempt's or an edited lease's, still counts as lost: to be safe.)
-                    detail = held_detail(view)
                 elif verdict is RenewVerdict.TAKEN:
-                    lost[cluster] = f"{cluster} is held by another lock ({held_detail(view)})"
                     detail = held_detail(view)
+                    # A lower token is a lock older than this one: a lease this lock never
+                    # got, its holder's not lapsed yet there. Whoever takes a lease after
+                    # this lock was granted read one of its majority and draws a higher
+                    # token, so only that is a loss. (An equal token, a losing attempt's or
+                    # an edited lease's, counts as one too: to be safe.)
+                    if view.token >= token:
+                        lost[cluster] = f"{cluster} is held by another lock ({detail})"
                 else:
                     detail = "no longer ours (the lease was freed or deleted)"
                 return ClusterResult(cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "lost"), detail=detail)
