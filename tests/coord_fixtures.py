@@ -106,7 +106,14 @@ async def put_lease(env: Env, index: int, body: dict[str, Any]) -> dict[str, Any
     return await env.raw(index, "PUT", lease_path(env.namespace, name), {**body, "metadata": meta})
 
 
-def make_env(sandbox: Any, tmp_path: Path, *, deployment: str = "web", max_ttl_s: float | None = None) -> Env:
+def make_env(
+    sandbox: Any,
+    tmp_path: Path,
+    *,
+    deployment: str = "web",
+    max_ttl_s: float | None = None,
+    storage: str = "configmap",
+) -> Env:
     namespace = "t-" + secrets.token_hex(4)
     cfg = tmp_path / "config" / "config.yaml"
     env = Env(sandbox=sandbox, config=cfg, namespace=namespace, deployment=deployment)
@@ -118,7 +125,7 @@ def make_env(sandbox: Any, tmp_path: Path, *, deployment: str = "web", max_ttl_s
             await connect_cluster(store, name, f"sandbox-{i}", str(sandbox.kubeconfig))
         cs = ClusterSet(store.load(), timeout=5)
         try:
-            await create_deployment(store, cs, deployment, namespace, names, "configmap", max_ttl_s)
+            await create_deployment(store, cs, deployment, namespace, names, storage, max_ttl_s)
         finally:
             await cs.aclose()
 

@@ -13,7 +13,6 @@ own field manager (``mallory``)."""
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,6 @@ import pytest
 from coord_fixtures import Env, make_env
 from test_lock_hardening import LEASE, acquire, doc, kubectl
 
-from coordinator.admin import connect_cluster, create_deployment
-from coordinator.clusters import ClusterSet
-from coordinator.config import ConfigStore
 from coordinator.errors import CoordinatorError
 from coordinator.kube.client import KubeClient, KubeError
 from coordinator.membership import A_MEMBERSHIP
@@ -43,24 +39,7 @@ def short(sandbox3: Any, tmp_path: Path) -> Env:
 
 def _secret_env(sandbox: Any, tmp_path: Path) -> Env:
     """Like ``short``, with the state in Secrets (``--storage secret``)."""
-    namespace = "t-" + secrets.token_hex(4)
-    cfg = tmp_path / "config" / "config.yaml"
-    env = Env(sandbox=sandbox, config=cfg, namespace=namespace)
-    store = ConfigStore(cfg)
-    names = [f"c{i}" for i in range(1, sandbox.n + 1)]
-
-    async def setup() -> None:
-        for i, name in enumerate(names, start=1):
-            await connect_cluster(store, name, f"sandbox-{i}", str(sandbox.kubeconfig))
-        cs = ClusterSet(store.load(), timeout=5)
-        try:
-            await create_deployment(store, cs, "web", namespace, names, "secret", 8)
-        finally:
-            await cs.aclose()
-
-    anyio.run(setup)
-    env.clusters = names
-    return env
+    return make_env(sandbox, tmp_path, max_ttl_s=8, storage="secret")
 
 
 def state_obj(env: Env, index: int, kind: str = "configmaps") -> dict[str, Any] | None:
