@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
+from test_adversary_round2 import FLOOR, STATE
 from test_lock_hardening import LEASE, acquire, doc, kubectl
 
 from coordinator.errors import CoordinatorError
@@ -26,9 +27,6 @@ from coordinator.kube.client import KubeClient, KubeError
 from coordinator.membership import A_MEMBERSHIP
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-STATE = "coordinator-state-web"
-FLOOR = "coordinator.io/token-floor"
 
 
 @pytest.fixture
