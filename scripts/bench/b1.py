@@ -16,7 +16,6 @@ from bench.measure import (
 from bench.report import Report, Row
 from bench.rig import HOLDER, LATENCY_MS, Rig
 from bench.stats import median, ms, summary
-from coordinator import quorum
 from coordinator.api import Coordinator
 from coordinator.lock import new_lock_id
 
@@ -34,8 +33,10 @@ async def sequential_acquire_on(c: Coordinator, dep: str) -> float:
     views = {}
     for name in engine.members:
         views[name] = await engine._checked_read(name)
-    token = quorum.next_fencing_token(v.token for v in views.values())
-    over = {"lost": False, "won": False, "mismatch": False}
+    token = engine._token(views, None)
+    if token is None:
+        raise RuntimeError("sequential baseline: leases were deleted, no fencing token can be proven new")
+    over = {"lost": False, "won": False, "mismatch": False, "membership": False}
     won = 0
     for name in engine.members:
         res = await engine._take_one(name, views[name], lock_id, token, 60, HOLDER, "bench", "bench", over)
