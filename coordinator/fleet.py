@@ -329,6 +329,16 @@ def fleet_document(fleet: Fleet, to_claim: Callable[[Any], Any]) -> dict[str, An
 # ------------------------------------------------------------------ --watch
 
 
+def rewatch_wait(backoff: float, ran_s: float) -> float:
+    """How long to wait before listing again after a watch broke that had run ``ran_s``
+    seconds, ``backoff`` being the wait doubled since the last watch that was refused.
+
+    A watch that ran at least as long as the longest wait was broken once (a server
+    restarted, a connection cut), not refused: the LIST that follows comes after the
+    first wait, so the changes it missed show then and not after up to RETRY_S[1]."""
+    return RETRY_S[0] if ran_s >= RETRY_S[1] else backoff
+
+
 class _Gone(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
@@ -474,8 +484,7 @@ class FleetWatch:
                 log.info("fleet watch: resourceVersion gone, listing again", cluster=name)
             except (KubeError, TimeoutError) as err:
                 # What was mirrored stays shown until the LIST that follows says otherwise.
-                if time.monotonic() - started > 10 * RETRY_S[1]:
-                    rewatch = RETRY_S[0]  # it had run for a while: broken once, not refused
+                rewatch = rewatch_wait(rewatch, time.monotonic() - started)
                 if isinstance(err, KubeError) and err.kind == kube.FORBIDDEN and not refused:
                     refused = True
                     log.warning(
@@ -489,4 +498,4 @@ class FleetWatch:
                 # A watch refused at once (forbidden, or a server failing it) is followed by
                 # a LIST of every Lease of the cluster: back off, as after a failed LIST.
                 await anyio.sleep(rewatch)
-                rewatch = min(rewatch * 2, RETRY_S[1])
+                rewatch = min(rewatch * 2, RETRY_S[1])  # if the next one is refused too
