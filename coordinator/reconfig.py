@@ -38,7 +38,7 @@ import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 
@@ -328,6 +328,14 @@ def _confirm_copy(synced: Mapping[str, Any], rec: DeploymentRecord, target: list
         )
 
 
+def _of_this_change(stored: Stored) -> TypeGuard[Membership]:
+    """Whether a set a lease stores may be a step of the change being finished (when it
+    equals one): written by coordinator, or its managedFields stripped (writer unknown; a
+    set another client wrote names that client). Refusing a stripped step wedged the change
+    for good: only the commit rewrites the annotation, and so owns it again."""
+    return isinstance(stored, Membership) and (stored.written_by_us or stored.unowned)
+
+
 def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
     """The member sets a change of ``rec`` to ``target`` stores, by identity: before it
     (epoch E), the joint configuration (E + 1) and the committed new set (E + 2)."""
@@ -352,7 +360,7 @@ async def _own_change(
     stored = {
         k: reader.stored_membership(r.value.view) for k, r in results.items() if r.ok and r.value and r.value.view
     }
-    ours = {k: v for k, v in stored.items() if isinstance(v, Membership) and v.written_by_us}
+    ours = {k: v for k, v in stored.items() if _of_this_change(v)}
     if not any(v in (joint_m, final_m) for v in ours.values()):
         return None
     groups = [list(rec.clusters), list(target)]
@@ -403,11 +411,7 @@ class _Resuming(LockEngine):
         return stored in self.accepted
 
     def _agreeing(self, stored: Stored) -> Stored:
-        return (
-            self.membership
-            if isinstance(stored, Membership) and stored.written_by_us and self.agrees(stored)
-            else stored
-        )
+        return self.membership if _of_this_change(stored) and self.agrees(stored) else stored
 
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
         result = super().check_members({k: self._agreeing(v) for k, v in stored.items()})
@@ -440,7 +444,7 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
         return ClusterResult(cluster, Outcome.OK, engine.stored_membership(view))
 
     def allowed(value: Stored) -> bool:
-        return isinstance(value, Membership) and value.written_by_us and value in allow
+        return _of_this_change(value) and value in allow
 
     results = await fan_out(seed, one, timeout=engine.timeout)
     engine._raise_on_mismatch(results)  # type: ignore[arg-type]
