@@ -300,7 +300,9 @@ def test_renew_by_lock_id_keeps_the_leases_ttl(dep3: Env, tmp_path: Path) -> Non
     assert {(lease(dep3, i) or {})["spec"]["leaseDurationSeconds"] for i in (1, 2, 3)} == {45}
     r = dep3.cli("lock", "renew", "web", "--lock-id", doc(a)["lock_id"], "--ttl", "50s", env=other)
     assert r.returncode == 0, r.stderr
-    assert {(lease(dep3, i) or {})["spec"]["leaseDurationSeconds"] for i in (1, 2, 3)} == {50}
+    # A renewal ends once a majority renewed: a straggler may keep the old duration.
+    durations = [(lease(dep3, i) or {})["spec"]["leaseDurationSeconds"] for i in (1, 2, 3)]
+    assert durations.count(50) >= 2 and set(durations) <= {45, 50}, durations
 
 
 # -- 8. a release that reaches a minority
