@@ -357,10 +357,10 @@ async def _own_change(
     reader = LockEngine(c.clusters, union)
     results = await reader._read_everywhere()
     reader._raise_on_mismatch(results)
-    stored = {
-        k: reader.stored_membership(r.value.view) for k, r in results.items() if r.ok and r.value and r.value.view
-    }
-    ours = {k: v for k, v in stored.items() if _of_this_change(v)}
+    views = {k: r.value.view for k, r in results.items() if r.ok and r.value and r.value.view}
+    stored = {k: reader.stored_membership(v) for k, v in views.items()}
+    # a stripped set is a trace of ours only on a lease coordinator made (see _refuse_foreign)
+    ours = {k: v for k, v in stored.items() if _of_this_change(v) and (v.written_by_us or views[k].verified)}
     if not any(v in (joint_m, final_m) for v in ours.values()):
         return None
     groups = [list(rec.clusters), list(target)]
@@ -443,8 +443,12 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
         views[cluster] = view
         return ClusterResult(cluster, Outcome.OK, engine.stored_membership(view))
 
-    def allowed(value: Stored) -> bool:
-        return _of_this_change(value) and value in allow
+    def allowed(cluster: str, value: Stored) -> bool:
+        # A stripped set names no writer: it is a step of ours only on a lease coordinator
+        # made (it names its own uid); one another client made and then stripped is not.
+        view = views.get(cluster)
+        ours = _of_this_change(value) and (value.written_by_us or (view is not None and view.verified))
+        return ours and value in allow
 
     results = await fan_out(seed, one, timeout=engine.timeout)
     engine._raise_on_mismatch(results)  # type: ignore[arg-type]
@@ -452,7 +456,7 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
     foreign: dict[str, Stored] = {
         k: r.value
         for k, r in results.items()
-        if r.ok and foreign_set(r.value, engine.membership) and not allowed(r.value)
+        if r.ok and foreign_set(r.value, engine.membership) and not allowed(k, r.value)
     }
     # A lease that coordinator did not write for itself (it does not name its own uid):
     # made by another client — anyone allowed to create Leases in the namespace — or
@@ -462,7 +466,7 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
         k
         for k, r in results.items()
         if r.ok and k not in foreign and (v := views.get(k)) is not None and v.exists and not v.vanished
-        and not v.verified and not allowed(r.value)
+        and not v.verified and not allowed(k, r.value)
     )  # fmt: skip
     if not foreign and not unowned:
         return

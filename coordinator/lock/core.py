@@ -24,6 +24,7 @@ from coordinator.lease import (
     A_MEMBERS,
     A_NAMESPACE,
     A_PROBE,
+    A_UID,
     DEFAULT_MAX_SERVER_SKEW_S,
     DEFAULT_MAX_TTL_S,
     PROBE_MANAGER,
@@ -297,6 +298,18 @@ class EngineCore:
             resp = await client.request("PUT", self.path, body=body, query=query)
         else:
             resp = await client.request("POST", leases_path(self.dep.namespace), body=body, query=query)
+            made = LeaseView.parse(resp.body, resp.server_time)
+            if made.uid and not made.verified:
+                # Name this very object at once (its uid is known only now), as every later
+                # write does: a lease coordinator made is then told from one another client
+                # made, even after its managedFields are stripped. If this write fails the
+                # lease is still ours, only unnamed until the next write.
+                try:
+                    named = with_annotation(made.obj, A_UID, made.uid)
+                    resp = await client.request("PUT", self.path, body=named, query=query)
+                except KubeError as err:
+                    log.info("could not name a lease just created", cluster=cluster, error=str(err))
+                    return made
         return LeaseView.parse(resp.body, resp.server_time)
 
     async def _cas(

@@ -374,3 +374,36 @@ def test_an_interrupted_change_whose_managed_fields_were_stripped_is_finished(de
     committed = [i for i in (1, 2, 3, 4) if _stored(dep5, i) == final]
     assert len(committed) >= 3, (committed, again.stdout)
     _ok(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "30s"))
+
+
+@pytest.mark.parametrize("planted", ["joint", "commit"])
+def test_a_lease_planted_on_a_new_member_and_stripped_is_refused(dep5: Env, planted: str) -> None:
+    """Found by a red-team pass on the fix above: another client creates the deployment's
+    lease on the cluster about to be added, storing exactly the change's joint set (or
+    its commit) and a huge token, and strips its managedFields. Its set names no writer,
+    so only the lease's own uid tells it from one a stopped change made: it does not
+    name its uid, so the change must refuse it (exit 5) and take no token from it."""
+    from faults.kubectl import kubectl
+
+    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "10s",
+                 *[a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]))  # fmt: skip
+    before = _stored(dep5, 1)
+    joined = _identities(dep5, "c1", "c2", "c3", "c4")
+    value = Membership.of(before.members, 2, joined) if planted == "joint" else Membership.of(joined, 3)
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "coordinator-lock-pay", "annotations": {
+                 A_MEMBERSHIP: value.dump(), "coordinator.io/fencing-token": "999"}},
+             "spec": {"holderIdentity": "evil", "leaseDurationSeconds": 3600}}  # fmt: skip
+    made = kubectl(dep5.kubeconfig, 4, dep5.namespace, "apply", "--field-manager=evil", "-f", "-",
+                   stdin=json.dumps(lease))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    stripped = kubectl(dep5.kubeconfig, 4, dep5.namespace, "patch", "lease", "coordinator-lock-pay",
+                       "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')  # fmt: skip
+    assert stripped.returncode == 0, stripped.stderr
+    refused = dep5.cli("deployment", "add-cluster", "pay", "c4", "--ttl", "8s", "--wait", "20s")
+    assert refused.returncode == 5, refused.stderr + refused.stdout
+    assert "Cannot add c4" in refused.stderr and "Nothing was changed" in refused.stderr, refused.stderr
+    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    assert show["clusters"] == ["c1", "c2", "c3"] and show["epoch"] == 1, show
+    taken = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "10s")).stdout)
+    assert taken["fencing_token"] < 999, taken
