@@ -336,6 +336,12 @@ def _of_this_change(stored: Stored) -> TypeGuard[Membership]:
     return isinstance(stored, Membership) and (stored.written_by_us or stored.unowned)
 
 
+def _of_this_change_on(stored: Stored, view: LeaseView | None) -> TypeGuard[Membership]:
+    """``_of_this_change`` on ``view``: a stripped set counts only on a lease coordinator
+    made (it names its own uid), not on one another client created and then stripped."""
+    return _of_this_change(stored) and (stored.written_by_us or (view is not None and view.verified))
+
+
 def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
     """The member sets a change of ``rec`` to ``target`` stores, by identity: before it
     (epoch E), the joint configuration (E + 1) and the committed new set (E + 2)."""
@@ -359,8 +365,7 @@ async def _own_change(
     reader._raise_on_mismatch(results)
     views = {k: r.value.view for k, r in results.items() if r.ok and r.value and r.value.view}
     stored = {k: reader.stored_membership(v) for k, v in views.items()}
-    # a stripped set is a trace of ours only on a lease coordinator made (see _refuse_foreign)
-    ours = {k: v for k, v in stored.items() if _of_this_change(v) and (v.written_by_us or views[k].verified)}
+    ours = {k: v for k, v in stored.items() if _of_this_change_on(v, views[k])}
     if not any(v in (joint_m, final_m) for v in ours.values()):
         return None
     groups = [list(rec.clusters), list(target)]
@@ -444,11 +449,7 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
         return ClusterResult(cluster, Outcome.OK, engine.stored_membership(view))
 
     def allowed(cluster: str, value: Stored) -> bool:
-        # A stripped set names no writer: it is a step of ours only on a lease coordinator
-        # made (it names its own uid); one another client made and then stripped is not.
-        view = views.get(cluster)
-        ours = _of_this_change(value) and (value.written_by_us or (view is not None and view.verified))
-        return ours and value in allow
+        return _of_this_change_on(value, views.get(cluster)) and value in allow
 
     results = await fan_out(seed, one, timeout=engine.timeout)
     engine._raise_on_mismatch(results)  # type: ignore[arg-type]

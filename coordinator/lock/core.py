@@ -299,18 +299,22 @@ class EngineCore:
         else:
             resp = await client.request("POST", leases_path(self.dep.namespace), body=body, query=query)
             made = LeaseView.parse(resp.body, resp.server_time)
-            if made.uid and not made.verified:
-                # Name this very object at once (its uid is known only now), as every later
-                # write does: a lease coordinator made is then told from one another client
-                # made, even after its managedFields are stripped. If this write fails the
-                # lease is still ours, only unnamed until the next write.
-                try:
-                    named = with_annotation(made.obj, A_UID, made.uid)
-                    resp = await client.request("PUT", self.path, body=named, query=query)
-                except KubeError as err:
-                    log.info("could not name a lease just created", cluster=cluster, error=str(err))
-                    return made
+            if not made.uid:
+                return made
+            # If naming it fails the lease is still ours, only unnamed until the next write.
+            try:
+                return await self._name_created(cluster, made, manager=manager)
+            except KubeError as err:
+                log.info("could not name a lease just created", cluster=cluster, error=str(err))
+                return made
         return LeaseView.parse(resp.body, resp.server_time)
+
+    async def _name_created(self, cluster: str, made: LeaseView, *, manager: str = FIELD_MANAGER) -> LeaseView:
+        """Write a lease's own uid on it right after creating it (the uid is known only
+        then), as every later write does: a lease coordinator made is then told from one
+        another client made (or a restored copy), even after its managedFields are
+        stripped; unnamed, it would also block like a recreated copy for a maximum TTL."""
+        return await self._write(cluster, made, with_annotation(made.obj, A_UID, made.uid or ""), manager=manager)
 
     async def _cas(
         self,

@@ -11,8 +11,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import FIELD_MANAGER, leases_path
-from coordinator.lease import A_UID, LeaseView
-from coordinator.lock.bodies import with_annotation
+from coordinator.lease import LeaseView
 from coordinator.lock.core import EngineCore, recorded_membership
 from coordinator.lock.reports import held_detail
 from coordinator.lock.results import ClusterLease, Decision
@@ -104,8 +103,8 @@ class Members(EngineCore):
                     query={"fieldManager": FIELD_MANAGER},
                 )
                 made = LeaseView.parse(resp.body, resp.server_time)
-                if made.uid:  # name this very object; unnamed, it would block for a max TTL
-                    made = await self._write(cluster, made, with_annotation(made.obj, A_UID, made.uid))
+                if made.uid:
+                    made = await self._name_created(cluster, made)
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(made, "created"))
             except KubeError as err:
                 if err.kind != kube.ALREADY_EXISTS:

@@ -316,19 +316,25 @@ def test_every_lease_deleted_after_a_change_does_not_wedge_the_deployment(dep5: 
         assert set(stored.members) == _identities(dep5, "c1", "c2", "c4")
 
 
+def _strip(env: Env, index: int, deployment: str = "pay") -> None:
+    """Another client strips the managedFields of the deployment's lease on member ``index``."""
+    from faults.kubectl import kubectl
+
+    done = kubectl(env.kubeconfig, index, env.namespace, "patch", "lease", f"coordinator-lock-{deployment}",
+                   "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_removed_member_whose_managed_fields_were_stripped_can_be_added_again(dep5: Env) -> None:
     """Found by the fault suite: c3 leaves the deployment, someone strips its lease's
     managedFields (`kubectl patch ... managedFields: [{}]`), and adding it back was
     refused as "not this deployment's": with its owner gone, the old set it stores looked
     planted. Its writer is unknown, not someone else: the lease still names its own uid,
     and the set it stores is an older one of this deployment."""
-    from faults.kubectl import kubectl
 
     _pay(dep5, "c1", "c2", "c3")
     _ok(dep5.cli("deployment", "remove-cluster", "pay", "c3"))
-    stripped = kubectl(dep5.kubeconfig, 3, dep5.namespace, "patch", "lease", "coordinator-lock-pay",
-                       "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')  # fmt: skip
-    assert stripped.returncode == 0, stripped.stderr
+    _strip(dep5, 3)
     _ok(dep5.cli("deployment", "add-cluster", "pay", "c3"))
     assert _stored(dep5, 3).epoch == 5 and set(_stored(dep5, 3).members) == _identities(dep5, "c1", "c2", "c3")
 
@@ -360,9 +366,7 @@ def test_an_interrupted_change_whose_managed_fields_were_stripped_is_finished(de
                             "coordinator-lock-pay", f"{A_MEMBERSHIP}={final.dump()}",
                             "--field-manager=coordinator")  # fmt: skip
             assert noted.returncode == 0, noted.stderr
-        stripped = kubectl(dep5.kubeconfig, i, dep5.namespace, "patch", "lease", "coordinator-lock-pay",
-                           "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')  # fmt: skip
-        assert stripped.returncode == 0, stripped.stderr
+        _strip(dep5, i)
     again = dep5.cli("deployment", step, "pay", member, "--ttl", "8s", "--wait", "60s")
     assert again.returncode == 0, again.stderr + again.stdout
     show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
@@ -397,9 +401,7 @@ def test_a_lease_planted_on_a_new_member_and_stripped_is_refused(dep5: Env, plan
     made = kubectl(dep5.kubeconfig, 4, dep5.namespace, "apply", "--field-manager=evil", "-f", "-",
                    stdin=json.dumps(lease))  # fmt: skip
     assert made.returncode == 0, made.stderr
-    stripped = kubectl(dep5.kubeconfig, 4, dep5.namespace, "patch", "lease", "coordinator-lock-pay",
-                       "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')  # fmt: skip
-    assert stripped.returncode == 0, stripped.stderr
+    _strip(dep5, 4)
     refused = dep5.cli("deployment", "add-cluster", "pay", "c4", "--ttl", "8s", "--wait", "20s")
     assert refused.returncode == 5, refused.stderr + refused.stdout
     assert "Cannot add c4" in refused.stderr and "Nothing was changed" in refused.stderr, refused.stderr
