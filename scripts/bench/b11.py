@@ -44,6 +44,7 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
         cmd, env=r.environ(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", text=True
     )
     shown: list[tuple[float, str | None]] = []  # (when read, lock id of dep)
+    errors: list[str] = []  # the watcher's stderr, drained so that a full pipe never blocks it
     rss: list[tuple[float, int]] = []
     stop = threading.Event()
     t_start = time.monotonic()
@@ -60,16 +61,22 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
                 if d.get("deployment") == dep:
                     shown.append((t, d.get("lock_id") if d.get("status") == "held" else None))
 
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            errors.append(line.rstrip())
+
     def sample() -> None:
         while not stop.wait(1.0):
             kib = _rss_kib(proc.pid)
             if kib is not None:
                 rss.append((time.monotonic() - t_start, kib))
 
-    threads = [threading.Thread(target=read, daemon=True), threading.Thread(target=sample, daemon=True)]
+    threads = [threading.Thread(target=f, daemon=True) for f in (read, drain, sample)]
     for t in threads:
         t.start()
     changes: list[tuple[float, float, str]] = []  # (acquire started, acquire done, lock id)
+    refused: list[str] = []  # the driver's acquires that did not win (none expected)
 
     async def drive() -> None:
         async with r.coordinator(5.0) as a, r.coordinator(5.0) as b:
@@ -85,6 +92,12 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
                     await held[0].release(dep, held[1])
                 t0 = time.monotonic()
                 res = await c.acquire(dep, ttl=30, holder=name, reason="b11")
+                if not res.acquired:
+                    # not a change of hands: the watcher has nothing new to show
+                    refused.append(f"{round(t0 - t_start)} s: {res.lost or 'not acquired'}")
+                    held = None
+                    await anyio.sleep(0.5)
+                    continue
                 changes.append((t0, time.monotonic(), res.lock_id))
                 held = (c, res.lock_id)
                 i += 1
@@ -105,6 +118,10 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
             proc.wait()
         for t in threads:
             t.join(5)
+    if refused:
+        print(f"  B11: {len(refused)} of the driver's acquires did not win: {'; '.join(refused[:5])}", flush=True)
+    if errors:
+        print("  B11: the watcher's stderr (last lines):\n    " + "\n    ".join(errors[-10:]), flush=True)
     lags: list[float] = []
     for started, done, lock_id in changes:
         seen = next((t for t, lid in shown if t >= started and lid == lock_id), None)
@@ -119,6 +136,8 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
         "rss": rss,
         "changes": len(changes),
         "never_shown_at_s": missed_at,
+        "driver_not_acquired": refused,
+        "watcher_stderr": errors[-50:],
         "duration": duration,
         "warmup": warmup,
     }
@@ -139,7 +158,8 @@ def bench_b11(r: Rig, rep: Report, *, deployments: int, clusters: int, duration:
             "B11b",
             f"each change shown after it happened: worst of {len(changes)} (median, never shown)",
             f"{ms(worst) if worst != math.inf else 'never'} (median {ms(median(finite)) if finite else '-'}; "
-            f"{missed} never shown{': at ' + ', '.join(f'{x} s' for x in missed_at[:8]) if missed_at else ''})",
+            f"{missed} never shown{': at ' + ', '.join(f'{x} s' for x in missed_at[:8]) if missed_at else ''}"
+            f"{f'; {len(refused)} driver acquires lost' if refused else ''})",
             "",
             worst,
             f"<= {TARGETS['B11lag'] * 1000:.0f} ms",
