@@ -32,6 +32,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import FrameType
 
+import cliserver
 import pytest
 
 from coordinator import sandbox as sb
@@ -191,6 +192,7 @@ def _restore_interrupts(item: pytest.Item) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Fixture finalizers normally did this already; this catches interrupted sessions.
+    cliserver.stop()
     _stop_all()
     sb_process.reap_exited_children(("etcd", "kube-apiserver"))
 

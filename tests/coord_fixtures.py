@@ -2,7 +2,9 @@
 
 ``dep3`` / ``dep5``: a fresh local config with every sandbox cluster connected
 (``c1``..``cN``) and a deployment ``web`` in a fresh namespace spanning them all.
-``Env.cli(...)`` runs the real command line in a subprocess; ``Env.api()`` gives an
+``Env.cli(...)`` runs the real command line in a process of its own (forked from a
+server that has done the imports already, see ``cliserver``; ``popen`` and commands
+under a prefix such as ``faketime`` start a fresh interpreter); ``Env.api()`` gives an
 in-process :class:`Coordinator` for the same config.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import cliserver
 import pytest
 
 from coordinator.admin import connect_cluster, create_deployment
@@ -58,9 +61,11 @@ class Env:
 
     def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
             prefix: list[str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = [*(prefix or []), sys.executable, "-m", "coordinator", *args]
-        return subprocess.run(cmd, env=self.environ(**(env or {})), capture_output=True, text=True,
-                              timeout=timeout, input=input)
+        environ = self.environ(**(env or {}))
+        if not prefix:  # a fresh interpreter's command, without its second of imports
+            return cliserver.run(list(args), environ, timeout=timeout, input=input)
+        cmd = [*prefix, sys.executable, "-m", "coordinator", *args]
+        return subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=timeout, input=input)
 
     def popen(self, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None,
               **kw: Any) -> subprocess.Popen[str]:
