@@ -88,8 +88,11 @@ class Acquire(TokenFloor, Turns):
                     backoff = min(backoff * 2, 2.0)
                     with anyio.move_on_after(max(0.0, sleep)):
                         await wake.event.wait()
-                        # Several waiters woken by the same release: spread them a little.
-                        await anyio.sleep(random.random() * 0.03)
+                        if wake.behind:
+                            # Several waiters woken by the same release, one of them
+                            # first in line: the others spread out a little. The first
+                            # goes at once (its turn is reserved for it).
+                            await anyio.sleep(random.random() * 0.03)
             finally:
                 watchers.cancel_scope.cancel()
                 # Claims this call leaves behind would reserve the next turn for nobody:

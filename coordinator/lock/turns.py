@@ -31,6 +31,8 @@ class Wake:
         self.event = event
         self.mine: TurnClaim | None = None  # our place in line, once known
         self.claimed: set[str] = set()  # clusters where a claim of ours may stand
+        # The release that set ``event`` showed another waiter ahead of us in line.
+        self.behind = False
 
 
 class Turns(EngineCore):
@@ -126,6 +128,9 @@ class Turns(EngineCore):
                     tombstone = A_VANISHED in ((obj.get("metadata") or {}).get("annotations") or {})
                     freed = not holder_id and not tombstone and rv != seen.get(cluster)
                     if event.get("type") == "DELETED" or freed:
+                        if not wake.event.is_set():
+                            ahead = LeaseView.parse(obj, None).binding_claim(lock_id, wake.mine) if freed else None
+                            wake.behind = ahead is not None
                         wake.event.set()
                     elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):
                         await self._claim_from_event(cluster, obj, wake)
