@@ -184,7 +184,6 @@ def _main() -> None:
     # Only the forked command gets here: run it as `python -m coordinator` would, and end
     # as an interpreter does (exit code, atexit handlers, flushed output), but without
     # tearing down the thousands of preloaded objects one by one.
-    import atexit
     import runpy
 
     code = 0
@@ -193,28 +192,27 @@ def _main() -> None:
     except SystemExit as exit_:
         code = _exit_code(exit_.code)
     except KeyboardInterrupt:
-        _end_threads()
-        atexit._run_exitfuncs()
-        _flush()
+        _finish()
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # killed by SIGINT, as Python reports it
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
-    _end_threads()
-    atexit._run_exitfuncs()
-    if not _flush() and code == 0:
+    if not _finish() and code == 0:
         code = 120
     os._exit(code)
 
 
-def _end_threads() -> None:
-    # What an ending interpreter does first: wait for the threads that are not daemons.
-    import threading
+def _finish() -> bool:
+    """What an ending interpreter does before its teardown: wait for the threads that are
+    not daemons, run the atexit handlers, flush stdout and stderr (False if that failed)."""
+    import atexit
 
     shutdown = getattr(threading, "_shutdown", None)
     if shutdown is not None:
         shutdown()
+    atexit._run_exitfuncs()
+    return _flush()
 
 
 def _exit_code(value: object) -> int:
@@ -244,13 +242,16 @@ class _Server:
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[bytes] | None = None
         self.path = ""
+        self.startup: dict[str, str] = {}  # what the server's interpreter started with
 
     def address(self) -> str | None:
         with self.lock:
             if self.proc is not None and self.proc.poll() is None:
                 return self.path
+            self._forget_path()  # of a server that died
             folder = tempfile.mkdtemp(prefix="coordinator-cli-")
             self.path = os.path.join(folder, "s")
+            self.startup = _startup(os.environ)
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), self.path],
                 stdin=subprocess.PIPE,  # its end tells the server that this process is gone
@@ -265,12 +266,16 @@ class _Server:
                 return None
             return self.path
 
+    def _forget_path(self) -> None:
+        if self.path:
+            import shutil
+
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+            self.path = ""
+
     def stop(self) -> None:
         with self.lock:
-            if self.path:
-                import shutil
-
-                shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+            self._forget_path()
             if self.proc is not None and self.proc.poll() is None:
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
@@ -285,15 +290,19 @@ class _Server:
 _server = _Server()
 
 
-def enabled(env: dict[str, str]) -> bool:
-    """Whether a command with this environment can start from the preloaded server."""
+def _startup(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP_PREFIXES) or k in _STARTUP_NAMES}
+
+
+def _server_for(env: dict[str, str]) -> str | None:
+    """The preloaded server's address if a command with this environment may start from
+    it: the server's interpreter started with the same startup variables (compared with
+    what it started with, not with this process's environment, which may have changed
+    since)."""
     if os.environ.get("COORDINATOR_TEST_PRELOAD", "1") == "0":
-        return False
-    for name in set(env) | set(os.environ):
-        if name.startswith(_STARTUP_PREFIXES) or name in _STARTUP_NAMES:
-            if env.get(name) != os.environ.get(name):
-                return False
-    return True
+        return None
+    path = _server.address()
+    return path if path is not None and _startup(env) == _server.startup else None
 
 
 def run(
@@ -301,7 +310,7 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([python, -m, coordinator, *args], capture_output=True, text=True)``."""
     cmd = [sys.executable, "-m", "coordinator", *args]
-    path = _server.address() if enabled(env) else None
+    path = _server_for(env)
     if path is None:
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, input=input)
     out_r, out_w = os.pipe()
@@ -312,6 +321,12 @@ def run(
         conn.connect(path)
         body = json.dumps({"args": list(args), "env": env, "cwd": os.getcwd()}).encode()
         socket.send_fds(conn, [_HEADER.pack(len(body)) + body], [in_r, out_w, err_w])
+    except OSError:
+        conn.close()
+        for fd in (out_r, err_r, in_w):
+            if fd >= 0:
+                os.close(fd)
+        raise
     finally:
         os.close(out_w)
         os.close(err_w)

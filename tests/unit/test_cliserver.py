@@ -147,3 +147,26 @@ def test_signals_are_those_of_a_fresh_interpreter(tmp_path: Path, silent: dict[s
     out, err = fresh.communicate(timeout=60)
     assert fresh.returncode == 130
     assert (proc.returncode, proc.stdout, proc.stderr) == (fresh.returncode, out, err)
+
+
+def test_the_startup_variables_are_compared_with_the_servers_not_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variable an interpreter reads at its start, changed in this process after the
+    server started, still gets a fresh interpreter; the server's own still go to it."""
+    cliserver.run(["--version"], _env(tmp_path), timeout=60)  # the server starts here
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    before = _env(tmp_path)
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")
+    fresh: list[object] = []
+    real = subprocess.run
+
+    def spy(*args: object, **kwargs: object) -> object:
+        fresh.append(args[0])
+        return real(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    assert cliserver.run(["--version"], _env(tmp_path), timeout=60).returncode == 0
+    assert len(fresh) == 1, "started from a server whose interpreter began without PYTHONWARNINGS"
+    assert cliserver.run(["--version"], before, timeout=60).returncode == 0
+    assert len(fresh) == 1, "the server's own startup variables should have gone to the server"
