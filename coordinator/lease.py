@@ -380,13 +380,18 @@ class LeaseView:
             return False
         return left > 0 if self.held else left >= 0
 
-    def binding_claim(self, lock_id: str, mine: TurnClaim | None = None) -> TurnClaim | None:
+    def claim_ahead(self, lock_id: str, mine: TurnClaim | None = None) -> TurnClaim | None:
         """The claim of a contender that has waited longer than ``mine`` (None: one who
-        has not waited), if it still binds."""
+        has not waited), fresh or not."""
         claim = self.live_claim
         if claim is None or claim.lock_id == lock_id or (mine is not None and mine < claim):
             return None
-        return claim if self.claim_fresh() else None
+        return claim
+
+    def binding_claim(self, lock_id: str, mine: TurnClaim | None = None) -> TurnClaim | None:
+        """:meth:`claim_ahead`, if it still binds."""
+        claim = self.claim_ahead(lock_id, mine)
+        return claim if claim is not None and self.claim_fresh() else None
 
     def reserved_for_other(self, lock_id: str, mine: TurnClaim | None = None) -> bool:
         return self.lock_id != lock_id and self.binding_claim(lock_id, mine) is not None

@@ -129,7 +129,9 @@ class Turns(EngineCore):
                     freed = not holder_id and not tombstone and rv != seen.get(cluster)
                     if event.get("type") == "DELETED" or freed:
                         if not wake.event.is_set():
-                            ahead = LeaseView.parse(obj, None).binding_claim(lock_id, wake.mine) if freed else None
+                            # The event is the release itself, so its claim is within the
+                            # grace (an event has no server time to judge freshness by).
+                            ahead = LeaseView.parse(obj, None).claim_ahead(lock_id, wake.mine) if freed else None
                             wake.behind = ahead is not None
                         wake.event.set()
                     elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):

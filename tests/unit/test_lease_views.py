@@ -265,6 +265,17 @@ def test_binding_claim_is_the_longer_waiters_claim_while_fresh() -> None:
     assert live.binding_claim("waiter") is None  # one's own claim never binds oneself
 
 
+def test_claim_ahead_of_a_freed_lease_is_known_without_a_date() -> None:
+    """What a lease watch sees on a release: no server time, the earlier waiter's claim."""
+    freed = view(holder=None, released_at=T0, annotations=_claim("waiter", 100), date=None)
+    assert freed.binding_claim("later", TurnClaim(101, "later")) is None  # freshness unknown
+    ahead = freed.claim_ahead("later", TurnClaim(101, "later"))
+    assert ahead is not None and ahead.lock_id == "waiter"
+    assert freed.claim_ahead("waiter", TurnClaim(100, "waiter")) is None  # our own
+    assert freed.claim_ahead("earlier", TurnClaim(99, "earlier")) is None
+    assert view(holder=None, released_at=T0, date=None).claim_ahead("me") is None  # no claim
+
+
 def test_binding_claim_is_none_without_a_live_fresh_claim() -> None:
     # no claim, a malformed one, the holder's own (spent by holding), a stale one
     assert view(date=T0).binding_claim("me") is None
