@@ -294,6 +294,15 @@ class Layout:
     def proxy_config(self, index: int) -> Path:
         return self.cluster_dir(index) / "proxy.json"
 
+    @property
+    def audit_policy(self) -> Path:
+        """Present only in a sandbox started with ``up(audit=True)``: its kube-apiservers
+        then log every write of a Lease or ConfigMap to :meth:`audit_log`."""
+        return self.root / "audit-policy.yaml"
+
+    def audit_log(self, index: int, server: str = "apiserver") -> Path:
+        return self.logs / f"cluster-{index}-{server}-audit.log"
+
     def markers(self) -> tuple[str, ...]:
         # Substrings only this sandbox's servers carry in their arguments (flags are
         # always written --flag=value), precise enough not to match a nested sandbox.

@@ -143,6 +143,16 @@ def apiserver_args(
         # A single loopback apiserver per cluster: nothing to reconcile endpoints with.
         "--endpoint-reconciler-type=none",
         "--profiling=false",
+        *(
+            [
+                f"--audit-policy-file={layout.audit_policy}",
+                f"--audit-log-path={layout.audit_log(c.index, cert_dir)}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
+            ]
+            if layout.audit_policy.exists()
+            else []
+        ),
     ]
 
 

@@ -52,6 +52,25 @@ from coordinator.sandbox.shutdown import clear_leftovers, stop_all
 MAX_CLUSTERS = 15
 MAX_APISERVERS = 3
 _PORT_ATTEMPTS = 4
+# Writes of Leases with what the server answered (holder, token, members as stored);
+# writes of ConfigMaps (the state objects) by who and when only; nothing else.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: RequestResponse
+  verbs: [create, update, patch, delete]
+  resources:
+  - group: coordination.k8s.io
+    resources: [leases]
+- level: Metadata
+  verbs: [create, update, patch, delete]
+  resources:
+  - group: ""
+    resources: [configmaps]
+- level: None
+"""
 
 
 def _start_wave(
@@ -219,6 +238,7 @@ def up(
     apiservers: int = 1,
     date_offset: float = 0.0,
     skewed_apiserver: int = 1,
+    audit: bool = False,
 ) -> Sandbox:
     """Start ``n`` independent clusters (etcd + kube-apiserver each) on 127.0.0.1.
 
@@ -233,6 +253,10 @@ def up(
     negative) makes kube-apiserver ``skewed_apiserver`` of every cluster answer as if
     its clock were that far off (see :mod:`coordinator.sandbox.frontproxy` for what is
     shifted).
+
+    ``audit`` makes every kube-apiserver log each write of a Lease (with the object it
+    answered) or a ConfigMap (metadata only) to ``Layout.audit_log``: what the fault
+    suite reads when a check fails.
     """
     if isinstance(apiservers, bool) or not isinstance(apiservers, int) or not 1 <= apiservers <= MAX_APISERVERS:
         raise UsageError(f"--apiservers must be a whole number from 1 to {MAX_APISERVERS}, not {apiservers!r}.")
@@ -256,6 +280,9 @@ def up(
     budget = timeout if timeout is not None else _default_timeout(n, apiservers)
     with locked(layout, create=True):
         clear_leftovers(layout, progress)
+        layout.audit_policy.unlink(missing_ok=True)
+        if audit:
+            layout.audit_policy.write_text(AUDIT_POLICY)
         started = time.monotonic()
         deadline = started + budget
         progress(f"creating certificates in {layout.pki}")

@@ -68,6 +68,8 @@ class Violation:
 
     kind: str
     message: str
+    # Where in the history (machine-clock readings) to look when explaining it, if known.
+    window: tuple[float, float] | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -243,6 +245,7 @@ def check_mutual_exclusion(
                         f"{_fmt_time(b.enter)} while {a.describe()} was still inside"
                         f"{describe_end(a)}"
                     ),
+                    window=(a.enter, b.enter),
                 )
             )
 

@@ -205,6 +205,12 @@ class Report:
     workload_seconds: float = 0.0
     ha: str = ""  # HA clusters: what their front proxies counted
     members: str = ""  # the member set at the end, when it changed
+    # For explaining a violation: the progress notes (machine clock, text), when the run
+    # began (machine clock), wall clock minus machine clock, the sandbox's audit logs.
+    notes: Sequence[tuple[float, str]] = ()
+    started: float = 0.0
+    wall_offset: float = 0.0
+    audit_logs: Path | None = None
 
     @property
     def kinds_short(self) -> list[str]:
@@ -273,8 +279,42 @@ class Report:
         if self.problems:
             lines.append(f"problems: {len(self.problems)}")
             lines += [f"  - {p}" for p in self.problems[:50]]
+        lines += self.explain()
         for text in self.undecided:
             lines.append(f"UNDECIDED: {text}")
         if self.workdir is not None:
             lines.append(f"artifacts kept in {self.workdir}")
         return "\n".join(lines)
+
+    def explain(self, most: int = 2, before: float = 12.0, after: float = 1.0, limit: int = 150) -> list[str]:
+        """What happened around the first violations that say where they are: the
+        faults, the sections' entries and exits, and every write of a Lease or a state
+        object the API servers logged, in one time line (seconds since the run began)."""
+        from faults.audit import read_writes
+
+        windows = [v.window for c in self.checks for v in c.violations if v.window is not None][:most]
+        if not windows:
+            return []
+        writes = read_writes(self.audit_logs) if self.audit_logs is not None and self.audit_logs.is_dir() else []
+        out: list[str] = []
+        for w0, w1 in windows:
+            start, end = w0 - before, w1 + after
+            rows: list[tuple[float, str]] = []
+            rows += [(t, text) for t, text in self.notes if start <= t <= end and text.startswith("fault")]
+            for s in self.sections:
+                for what, t in (("enters", s["enter"]), ("leaves", s["exit"])):
+                    if t is not None and start <= float(t) <= end:
+                        how = f" ({s['how']})" if what == "leaves" else ""
+                        rows.append((float(t), f"{s['process']} {what} its section, token {s['token']}{how}"))
+            rows += [
+                (x.at - self.wall_offset, x.describe())
+                for x in writes
+                if start <= x.at - self.wall_offset <= end
+            ]
+            rows.sort(key=lambda r: r[0])
+            source = "" if writes else " (no audit log)"
+            out.append(f"around {w0 - self.started:.2f}s-{w1 - self.started:.2f}s{source}:")
+            out += [f"  [{t - self.started:8.2f}s] {text}" for t, text in rows[:limit]]
+            if len(rows) > limit:
+                out.append(f"  ... {len(rows) - limit} more")
+        return out

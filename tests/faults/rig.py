@@ -132,11 +132,15 @@ class Rig:
         )
         self.say(f"starting {total} sandbox clusters ({self.spares} spare){ha} in {sandbox_dir}")
         ha_args: dict[str, Any] = {"apiservers": self.apiservers, "date_offset": self.date_offset}
+        # Every Lease write goes to an audit log, read when a check fails (faults.audit);
+        # a sandbox of an older commit has no audit switch.
+        audit: dict[str, Any] = {"audit": True} if "audit" in inspect.signature(sb.up).parameters else {}
         sb.up(
             total,
             sandbox_dir,
             on_progress=lambda msg: self.say(f"sandbox: {msg}"),
             **(ha_args if self.apiservers > 1 else {}),  # (older sandboxes start one kube-apiserver only)
+            **audit,
         )
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.toxiproxy = ToxiproxyServer.start(log_path=self.workdir / "logs" / "toxiproxy.log")

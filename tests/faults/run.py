@@ -54,10 +54,14 @@ if TYPE_CHECKING:
     from faults.checkers import CheckResult
 
 
-def _say(progress: Progress | None, started: float) -> Progress:
+def _say(progress: Progress | None, started: float, notes: list[tuple[float, str]]) -> Progress:
+    """Progress lines, also kept with their machine-clock reading (for Report.explain)."""
+
     def say(text: str) -> None:
+        now = machine_clock()
+        notes.append((now, text))
         if progress is not None:
-            progress(f"[{machine_clock() - started:7.1f}s] {text}")
+            progress(f"[{now - started:7.1f}s] {text}")
 
     return say
 
@@ -178,7 +182,9 @@ def run_torture(opts: TortureOptions) -> Report:
     if opts.kinds:
         check_kinds(opts.kinds)
     started = machine_clock()
-    say = _say(opts.progress, started)
+    notes: list[tuple[float, str]] = []
+    say = _say(opts.progress, started, notes)
+    wall_offset = time.time() - machine_clock()
     owned = opts.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="torture-")) if opts.workdir is None else Path(opts.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -252,6 +258,10 @@ def run_torture(opts: TortureOptions) -> Report:
             if rig.members != list(range(1, opts.clusters + 1))
             else ""
         ),
+        notes=notes,
+        started=started,
+        wall_offset=wall_offset,
+        audit_logs=workdir / "sandbox" / "logs",
     )
     if report.passed and owned:
         shutil.rmtree(workdir, ignore_errors=True)
