@@ -198,6 +198,15 @@ class _Contender:
         return self.rng.randint(1, 3) if self.args.mode == "cli" else self.rng.randint(1, 4)
 
 
+def _preloaded() -> bool:
+    """Whether command-line contenders' commands may start from a preloaded server. Not
+    under a faketime that fixes an absolute start (a forked child would carry on the
+    server's clock instead of starting at that time again); an offset (``+7m``) is
+    inherited by a fork as it is by a fresh process."""
+    fake = os.environ.get("FAKETIME", "")
+    return os.environ.get("COORDINATOR_TEST_PRELOAD", "1") != "0" and (not fake or fake[0] in "+-")
+
+
 class _CliContender(_Contender):
     """Everything through the command line, one process per command."""
 
@@ -205,7 +214,17 @@ class _CliContender(_Contender):
         command = [sys.executable, "-m", "coordinator", *argv]
         shown = "coordinator " + " ".join(argv)
         try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            if _preloaded():
+                # Forked from this contender's preloaded command server (tests/cliserver.py):
+                # still a process of its own, in this contender's process group (so the
+                # faults that signal the group reach it), minus a second of imports.
+                import cliserver
+
+                proc = cliserver.run(list(argv), dict(os.environ), timeout=timeout)
+            else:
+                proc = subprocess.run(
+                    command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+                )
         except subprocess.TimeoutExpired:
             self.problem("hung", f"`{shown}` did not finish within {timeout:g}s")
             return None, ""
