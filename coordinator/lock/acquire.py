@@ -243,8 +243,13 @@ class Acquire(TokenFloor, Turns):
                 cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over, mine, line.get("ahead")
             )
             if outcome.ok and (attempt_over["lost"] or attempt_over["mismatch"]):
-                # Landed after the attempt was already decided lost: give it back now.
-                await self._release_one(cluster, lock_id, keep_claim=True)
+                # Landed after the attempt was already decided lost: give back this write,
+                # and only while it is the lease's latest. The next attempt of this acquire
+                # (the same lock id) may have renewed the lease since and counted it toward
+                # its majority; clearing that would leave a holder that holds no majority.
+                written = outcome.value.view.resource_version if outcome.value and outcome.value.view else None
+                if written is not None:
+                    await self._release_one(cluster, lock_id, keep_claim=True, only_version=written)
                 outcome.value = ClusterLease(outcome.value.view if outcome.value else None, "released")
             return outcome
 

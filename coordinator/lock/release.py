@@ -26,7 +26,11 @@ log = get_logger("coordinator.lock")  # one logger for the whole engine, as befo
 class Release(Members):
     """Release and break."""
 
-    async def _release_one(self, cluster: str, lock_id: str, keep_claim: bool = False) -> ClusterResult[ClusterLease]:
+    async def _release_one(
+        self, cluster: str, lock_id: str, keep_claim: bool = False, only_version: str | None = None
+    ) -> ClusterResult[ClusterLease]:
+        """Clear the holder where it is ``lock_id``; with ``only_version``, only while the
+        lease is still that write (a resourceVersion): a give-back of one write."""
         try:
             await self.clusters.check_identity(cluster)
             view = await self._read(cluster)
@@ -40,6 +44,14 @@ class Release(Members):
                     Outcome.OK,
                     ClusterLease(view, "not ours"),
                     detail="not held by this lock id",
+                    extra={"ours": False},
+                )
+            if only_version is not None and view.resource_version != only_version:
+                return ClusterResult(
+                    cluster,
+                    Outcome.OK,
+                    ClusterLease(view, "written since"),
+                    detail="written again by this lock id since: left as it is",
                     extra={"ours": False},
                 )
             body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1, keep_claim=keep_claim)

@@ -20,8 +20,9 @@ def _stamp(machine: float) -> str:
 
 
 def _event(machine: float, verb: str, name: str, *, holder: str = "", token: str = "", ns: str = "torture") -> str:
+    annotations = {"coordinator.io/fencing-token": token, "coordinator.io/holder": "x"}
     obj = {
-        "metadata": {"name": name, "annotations": {"coordinator.io/fencing-token": token, "coordinator.io/holder": "x"}},
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {"holderIdentity": holder},
     }
     return json.dumps(
