@@ -39,20 +39,14 @@ class Release(Members):
 
         def decide(view: LeaseView) -> Decision:
             if view.lock_id != lock_id:
+                action, detail = "not ours", "not held by this lock id"
+            elif only_version is not None and view.resource_version != only_version:
+                action, detail = "written since", "written again by this lock id since: left as it is"
+            else:
+                action = detail = ""
+            if action:
                 return ClusterResult(
-                    cluster,
-                    Outcome.OK,
-                    ClusterLease(view, "not ours"),
-                    detail="not held by this lock id",
-                    extra={"ours": False},
-                )
-            if only_version is not None and view.resource_version != only_version:
-                return ClusterResult(
-                    cluster,
-                    Outcome.OK,
-                    ClusterLease(view, "written since"),
-                    detail="written again by this lock id since: left as it is",
-                    extra={"ours": False},
+                    cluster, Outcome.OK, ClusterLease(view, action), detail=detail, extra={"ours": False}
                 )
             body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1, keep_claim=keep_claim)
             return body, "released", ""

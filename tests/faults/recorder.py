@@ -306,11 +306,7 @@ class Report:
                     if t is not None and start <= float(t) <= end:
                         how = f" ({s['how']})" if what == "leaves" else ""
                         rows.append((float(t), f"{s['process']} {what} its section, token {s['token']}{how}"))
-            rows += [
-                (x.at - self.wall_offset, x.describe())
-                for x in writes
-                if start <= x.at - self.wall_offset <= end
-            ]
+            rows += [(x.at - self.wall_offset, x.describe()) for x in writes if start <= x.at - self.wall_offset <= end]
             rows.sort(key=lambda r: r[0])
             source = "" if writes else " (no audit log)"
             out.append(f"around {w0 - self.started:.2f}s-{w1 - self.started:.2f}s{source}:")
