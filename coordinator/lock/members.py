@@ -4,6 +4,7 @@ creating the leases of a new deployment, and writing the set during a member cha
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
 from coordinator.clusters import failed
 from coordinator.errors import CoordinatorError, MembershipError, NoQuorumError
@@ -11,7 +12,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import FIELD_MANAGER, leases_path
-from coordinator.lease import LeaseView
+from coordinator.lease import LeaseView, Standing
 from coordinator.lock.core import EngineCore, recorded_membership
 from coordinator.lock.reports import held_detail
 from coordinator.lock.results import ClusterLease, Decision
@@ -181,10 +182,20 @@ class Members(EngineCore):
         seeding = set(seed)
 
         async def one(cluster: str) -> ClusterResult[ClusterLease]:
+            stamp: datetime | None = None
             try:
                 view = await self._checked_read(cluster)
+                if view.held and self._stand(cluster, view, lock_id) is Standing.PROBE:
+                    # Another lock id's lease that the Date hint says may have lapsed:
+                    # as for an acquisition, only a server stamp can say that it has.
+                    view, stamp = await self._probe(cluster, view)
             except KubeError as err:
-                return failed(cluster, err)  # type: ignore[return-value]
+                if err.kind != kube.CONFLICT:
+                    return failed(cluster, err)  # type: ignore[return-value]
+                try:
+                    view = await self._read(cluster)  # written meanwhile: decide on that
+                except KubeError as err2:
+                    return failed(cluster, err2)  # type: ignore[return-value]
 
             def decide(view: LeaseView) -> Decision:
                 stored = self.stored_membership(view)
@@ -222,7 +233,7 @@ class Members(EngineCore):
                         ClusterLease(view, "another member set"),
                         detail="its lease stores another member set",
                     )
-                if view.held and view.expired(self.max_ttl_s) is not True:
+                if view.held and self._stand(cluster, view, lock_id, stamp) is not Standing.LAPSED:
                     return ClusterResult(
                         cluster,
                         Outcome.HELD_BY_OTHER,
