@@ -76,7 +76,7 @@ class Acquire(TokenFloor, Turns):
                         # move it much), the same on every cluster so that all agree.
                         wake.mine = TurnClaim(sorted(stamps)[(len(stamps) - 1) // 2], lock_id, holder)
                     left = deadline - time.monotonic()
-                    if result.acquired or left <= 0 or self._mismatch(result):
+                    if result.acquired or left <= 0 or self._mismatch(result) or self._moved(result):
                         break
                     if on_wait is not None:
                         maybe = on_wait(result, left)
@@ -133,6 +133,13 @@ class Acquire(TokenFloor, Turns):
 
     def _mismatch(self, result: AcquireResult) -> bool:
         return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())
+
+    @staticmethod
+    def _moved(result: AcquireResult) -> bool:
+        """A member stores another member set at this record's epoch or a newer one:
+        waiting under this record cannot end in a take, so the caller learns it now (and
+        a record this machine's change moved on is followed at once, see api.acquire)."""
+        return result.membership is not None and result.membership.verdict is Verdict.CONFLICT
 
     async def _attempt(
         self, lock_id: str, ttl_s: float, holder: str, reason: str, command: str, mine: TurnClaim | None = None
