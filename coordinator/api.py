@@ -72,10 +72,6 @@ class HeldLock:
         return self.result.expires_in()
 
 
-# How long a waiting acquire that finds the member set changed waits for this machine's
-# record to follow (a change made here) before it reports the record as stale.
-RECORD_FOLLOW_S = 10.0
-
 
 class Coordinator:
     """Entry point of the library: clusters, deployments, locks and state."""
@@ -219,10 +215,11 @@ class Coordinator:
 
     async def _record_follows(self, deployment: str, used: DeploymentRecord, deadline: float) -> bool:
         """Whether this machine's record of ``deployment`` moves on from ``used`` before
-        ``deadline`` (a change made here writes the clusters first and its record right
-        after, so a waiter may see the stored set change a moment before the record
-        does); at most ``RECORD_FOLLOW_S``."""
-        until = min(deadline, time.monotonic() + RECORD_FOLLOW_S)
+        ``deadline``, the end of the caller's wait: a change made here stores its joint
+        set first and writes its record when it has committed, which can take a while
+        (copying the state, members that answer late); a waiter that saw the joint set
+        waits for that within its own wait, as it would have waited for the lock."""
+        until = deadline
         while True:
             if self._reload_record(deployment, used):
                 return True
