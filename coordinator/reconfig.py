@@ -279,7 +279,11 @@ async def _until_new_set_takeable(
             view = await joint._checked_read(cluster)
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
-        lapsed = view.expired(joint.max_ttl_s) is True
+        # The joint step takes such a lease only on server stamps (a probe, as an
+        # acquisition does): wait until the Date says the stamps will agree, with the
+        # same margins and a second more for the stamps' one-second resolution.
+        left = view.remaining_hint(joint.max_ttl_s, joint.max_server_skew_s)
+        lapsed = left is not None and left < -1.0
         return ClusterResult(cluster, Outcome.OK, view.lock_id == lock_id or not view.held or lapsed)
 
     others = [m for m in new if m not in seed]
