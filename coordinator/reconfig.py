@@ -270,7 +270,7 @@ async def _until_new_set_takeable(
     a killed holder's lease still live on one of them — and such a lease lapses by itself
     (its holder does not hold the lock: this change does, on a majority of the old set).
     Only reads: nothing is written before the wait is over, so the lock's renewals under
-    the set in force go on as before."""
+    the set in force go on as before (lapse judged with a probe's margins, as it is taken)."""
     deadline = anyio.current_time() + max(0.0, wait)
     new = joint.majorities.groups[-1]
 
@@ -279,12 +279,8 @@ async def _until_new_set_takeable(
             view = await joint._checked_read(cluster)
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
-        # The joint step takes such a lease only on server stamps (a probe, as an
-        # acquisition does): wait until the Date says the stamps will agree, with the
-        # same margins and a second more for the stamps' one-second resolution.
-        left = view.remaining_hint(joint.max_ttl_s, joint.max_server_skew_s)
-        lapsed = left is not None and left < -1.0
-        return ClusterResult(cluster, Outcome.OK, view.lock_id == lock_id or not view.held or lapsed)
+        left = view.remaining_hint(joint.max_ttl_s, joint.max_server_skew_s)  # a probe's margins, +1 s
+        return ClusterResult(cluster, Outcome.OK, view.lock_id == lock_id or not view.held or (left or 0) < -1.0)
 
     others = [m for m in new if m not in seed]
     new_set = Majorities([new])
