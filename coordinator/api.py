@@ -72,7 +72,6 @@ class HeldLock:
         return self.result.expires_in()
 
 
-
 class Coordinator:
     """Entry point of the library: clusters, deployments, locks and state."""
 
@@ -219,11 +218,10 @@ class Coordinator:
         set first and writes its record when it has committed, which can take a while
         (copying the state, members that answer late); a waiter that saw the joint set
         waits for that within its own wait, as it would have waited for the lock."""
-        until = deadline
         while True:
             if self._reload_record(deployment, used):
                 return True
-            if time.monotonic() >= until:
+            if time.monotonic() >= deadline:
                 return False
             await anyio.sleep(0.25)
 

@@ -298,8 +298,10 @@ def _server_for(env: dict[str, str]) -> str | None:
     """The preloaded server's address if a command with this environment may start from
     it: the server's interpreter started with the same startup variables (compared with
     what it started with, not with this process's environment, which may have changed
-    since)."""
-    if os.environ.get("COORDINATOR_TEST_PRELOAD", "1") == "0":
+    since), and no faketime that fixes an absolute start: a forked child would carry on
+    the server's faked clock instead of starting at that time again (an offset such as
+    ``+7m`` is inherited by a fork as by a fresh process)."""
+    if os.environ.get("COORDINATOR_TEST_PRELOAD", "1") == "0" or env.get("FAKETIME", "+")[:1] not in "+-":
         return None
     path = _server.address()
     return path if path is not None and _startup(env) == _server.startup else None

@@ -198,33 +198,19 @@ class _Contender:
         return self.rng.randint(1, 3) if self.args.mode == "cli" else self.rng.randint(1, 4)
 
 
-def _preloaded() -> bool:
-    """Whether command-line contenders' commands may start from a preloaded server. Not
-    under a faketime that fixes an absolute start (a forked child would carry on the
-    server's clock instead of starting at that time again); an offset (``+7m``) is
-    inherited by a fork as it is by a fresh process."""
-    fake = os.environ.get("FAKETIME", "")
-    return os.environ.get("COORDINATOR_TEST_PRELOAD", "1") != "0" and (not fake or fake[0] in "+-")
-
-
 class _CliContender(_Contender):
     """Everything through the command line, one process per command."""
 
     def cli(self, *argv: str, allowed: set[int], timeout: float = 120.0) -> tuple[int | None, str]:
-        command = [sys.executable, "-m", "coordinator", *argv]
         shown = "coordinator " + " ".join(argv)
         try:
-            if _preloaded():
-                # Forked from this contender's preloaded command server (tests/cliserver.py):
-                # still a process of its own, in this contender's process group (so the
-                # faults that signal the group reach it), minus a second of imports.
-                import cliserver
+            # Forked from this contender's preloaded command server (tests/cliserver.py),
+            # where a fork can stand for a fresh interpreter: still a process of its own, in
+            # this contender's process group (so the faults that signal the group reach it),
+            # minus a second of imports. (This contender's stdin is /dev/null.)
+            import cliserver
 
-                proc = cliserver.run(list(argv), dict(os.environ), timeout=timeout)
-            else:
-                proc = subprocess.run(
-                    command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-                )
+            proc = cliserver.run(list(argv), dict(os.environ), timeout=timeout)
         except subprocess.TimeoutExpired:
             self.problem("hung", f"`{shown}` did not finish within {timeout:g}s")
             return None, ""

@@ -170,3 +170,9 @@ def test_the_startup_variables_are_compared_with_the_servers_not_this_process(
     assert len(fresh) == 1, "started from a server whose interpreter began without PYTHONWARNINGS"
     assert cliserver.run(["--version"], before, timeout=60).returncode == 0
     assert len(fresh) == 1, "the server's own startup variables should have gone to the server"
+
+
+def test_a_faketime_with_an_absolute_start_gets_a_fresh_interpreter() -> None:
+    # A fork would carry on the server's faked clock instead of starting at that time.
+    assert cliserver._server_for({**os.environ, "FAKETIME": "@2030-01-01 00:00:00"}) is None
+    assert cliserver._server_for({**os.environ, "FAKETIME": "2030-01-01 00:00:00"}) is None
