@@ -339,6 +339,22 @@ class Faults:
             targets = list(self.rig.members)
         else:
             targets = self._clusters(1)
+        lost = self._records_lost(kind, targets)
+        if lost is not None:
+            # Outside the fault model: the README's price for a majority whose leases and
+            # state objects were all wiped (at once or one after the other) is exit 5 for
+            # good, so the schedule never takes the member set's last records from a
+            # majority; it tries another member, or the kind again later.
+            others = [i for i in self.rig.members if i not in targets] if kind != "delete-lease-all" else []
+            self.rng.shuffle(others)
+            for other in others:
+                if self._records_lost(kind, [other]) is None:
+                    self.say(f"fault: {kind} on [{other}] instead of {targets}: there {lost}")
+                    targets = [other]
+                    break
+            else:
+                self.say(f"fault: {kind} on {targets} skipped: {lost}")
+                return
         if kind in ("delete-lease-one", "delete-lease-all"):
             self.say(f"fault: delete the Lease on {targets}")
             self.count[kind] += 1
@@ -354,6 +370,43 @@ class Faults:
             self.say(f"fault: delete namespace {ns} on cluster {i} and create it again, empty")
             self.count[kind] += 1
             self._recreate_namespace(i)
+
+    def _records_lost(self, kind: str, targets: list[int]) -> str | None:
+        """Why deleting what ``kind`` deletes on ``targets`` would leave fewer than a
+        majority of the members with a record of the member set (a lease whose set a
+        coordinator wrote, not a tombstone; or a state object whose set annotation a
+        coordinator wrote), or None when a majority keeps one. Read from the clusters
+        now; a member that cannot be read counts as having none."""
+        from coordinator.kube.resources import configmaps_path, lease_path, state_name
+        from coordinator.lease import A_VANISHED
+        from coordinator.lock.floor import set_on_state
+        from coordinator.membership import Membership, in_lease_object
+        from coordinator.sandbox.adminclient import AdminRequestError
+
+        ns = self.rig.namespace
+        keeping = []
+        for i in self.rig.members:
+            try:
+                admin = self.sandbox.admin(i, timeout=2.0)
+                lease = admin.get(lease_path(ns, self._lease()))
+                state = admin.get(f"{configmaps_path(ns)}/{state_name(DEPLOYMENT)}")
+            except (AdminRequestError, OSError):  # paused or killed by another episode
+                continue
+            deleted = i in targets
+            lease_goes = deleted and kind in ("delete-lease-one", "delete-lease-all", "recreate-namespace")
+            state_goes = deleted and kind in ("delete-state-one", "recreate-namespace")
+            if lease is not None and not lease_goes:
+                stored = in_lease_object(lease)
+                vanished = A_VANISHED in ((lease.get("metadata") or {}).get("annotations") or {})
+                if not vanished and isinstance(stored, Membership) and stored.written_by_us:
+                    keeping.append(i)
+                    continue
+            if state is not None and not state_goes:
+                if set_on_state(state) is not None:
+                    keeping.append(i)
+        if len(keeping) >= self.q:
+            return None
+        return f"only members {keeping} would keep a record of the member set, {self.q} needed"
 
     def _recreate_namespace(self, index: int) -> None:
         """Delete the namespace and create it again, empty. The sandbox runs no
