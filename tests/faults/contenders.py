@@ -90,8 +90,10 @@ class ContenderSpec:
 def default_contenders(count: int = 4) -> list[ContenderSpec]:
     """API and command-line contenders, alternating; every second pair off by minutes.
 
-    Command-line holders get a longer TTL: every step starts a Python process, which
-    on a loaded machine takes seconds.
+    Command-line holders get a longer TTL: every step starts a process (forked from the
+    contender's preloaded command server), which on a loaded machine can take a second.
+    Both stay short: how long a dead holder, a deleted Lease or a stripped one blocks the
+    lock grows with them (the maximum TTL is the longest), and a soak needs turns.
     """
     offsets = [None, None, "-5m", "+7m", "+13m", "-11m"]
     specs = []
@@ -101,7 +103,7 @@ def default_contenders(count: int = 4) -> list[ContenderSpec]:
             ContenderSpec(
                 name=f"{mode}{i // 2 + 1}",
                 mode=mode,
-                ttl=8.0 if mode == "api" else 15.0,
+                ttl=8.0 if mode == "api" else 10.0,
                 faketime=offsets[i % len(offsets)],
             )
         )

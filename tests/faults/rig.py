@@ -50,7 +50,7 @@ class TortureOptions:
     contenders: list[ContenderSpec] = field(default_factory=default_contenders)
     request_timeout: float = 2.0
     # The longest wait of an API contender (one wait in four). Longer than the maximum TTL
-    # plus margin (15 s + 1 % + 2 s + 5 s): a lease that carries no stamp of ours (its
+    # plus margin (10 s + 1 % + 2 s + 5 s): a lease that carries no stamp of ours (its
     # managedFields stripped) lapses only once one process watched it that long unchanged,
     # so without such a waiter a stripped tombstone on a majority stops every section.
     wait: float = 30.0
@@ -63,7 +63,7 @@ class TortureOptions:
     kinds: Sequence[str] | None = None  # fault kinds to inject (default: every one, FAULT_KINDS)
     min_each: int = 1  # the run goes on past ``seconds`` until every kind ran this often...
     overtime: float = 300.0  # ...for at most this long
-    max_ttl: float = 15.0  # the deployment's --max-ttl: how long a deleted Lease blocks
+    max_ttl: float = 10.0  # the deployment's --max-ttl: how long a deleted Lease blocks
     long_stop: float = 60.0  # the longest SIGSTOP of a holder (a long one is its TTL + 3 s)
     # kube-apiservers per cluster: 2 starts the HA sandbox (two on one etcd behind a front
     # proxy, toxiproxy in front of that), one of which answers ``date_offset`` seconds off.
@@ -95,7 +95,7 @@ class Rig:
         workdir: Path,
         n: int,
         say: Progress,
-        max_ttl: float = 15.0,
+        max_ttl: float = 10.0,
         *,
         spares: int = 0,
         apiservers: int = 1,

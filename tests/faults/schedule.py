@@ -673,7 +673,14 @@ class Faults:
         home = self.rig.workdir / "operator"
         home.mkdir(parents=True, exist_ok=True)
         env = self.workers._environ("operator", self.workers.config_for(home))
-        wait = max(20.0, min(room, 60.0))
+        from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S, lapse_margin
+
+        # Long enough for one run to see a lease whose expiry it cannot read (its
+        # managedFields stripped: it lapses only by being seen unchanged for a maximum TTL
+        # plus margin, counted afresh by every run) lapse, and then some: with 20 s a soak's
+        # change never outwaited a dead holder's stripped lease in three runs.
+        outwait = self.rig.max_ttl + lapse_margin(self.rig.max_ttl, DEFAULT_MAX_SERVER_SKEW_S) + 10.0
+        wait = max(outwait, min(room, 60.0))
         give_up = machine_clock() + max(60.0, min(room, 120.0))
         attempt = 0
         while True:
