@@ -84,7 +84,8 @@ class Acquire(TokenFloor, Turns):
                             await maybe
                     if wake.mine is not None:
                         await self._claim_turns(result, wake.mine, wake.claimed)
-                    sleep = min(left, backoff * (0.5 + random.random()), next_expiry(result))
+                    expiry = next_expiry(result, self.max_ttl_s, self.max_server_skew_s)
+                    sleep = min(left, backoff * (0.5 + random.random()), expiry)
                     backoff = min(backoff * 2, 2.0)
                     with anyio.move_on_after(max(0.0, sleep)):
                         await wake.event.wait()

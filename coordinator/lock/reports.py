@@ -12,13 +12,19 @@ from coordinator.outcome import Outcome
 from coordinator.text import printable
 
 
-def next_expiry(result: AcquireResult) -> float:
-    """Seconds until the soonest lease held by another could expire (a wake-up hint)."""
+def next_expiry(result: AcquireResult, max_ttl_s: float = DEFAULT_MAX_TTL_S, max_server_skew_s: float = 0.0) -> float:
+    """Seconds until the soonest lease held by another could expire (a wake-up hint),
+    by the Date hint with the margin a take waits out (the deployment's maximum TTL where
+    the lease's own TTL is not believed, and the server-skew allowance): counted without
+    them, a waiter retried every 0.05 s, probing each time, until the margin had passed."""
     hints = []
     for r in result.results.values():
         if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view:
             view = r.value.view
-            rem = view.reserved_left_s() if r.value.action == "reserved" else view.remaining_s()
+            if r.value.action == "reserved":
+                rem = view.reserved_left_s()
+            else:
+                rem = view.remaining_hint(max_ttl_s, max_server_skew_s) if view.held else None
             if rem is not None:
                 hints.append(max(0.05, rem + 0.05))
     return min(hints) if hints else 2.0
