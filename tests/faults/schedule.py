@@ -348,7 +348,7 @@ class Faults:
             others = [i for i in self.rig.members if i not in targets] if kind != "delete-lease-all" else []
             self.rng.shuffle(others)
             for other in others:
-                if self._records_lost(kind, [other]) is None:
+                if self._has_what_goes(kind, other) and self._records_lost(kind, [other]) is None:
                     self.say(f"fault: {kind} on [{other}] instead of {targets}: there {lost}")
                     targets = [other]
                     break
@@ -370,6 +370,25 @@ class Faults:
             self.say(f"fault: delete namespace {ns} on cluster {i} and create it again, empty")
             self.count[kind] += 1
             self._recreate_namespace(i)
+
+    def _has_what_goes(self, kind: str, index: int) -> bool:
+        """Whether member ``index`` has the object ``kind`` deletes (a namespace it always
+        has): a deletion moved elsewhere must delete something."""
+        from coordinator.kube.resources import configmaps_path, lease_path, state_name
+        from coordinator.sandbox.adminclient import AdminRequestError
+
+        ns = self.rig.namespace
+        if kind == "recreate-namespace":
+            return True
+        path = (
+            lease_path(ns, self._lease())
+            if kind == "delete-lease-one"
+            else f"{configmaps_path(ns)}/{state_name(DEPLOYMENT)}"
+        )
+        try:
+            return self.sandbox.admin(index, timeout=2.0).get(path) is not None
+        except (AdminRequestError, OSError):
+            return False
 
     def _records_lost(self, kind: str, targets: list[int]) -> str | None:
         """Why deleting what ``kind`` deletes on ``targets`` would leave fewer than a
