@@ -391,20 +391,36 @@ class Faults:
             return False
 
     def _records_lost(self, kind: str, targets: list[int]) -> str | None:
-        """Why deleting what ``kind`` deletes on ``targets`` would leave fewer than a
-        majority of the members with a record of the member set (a lease whose set a
-        coordinator wrote, not a tombstone; or a state object whose set annotation a
-        coordinator wrote), or None when a majority keeps one. Read from the clusters
-        now; a member that cannot be read counts as having none."""
+        """Why deleting what ``kind`` deletes on ``targets`` would leave the members
+        unable to confirm the member set, or None when they still could. Judged as the
+        product judges it (coordinator/membership.py ``check``, with a state object's set
+        speaking where the lease says nothing, as an acquisition and a state read count
+        it), against the record in the local config the changes are made with, on what
+        the members hold now minus what the deletion removes. A member that cannot be
+        read counts as confirming nothing."""
+        from coordinator.config import ConfigStore
         from coordinator.kube.resources import configmaps_path, lease_path, state_name
-        from coordinator.lease import A_VANISHED
-        from coordinator.lock.floor import set_on_state
-        from coordinator.membership import Membership, in_lease_object
+        from coordinator.lease import LeaseView
+        from coordinator.lock.floor import kept_set_speaks, set_on_state
+        from coordinator.membership import Membership, Stored, check, says_nothing, stored_in_lease
         from coordinator.sandbox.adminclient import AdminRequestError
 
+        cfg = ConfigStore(self.rig.config).load()
+        rec = cfg.deployments[DEPLOYMENT]
+
+        def identity(name: str) -> str:
+            return cfg.clusters[name].identity
+
+        joint = list(rec.joint) if rec.joint is not None else None
+        local = Membership.of(
+            (identity(m) for m in rec.clusters), rec.epoch, [identity(m) for m in joint or []] or None
+        )
+        groups = [list(rec.clusters), *([joint] if joint else [])]
+        names = sorted({m for g in groups for m in g})
         ns = self.rig.namespace
-        keeping = []
-        for i in self.rig.members:
+        stored: dict[str, Stored] = {}
+        for name in names:
+            i = int(name[1:])
             try:
                 admin = self.sandbox.admin(i, timeout=2.0)
                 lease = admin.get(lease_path(ns, self._lease()))
@@ -412,20 +428,23 @@ class Faults:
             except (AdminRequestError, OSError):  # paused or killed by another episode
                 continue
             deleted = i in targets
-            lease_goes = deleted and kind in ("delete-lease-one", "delete-lease-all", "recreate-namespace")
-            state_goes = deleted and kind in ("delete-state-one", "recreate-namespace")
-            if lease is not None and not lease_goes:
-                stored = in_lease_object(lease)
-                vanished = A_VANISHED in ((lease.get("metadata") or {}).get("annotations") or {})
-                if not vanished and isinstance(stored, Membership) and stored.written_by_us:
-                    keeping.append(i)
-                    continue
-            if state is not None and not state_goes:
-                if set_on_state(state) is not None:
-                    keeping.append(i)
-        if len(keeping) >= self.q:
+            if deleted and kind in ("delete-lease-one", "delete-lease-all", "recreate-namespace"):
+                lease = None
+            if deleted and kind in ("delete-state-one", "recreate-namespace"):
+                state = None
+            found = stored_in_lease(LeaseView.parse(lease)) if lease is not None else None
+            if says_nothing(found, local) and state is not None:
+                speaks = kept_set_speaks(found, set_on_state(state), local)
+                if speaks is not None:
+                    found = speaks
+            stored[name] = found
+        verdict = check(local, stored, names, groups)
+        if verdict.ok:
             return None
-        return f"only members {keeping} would keep a record of the member set, {self.q} needed"
+        return (
+            f"the members would then not confirm the member set ({verdict.verdict}: "
+            f"{', '.join(verdict.agreeing) or 'none'} agreeing)"
+        )
 
     def _recreate_namespace(self, index: int) -> None:
         """Delete the namespace and create it again, empty. The sandbox runs no

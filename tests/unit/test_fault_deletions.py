@@ -11,6 +11,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faults.contenders import DEPLOYMENT
 from faults.schedule import Faults
 
@@ -19,12 +20,13 @@ from coordinator.lease import A_VANISHED
 from coordinator.membership import A_MEMBERSHIP, Membership
 
 NS = "torture-x"
-SET = Membership(1, ("id1", "id2", "id3")).dump()
+SET = Membership(2, ("id1", "id2", "id3")).dump()
+OLD_SET = Membership(1, ("id1", "id2", "id4")).dump()  # before a member change
 OURS = [{"manager": "coordinator", "fieldsV1": {"f:metadata": {"f:annotations": {f"f:{A_MEMBERSHIP}": {}}}}}]
 
 
-def lease(*, vanished: bool = False) -> dict[str, Any]:
-    ann = {A_VANISHED: "x"} if vanished else {A_MEMBERSHIP: SET}
+def lease(*, vanished: bool = False, stored: str = SET) -> dict[str, Any]:
+    ann = {A_VANISHED: "x"} if vanished else {A_MEMBERSHIP: stored}
     return {"metadata": {"annotations": ann, "managedFields": [] if vanished else OURS}}
 
 
@@ -47,12 +49,24 @@ LEASE = lease_path(NS, lease_name(DEPLOYMENT))
 STATE = f"{configmaps_path(NS)}/{state_name(DEPLOYMENT)}"
 
 
+@pytest.fixture(autouse=True)
+def local_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local config the changes are made with: c1..c3, epoch 2."""
+    from coordinator.config import ConfigStore
+
+    record = SimpleNamespace(clusters=["c1", "c2", "c3"], joint=None, epoch=2)
+    config = SimpleNamespace(
+        deployments={DEPLOYMENT: record}, clusters={f"c{i}": SimpleNamespace(identity=f"id{i}") for i in (1, 2, 3)}
+    )
+    monkeypatch.setattr(ConfigStore, "load", lambda self: config)
+
+
 def faults(clusters: dict[int, dict[str, dict[str, Any] | None]]) -> tuple[Faults, list[tuple[int, str]], list[str]]:
     deleted: list[tuple[int, str]] = []
     said: list[str] = []
     f = Faults.__new__(Faults)
     sandbox = SimpleNamespace(admin=lambda i, timeout=5.0: Member(clusters[i], deleted, i))
-    f.rig = SimpleNamespace(members=sorted(clusters), namespace=NS, sandbox=sandbox)
+    f.rig = SimpleNamespace(members=sorted(clusters), namespace=NS, sandbox=sandbox, config="unused")
     f.workers = SimpleNamespace(recorder=SimpleNamespace(holders_inside=lambda: [], trees_running=lambda: []))
     f.rng = random.Random(7)
     f.say = said.append
@@ -102,3 +116,18 @@ def test_a_lease_whose_set_no_coordinator_wrote_is_no_record() -> None:
     assert f._records_lost("delete-state-one", [1]) is None  # two state objects left
     clusters[2][STATE] = None
     assert f._records_lost("delete-state-one", [1]) is not None
+
+
+def test_a_lease_storing_an_older_set_confirms_nothing_and_hides_its_state_object() -> None:
+    # c3's lease still stores the set before the last change (nobody took it since): the
+    # product counts c3 as behind, whatever its state object says, so only c1 and c2
+    # confirm and neither may lose its records.
+    clusters = {
+        1: {LEASE: lease(), STATE: state()},
+        2: {LEASE: lease(), STATE: state()},
+        3: {LEASE: lease(stored=OLD_SET), STATE: state()},
+    }
+    f, _, _ = faults(clusters)
+    assert f._records_lost("recreate-namespace", [1]) is not None
+    assert f._records_lost("delete-lease-one", [1]) is None  # c1's state object speaks then
+    assert f._records_lost("recreate-namespace", [3]) is None
