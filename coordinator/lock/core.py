@@ -123,6 +123,8 @@ class EngineCore:
         self.background = background
         # Set when the owner of ``background`` starts closing: see _remember.
         self.closing = closing
+        self._deferred: list[tuple[HistoryStore, list[dict[str, Any]]]] = []
+        self._flushing = False
         self.max_server_skew_s = max_server_skew_s
         # This machine's record of the deployment as it is now (another command here may
         # have changed the members since this engine was made): see _follow_record.
@@ -397,29 +399,50 @@ class EngineCore:
 
     async def _remember(self, events: list[dict[str, Any]]) -> None:
         """Hand ``events`` to the history (coordinator/history.py): in the background when
-        this engine has a task group, so the caller does not wait for it; best effort."""
+        this engine has a task group, so the caller does not wait for it; best effort.
+        The store is the one of the members bound now (a record followed later does not
+        move events decided under this one)."""
         if not events:
             return
-
-        async def record() -> None:
-            if self.closing is not None:
-                # Bookkeeping goes after the lock's own requests: a history write right
-                # after a release lands in the middle of the next holder's take (on the
-                # same API servers and disks, and in this process when it also waits for
-                # the lock), which made a handoff about a third slower (scripts/bench.py,
-                # B3'). It waits a little, or until the owner closes (a command ends
-                # without waiting for it).
-                with anyio.move_on_after(HISTORY_DEFER_S):
-                    await self.closing.wait()
-            await self.history.record(events, timeout=self.timeout)
-
-        if self.background is not None:
+        store, timeout = self.history, self.timeout
+        if self.background is not None and self.closing is not None:
+            # Bookkeeping goes after the lock's own requests: a history write right after
+            # a release lands in the middle of the next holder's take (on the same API
+            # servers and disks, and in this process when it also waits for the lock),
+            # which made a handoff about a third slower (scripts/bench.py, B3'). Events
+            # wait a little, or until the owner closes (a command ends without waiting for
+            # them), and what waited together is written together: one read-merge-write
+            # per member, not several racing for the same copy.
+            self._deferred.append((store, events))
+            if self._flushing:
+                return
             try:
-                self.background.start_soon(record)
+                self.background.start_soon(self._flush_deferred, self.closing)
+                self._flushing = True
                 return
             except RuntimeError:  # the task group has already closed: record here
+                self._deferred.pop()
+        elif self.background is not None:
+            try:
+                self.background.start_soon(lambda: store.record(events, timeout=timeout))
+                return
+            except RuntimeError:
                 pass
-        await record()
+        await store.record(events, timeout=timeout)
+
+    async def _flush_deferred(self, closing: anyio.Event) -> None:
+        try:
+            with anyio.move_on_after(HISTORY_DEFER_S):
+                await closing.wait()
+            while self._deferred:
+                batch, self._deferred = self._deferred, []
+                by_store: dict[int, tuple[HistoryStore, list[dict[str, Any]]]] = {}
+                for store, events in batch:
+                    by_store.setdefault(id(store), (store, []))[1].extend(events)
+                for store, events in by_store.values():
+                    await store.record(events, timeout=self.timeout)
+        finally:
+            self._flushing = False
 
     def _raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
