@@ -53,6 +53,10 @@ LIVE_LOCK_KINDS = frozenset(
 LIVE_LOCK_S = 3.0
 
 
+class NoMinority(Exception):
+    """The members of the moment have no minority (two of them)."""
+
+
 class Faults:
     """A seeded schedule of fault episodes; every episode undoes itself."""
 
@@ -90,6 +94,10 @@ class Faults:
         return sorted(self.rng.sample(self.rig.members, k))
 
     def _minority(self) -> list[int]:
+        if self.n - self.q < 1:
+            # Two members (a remove-member episode cut short by the end of the workload,
+            # before its add): no minority to act on.
+            raise NoMinority(f"{self.n} members have no minority")
         return self._clusters(self.rng.randint(1, self.n - self.q))
 
     def _majority(self) -> list[int]:
@@ -130,7 +138,10 @@ class Faults:
             limit = end if now < end else hard_end
             room = max(1.0, limit - machine_clock())
             before = self.count[kind]
-            self.episode(kind, room)
+            try:
+                self.episode(kind, room)
+            except NoMinority as why:
+                self.say(f"fault: {kind} skipped: {why}")
             self.episode_ended = machine_clock()
             if self.count[kind] == before and retried[kind] < 1 and kind in LIVE_LOCK_KINDS:
                 retried[kind] += 1
@@ -201,12 +212,12 @@ class Faults:
             # Requests arrive and are applied; the answers never come back. Started while
             # someone is inside, so that a write's outcome is likely to be unknown.
             self.workers.holder_inside(self.rng, within=min(room, 8.0))
-            targets = self._minority() if self.rng.random() < 0.5 else self._majority()
+            targets = self._minority() if self.rng.random() < 0.5 and self.n - self.q >= 1 else self._majority()
             self.say(f"fault: answers from {targets} are lost for {d:.1f}s")
             self.count[kind] += 1
             self._with_toxic(targets, d, lambda p: p.add_timeout(0, stream="downstream", name="torture-lose"))
         elif kind == "drop-requests":
-            targets = self._minority() if self.rng.random() < 0.5 else self._majority()
+            targets = self._minority() if self.rng.random() < 0.5 and self.n - self.q >= 1 else self._majority()
             self.say(f"fault: requests to {targets} are dropped (connection closed after 1s) for {d:.1f}s")
             self.count[kind] += 1
             self._with_toxic(targets, d, lambda p: p.add_timeout(1000, stream="upstream", name="torture-drop"))

@@ -131,3 +131,13 @@ def test_a_lease_storing_an_older_set_confirms_nothing_and_hides_its_state_objec
     assert f._records_lost("recreate-namespace", [1]) is not None
     assert f._records_lost("delete-lease-one", [1]) is None  # c1's state object speaks then
     assert f._records_lost("recreate-namespace", [3]) is None
+
+
+def test_two_members_have_no_minority_and_the_episode_is_skipped_not_crashed() -> None:
+    from faults.schedule import NoMinority
+
+    f, _, _ = faults({1: {}, 2: {}})
+    with pytest.raises(NoMinority):
+        f._minority()
+    f.rig.members = [1, 2, 3]
+    assert len(f._minority()) == 1
