@@ -22,6 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from faults.rig import Progress, Rig, TortureOptions, Workers
 from faults.tree import TREE_SCRIPT, TREE_TICK_S, alive
 
 if TYPE_CHECKING:
+    from coordinator.membership import Membership
     from coordinator.sandbox import Sandbox
     from faults.toxiproxy import Proxy
 
@@ -51,6 +53,25 @@ LIVE_LOCK_KINDS = frozenset(
 )
 # The lock counts as blocked when nobody entered it for this long.
 LIVE_LOCK_S = 3.0
+
+
+@dataclass
+class _Held:
+    """What the members hold now, for the deletion gate: the member set this machine's
+    record names (``local``, its ``groups`` and member ``names``), and each member's Lease
+    and state object (None where absent; a member that could not be read is left out)."""
+
+    local: Membership
+    groups: list[list[str]]
+    names: list[str]
+    objects: dict[int, tuple[dict[str, Any] | None, dict[str, Any] | None]]
+
+    def has_what_goes(self, kind: str, index: int) -> bool:
+        """Whether member ``index`` has the object ``kind`` deletes; a namespace it always has."""
+        if kind == "recreate-namespace":
+            return True
+        lease, state = self.objects.get(index, (None, None))
+        return (lease if kind == "delete-lease-one" else state) is not None
 
 
 class NoMinority(Exception):
@@ -93,8 +114,12 @@ class Faults:
         """``k`` of the current members, as cluster indices."""
         return sorted(self.rng.sample(self.rig.members, k))
 
+    @property
+    def has_minority(self) -> bool:
+        return self.n - self.q >= 1
+
     def _minority(self) -> list[int]:
-        if self.n - self.q < 1:
+        if not self.has_minority:
             # Two members (a remove-member episode cut short by the end of the workload,
             # before its add): no minority to act on.
             raise NoMinority(f"{self.n} members have no minority")
@@ -212,12 +237,12 @@ class Faults:
             # Requests arrive and are applied; the answers never come back. Started while
             # someone is inside, so that a write's outcome is likely to be unknown.
             self.workers.holder_inside(self.rng, within=min(room, 8.0))
-            targets = self._minority() if self.rng.random() < 0.5 and self.n - self.q >= 1 else self._majority()
+            targets = self._minority() if self.rng.random() < 0.5 and self.has_minority else self._majority()
             self.say(f"fault: answers from {targets} are lost for {d:.1f}s")
             self.count[kind] += 1
             self._with_toxic(targets, d, lambda p: p.add_timeout(0, stream="downstream", name="torture-lose"))
         elif kind == "drop-requests":
-            targets = self._minority() if self.rng.random() < 0.5 and self.n - self.q >= 1 else self._majority()
+            targets = self._minority() if self.rng.random() < 0.5 and self.has_minority else self._majority()
             self.say(f"fault: requests to {targets} are dropped (connection closed after 1s) for {d:.1f}s")
             self.count[kind] += 1
             self._with_toxic(targets, d, lambda p: p.add_timeout(1000, stream="upstream", name="torture-drop"))
@@ -342,24 +367,24 @@ class Faults:
     # -- deletions -------------------------------------------------------------------
 
     def _delete(self, kind: str, room: float) -> None:
-        from coordinator.kube.resources import configmaps_path, lease_path, state_name
-
         self._held(min(room, 10.0))
         ns = self.rig.namespace
         if kind == "delete-lease-all":
             targets = list(self.rig.members)
         else:
             targets = self._clusters(1)
-        lost = self._records_lost(kind, targets)
+        held = self._held_now()
+        lost = self._records_lost(held, kind, targets)
         if lost is not None:
             # Outside the fault model: the README's price for a majority whose leases and
             # state objects were all wiped (at once or one after the other) is exit 5 for
             # good, so the schedule never takes the member set's last records from a
-            # majority; it tries another member, or the kind again later.
+            # majority; it tries another member (one that has what goes: a deletion must
+            # delete something), or the kind again later.
             others = [i for i in self.rig.members if i not in targets] if kind != "delete-lease-all" else []
             self.rng.shuffle(others)
             for other in others:
-                if self._has_what_goes(kind, other) and self._records_lost(kind, [other]) is None:
+                if held.has_what_goes(kind, other) and self._records_lost(held, kind, [other]) is None:
                     self.say(f"fault: {kind} on [{other}] instead of {targets}: there {lost}")
                     targets = [other]
                     break
@@ -370,50 +395,32 @@ class Faults:
             self.say(f"fault: delete the Lease on {targets}")
             self.count[kind] += 1
             for i in targets:
-                self.sandbox.admin(i).delete(lease_path(ns, self._lease()))
+                self.sandbox.admin(i).delete(self._lease_path())
         elif kind == "delete-state-one":
             self.say(f"fault: delete the state object on {targets}")
             self.count[kind] += 1
             for i in targets:
-                self.sandbox.admin(i).delete(f"{configmaps_path(ns)}/{state_name(DEPLOYMENT)}")
+                self.sandbox.admin(i).delete(self._state_path())
         else:
             (i,) = targets
             self.say(f"fault: delete namespace {ns} on cluster {i} and create it again, empty")
             self.count[kind] += 1
             self._recreate_namespace(i)
 
-    def _has_what_goes(self, kind: str, index: int) -> bool:
-        """Whether member ``index`` has the object ``kind`` deletes (a namespace it always
-        has): a deletion moved elsewhere must delete something."""
-        from coordinator.kube.resources import configmaps_path, lease_path, state_name
-        from coordinator.sandbox.adminclient import AdminRequestError
+    def _lease_path(self) -> str:
+        from coordinator.kube.resources import lease_path
 
-        ns = self.rig.namespace
-        if kind == "recreate-namespace":
-            return True
-        path = (
-            lease_path(ns, self._lease())
-            if kind == "delete-lease-one"
-            else f"{configmaps_path(ns)}/{state_name(DEPLOYMENT)}"
-        )
-        try:
-            return self.sandbox.admin(index, timeout=2.0).get(path) is not None
-        except (AdminRequestError, OSError):
-            return False
+        return lease_path(self.rig.namespace, self._lease())
 
-    def _records_lost(self, kind: str, targets: list[int]) -> str | None:
-        """Why deleting what ``kind`` deletes on ``targets`` would leave the members
-        unable to confirm the member set, or None when they still could. Judged as the
-        product judges it (coordinator/membership.py ``check``, with a state object's set
-        speaking where the lease says nothing, as an acquisition and a state read count
-        it), against the record in the local config the changes are made with, on what
-        the members hold now minus what the deletion removes. A member that cannot be
-        read counts as confirming nothing."""
+    def _state_path(self) -> str:
+        from coordinator.kube.resources import state_paths
+
+        return state_paths(self.rig.namespace, DEPLOYMENT, "configmap")[1]
+
+    def _held_now(self) -> _Held:
+        """The record's member set, and every member's Lease and state object, read now."""
         from coordinator.config import ConfigStore
-        from coordinator.kube.resources import configmaps_path, lease_path, state_name
-        from coordinator.lease import LeaseView
-        from coordinator.lock.floor import kept_set_speaks, set_on_state
-        from coordinator.membership import Membership, Stored, check, says_nothing, stored_in_lease
+        from coordinator.membership import Membership
         from coordinator.sandbox.adminclient import AdminRequestError
 
         cfg = ConfigStore(self.rig.config).load()
@@ -428,28 +435,47 @@ class Faults:
         )
         groups = [list(rec.clusters), *([joint] if joint else [])]
         names = sorted({m for g in groups for m in g})
-        ns = self.rig.namespace
-        stored: dict[str, Stored] = {}
+        objects = {}
         for name in names:
             i = int(name[1:])
             try:
                 admin = self.sandbox.admin(i, timeout=2.0)
-                lease = admin.get(lease_path(ns, self._lease()))
-                state = admin.get(f"{configmaps_path(ns)}/{state_name(DEPLOYMENT)}")
+                objects[i] = (admin.get(self._lease_path()), admin.get(self._state_path()))
             except (AdminRequestError, OSError):  # paused or killed by another episode
                 continue
+        return _Held(local, groups, names, objects)
+
+    @staticmethod
+    def _records_lost(held: _Held, kind: str, targets: list[int]) -> str | None:
+        """Why deleting what ``kind`` deletes on ``targets`` would leave the members
+        unable to confirm the member set, or None when they still could. Judged as the
+        product judges it (coordinator/membership.py ``check``, with a state object's set
+        speaking where the lease says nothing, as an acquisition and a state read count
+        it), against the record in the local config the changes are made with, on what
+        the members hold (``held``) minus what the deletion removes. A member that could
+        not be read counts as confirming nothing."""
+        from coordinator.lease import LeaseView
+        from coordinator.lock.floor import kept_set_speaks, set_on_state
+        from coordinator.membership import Stored, check, says_nothing, stored_in_lease
+
+        stored: dict[str, Stored] = {}
+        for name in held.names:
+            i = int(name[1:])
+            if i not in held.objects:
+                continue
+            lease, state = held.objects[i]
             deleted = i in targets
             if deleted and kind in ("delete-lease-one", "delete-lease-all", "recreate-namespace"):
                 lease = None
             if deleted and kind in ("delete-state-one", "recreate-namespace"):
                 state = None
             found = stored_in_lease(LeaseView.parse(lease)) if lease is not None else None
-            if says_nothing(found, local) and state is not None:
-                speaks = kept_set_speaks(found, set_on_state(state), local)
+            if says_nothing(found, held.local) and state is not None:
+                speaks = kept_set_speaks(found, set_on_state(state), held.local)
                 if speaks is not None:
                     found = speaks
             stored[name] = found
-        verdict = check(local, stored, names, groups)
+        verdict = check(held.local, stored, held.names, held.groups)
         if verdict.ok:
             return None
         return (

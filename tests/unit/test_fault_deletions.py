@@ -102,10 +102,10 @@ def test_a_deletion_moves_to_a_member_where_a_majority_keeps_a_record() -> None:
         3: {LEASE: lease(vanished=True), STATE: state()},
     }
     f, _, _ = faults(clusters)
-    assert f._records_lost("recreate-namespace", [2]) is not None
-    assert f._records_lost("recreate-namespace", [1]) is None
-    assert f._records_lost("delete-lease-all", [1, 2, 3]) is None  # the state objects keep the set
-    assert f._records_lost("delete-state-one", [3]) is not None
+    assert f._records_lost(f._held_now(), "recreate-namespace", [2]) is not None
+    assert f._records_lost(f._held_now(), "recreate-namespace", [1]) is None
+    assert f._records_lost(f._held_now(), "delete-lease-all", [1, 2, 3]) is None  # the state objects keep the set
+    assert f._records_lost(f._held_now(), "delete-state-one", [3]) is not None
 
 
 def test_a_lease_whose_set_no_coordinator_wrote_is_no_record() -> None:
@@ -113,9 +113,9 @@ def test_a_lease_whose_set_no_coordinator_wrote_is_no_record() -> None:
     stripped["metadata"]["managedFields"] = []
     clusters = {i: {LEASE: dict(stripped), STATE: state()} for i in (1, 2, 3)}
     f, _, _ = faults(clusters)
-    assert f._records_lost("delete-state-one", [1]) is None  # two state objects left
+    assert f._records_lost(f._held_now(), "delete-state-one", [1]) is None  # two state objects left
     clusters[2][STATE] = None
-    assert f._records_lost("delete-state-one", [1]) is not None
+    assert f._records_lost(f._held_now(), "delete-state-one", [1]) is not None
 
 
 def test_a_lease_storing_an_older_set_confirms_nothing_and_hides_its_state_object() -> None:
@@ -128,9 +128,9 @@ def test_a_lease_storing_an_older_set_confirms_nothing_and_hides_its_state_objec
         3: {LEASE: lease(stored=OLD_SET), STATE: state()},
     }
     f, _, _ = faults(clusters)
-    assert f._records_lost("recreate-namespace", [1]) is not None
-    assert f._records_lost("delete-lease-one", [1]) is None  # c1's state object speaks then
-    assert f._records_lost("recreate-namespace", [3]) is None
+    assert f._records_lost(f._held_now(), "recreate-namespace", [1]) is not None
+    assert f._records_lost(f._held_now(), "delete-lease-one", [1]) is None  # c1's state object speaks then
+    assert f._records_lost(f._held_now(), "recreate-namespace", [3]) is None
 
 
 def test_two_members_have_no_minority_and_the_episode_is_skipped_not_crashed() -> None:
