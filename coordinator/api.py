@@ -33,7 +33,7 @@ from coordinator.records import DeploymentRecord, LocalConfig
 if TYPE_CHECKING:
     from coordinator.history import Tenure
     from coordinator.lock import LockEngine
-    from coordinator.lock.core import EngineCore
+    from coordinator.lock.core import DeferredHistory, EngineCore
     from coordinator.models import LockRecord
     from coordinator.state import StateClient
 
@@ -83,7 +83,7 @@ class Coordinator:
         # Bound on clock offsets between the API servers of one cluster (HA control planes).
         self.max_server_skew_s = DEFAULT_MAX_SERVER_SKEW_S
         self._tg: TaskGroup | None = None
-        self._closing: anyio.Event | None = None  # set when the task group starts closing
+        self._deferred: DeferredHistory | None = None  # history writes waiting (lock/core.py)
         self._stack: contextlib.AsyncExitStack | None = None
 
     @classmethod
@@ -96,7 +96,9 @@ class Coordinator:
         await stack.__aenter__()
         stack.push_async_callback(self.clusters.aclose)
         self._tg = await stack.enter_async_context(anyio.create_task_group())
-        self._closing = anyio.Event()
+        from coordinator.lock.core import DeferredHistory
+
+        self._deferred = DeferredHistory()
         self._stack = stack
         return self
 
@@ -106,9 +108,9 @@ class Coordinator:
         # The body's own exception is not fed to the task group (it would come back
         # wrapped in an ExceptionGroup); it propagates unchanged after the clean-up.
         stack, self._stack, self._tg = self._stack, None, None
-        if self._closing is not None:
-            self._closing.set()  # deferred history writes go now
-            self._closing = None
+        if self._deferred is not None:
+            self._deferred.closing.set()  # deferred history writes go now
+            self._deferred = None
         if stack is not None:
             await stack.__aexit__(None, None, None)
         return None
@@ -141,7 +143,7 @@ class Coordinator:
             background=self._tg,
             max_server_skew_s=self.max_server_skew_s,
             follow=lambda: self.current_record(deployment),
-            closing=self._closing,
+            deferred=self._deferred,
         )
 
     def current_record(self, deployment: str) -> DeploymentRecord | None:

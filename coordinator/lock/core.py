@@ -106,6 +106,17 @@ def recorded_membership(clusters: ClusterSet, deployment: DeploymentRecord) -> M
 HISTORY_DEFER_S = 0.25
 
 
+class DeferredHistory:
+    """History events of one owner's engines (a Coordinator makes an engine per call)
+    waiting to be written, and when the owner closes: see EngineCore._remember. Shared,
+    so that what waited together is written together, whichever engine decided it."""
+
+    def __init__(self) -> None:
+        self.closing = anyio.Event()  # set when the owner starts closing
+        self.events: list[tuple[HistoryStore, list[dict[str, Any]]]] = []
+        self.flushing = False
+
+
 class EngineCore:
     """The lock of one deployment over its member clusters: its members, and one lease's I/O."""
 
@@ -117,14 +128,12 @@ class EngineCore:
         background: TaskGroup | None = None,
         max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
         follow: Callable[[], DeploymentRecord | None] | None = None,
-        closing: anyio.Event | None = None,
+        deferred: DeferredHistory | None = None,
     ) -> None:
         self.clusters = clusters
         self.background = background
-        # Set when the owner of ``background`` starts closing: see _remember.
-        self.closing = closing
-        self._deferred: list[tuple[HistoryStore, list[dict[str, Any]]]] = []
-        self._flushing = False
+        # History writes of the owner of ``background``, waiting: see _remember.
+        self.deferred = deferred
         self.max_server_skew_s = max_server_skew_s
         # This machine's record of the deployment as it is now (another command here may
         # have changed the members since this engine was made): see _follow_record.
@@ -405,7 +414,7 @@ class EngineCore:
         if not events:
             return
         store, timeout = self.history, self.timeout
-        if self.background is not None and self.closing is not None:
+        if self.background is not None and self.deferred is not None:
             # Bookkeeping goes after the lock's own requests: a history write right after
             # a release lands in the middle of the next holder's take (on the same API
             # servers and disks, and in this process when it also waits for the lock),
@@ -413,15 +422,16 @@ class EngineCore:
             # wait a little, or until the owner closes (a command ends without waiting for
             # them), and what waited together is written together: one read-merge-write
             # per member, not several racing for the same copy.
-            self._deferred.append((store, events))
-            if self._flushing:
+            deferred = self.deferred
+            deferred.events.append((store, events))
+            if deferred.flushing:
                 return
             try:
-                self.background.start_soon(self._flush_deferred, self.closing)
-                self._flushing = True
+                self.background.start_soon(self._flush_deferred, deferred)
+                deferred.flushing = True
                 return
             except RuntimeError:  # the task group has already closed: record here
-                self._deferred.pop()
+                deferred.events.pop()
         elif self.background is not None:
             try:
                 self.background.start_soon(lambda: store.record(events, timeout=timeout))
@@ -430,19 +440,19 @@ class EngineCore:
                 pass
         await store.record(events, timeout=timeout)
 
-    async def _flush_deferred(self, closing: anyio.Event) -> None:
+    async def _flush_deferred(self, deferred: DeferredHistory) -> None:
         try:
             with anyio.move_on_after(HISTORY_DEFER_S):
-                await closing.wait()
-            while self._deferred:
-                batch, self._deferred = self._deferred, []
+                await deferred.closing.wait()
+            while deferred.events:
+                batch, deferred.events = deferred.events, []
                 by_store: dict[int, tuple[HistoryStore, list[dict[str, Any]]]] = {}
                 for store, events in batch:
                     by_store.setdefault(id(store), (store, []))[1].extend(events)
                 for store, events in by_store.values():
                     await store.record(events, timeout=self.timeout)
         finally:
-            self._flushing = False
+            deferred.flushing = False
 
     def _raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator.lock.core import HISTORY_DEFER_S, EngineCore
+from coordinator.lock.core import HISTORY_DEFER_S, DeferredHistory, EngineCore
 
 pytestmark = pytest.mark.anyio
 
@@ -24,18 +24,18 @@ class Store:
         self.calls.append((anyio.current_time(), [e["event"] for e in events]))
 
 
-def engine(tg: Any, closing: anyio.Event | None, store: Store) -> EngineCore:
+def engine(tg: Any, deferred: DeferredHistory | None, store: Store) -> EngineCore:
     e = EngineCore.__new__(EngineCore)
-    e.background, e.closing, e._deferred, e._flushing = tg, closing, [], False
+    e.background, e.deferred = tg, deferred
     e._history = store  # type: ignore[assignment]
     e.clusters = SimpleNamespace(timeout=5.0)  # type: ignore[assignment]
     return e
 
 
 async def test_events_that_waited_together_are_written_in_one_call_after_the_delay() -> None:
-    store, closing = Store(), anyio.Event()
+    store, deferred = Store(), DeferredHistory()
     async with anyio.create_task_group() as tg:
-        e = engine(tg, closing, store)
+        e = engine(tg, deferred, store)
         t0 = anyio.current_time()
         await e._remember([{"event": "acquired"}])
         await e._remember([{"event": "released"}])
@@ -45,12 +45,12 @@ async def test_events_that_waited_together_are_written_in_one_call_after_the_del
 
 
 async def test_the_owners_close_sends_them_at_once() -> None:
-    store, closing = Store(), anyio.Event()
+    store, deferred = Store(), DeferredHistory()
     async with anyio.create_task_group() as tg:
-        e = engine(tg, closing, store)
+        e = engine(tg, deferred, store)
         t0 = anyio.current_time()
         await e._remember([{"event": "acquired"}])
-        closing.set()
+        deferred.closing.set()
     assert [c[1] for c in store.calls] == [["acquired"]]
     assert store.calls[0][0] - t0 < HISTORY_DEFER_S
 
@@ -65,3 +65,15 @@ async def test_without_an_owner_that_closes_the_write_goes_at_once() -> None:
     e = engine(None, None, store)
     await e._remember([{"event": "broken"}])  # no task group: recorded here
     assert store.calls[-1][1] == ["broken"]
+
+
+async def test_engines_of_one_owner_share_the_wait_and_the_write() -> None:
+    # A Coordinator makes an engine per call: acquisitions and releases in a row must
+    # not each start a write of their own at close, racing for the same copy (events
+    # were lost that way when each engine kept its own queue).
+    store, deferred = Store(), DeferredHistory()
+    async with anyio.create_task_group() as tg:
+        for kind in ("acquired", "released", "acquired", "released", "acquired"):
+            await engine(tg, deferred, store)._remember([{"event": kind}])
+        deferred.closing.set()
+    assert [c[1] for c in store.calls] == [["acquired", "released", "acquired", "released", "acquired"]]
