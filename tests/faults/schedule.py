@@ -750,55 +750,63 @@ class Faults:
         env = self.workers._environ("operator", self.workers.config_for(home))
         from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S, lapse_margin
 
-        # Long enough for one run to see a lease whose expiry it cannot read (its
-        # managedFields stripped: it lapses only by being seen unchanged for a maximum TTL
-        # plus margin, counted afresh by every run) lapse, and then some: with 20 s a soak's
-        # change never outwaited a dead holder's stripped lease in three runs.
-        outwait = self.rig.max_ttl + lapse_margin(self.rig.max_ttl, DEFAULT_MAX_SERVER_SKEW_S) + 10.0
-        wait = max(outwait, min(room, 60.0))
-        give_up = machine_clock() + max(60.0, min(room, 120.0))
+        # What may block the lock when a change starts, and lapses only once this very
+        # process has watched it unchanged for a maximum TTL plus margin (every run counts
+        # afresh): a stripped or duration-edited Lease, a Lease deleted with its namespace.
+        # A quick run saw 22.7 s of such blocking for a 17 s lapse; one wait covers two.
+        # With one lapse plus 10 s per run, and the contenders let go between runs, CI's
+        # loaded machine ran out of a change's two runs (the seed 20261130 quick run).
+        blocked = self.rig.max_ttl + lapse_margin(self.rig.max_ttl, DEFAULT_MAX_SERVER_SKEW_S)
+        wait = max(2.0 * blocked + 10.0, min(room, 60.0))
+        runs = 3
+        give_up = machine_clock() + max(runs * wait, min(room, 120.0))
         attempt = 0
-        while True:
-            attempt += 1
-            before = list(self.rig.members)
-            self.say(
-                f"fault: deployment {verb} {' '.join(clusters)} (members {self._names(before)}), attempt {attempt}"
-            )
-            invoked = machine_clock()
-            # Contenders already waiting for the lock wait on (and follow the change);
-            # new attempts hold off, or the change could wait behind them for minutes.
-            self.workers.hold_off_file.touch()
-            try:
+        answers: list[str] = []
+        # Contenders already waiting for the lock wait on (and follow the change); new
+        # attempts hold off, or the change could wait behind them for minutes. Held off
+        # until the change is over, not only while one run of it goes: between two runs
+        # a fresh contender would take the lock the change had waited for.
+        self.workers.hold_off_file.touch()
+        try:
+            while True:
+                attempt += 1
+                before = list(self.rig.members)
+                self.say(
+                    f"fault: deployment {verb} {' '.join(clusters)} (members {self._names(before)}), attempt {attempt}"
+                )
+                invoked = machine_clock()
                 proc = subprocess.run(
                     [sys.executable, "-m", "coordinator", "deployment", verb, DEPLOYMENT, *clusters,
                      "--wait", f"{wait:g}s", "--ttl", f"{self.rig.max_ttl:g}s", "--holder", "member-change"],
                     capture_output=True, text=True, env=env, cwd=home, stdin=subprocess.DEVNULL, timeout=wait + 300,
                 )  # fmt: skip
-            finally:
-                self.workers.hold_off_file.unlink(missing_ok=True)
-            members, joint = self.rig.read_members()
-            self.rig.members = members
-            with (self.rig.workdir / "logs" / "member-changes.log").open("a") as log:
-                log.write(f"$ deployment {verb} {' '.join(clusters)}: exit {proc.returncode}\n")
-                log.write(proc.stdout + proc.stderr + "\n")
-            why = f" ({tail(proc.stderr, 2)})" if proc.returncode != 0 else ""
-            self.say(
-                f"fault: `deployment {verb}` exit {proc.returncode}{why} after {machine_clock() - invoked:.1f}s; "
-                f"members {self._names(members)}" + (f", change to {self._names(joint)} in progress" if joint else "")
-            )
-            if proc.returncode == 0 and joint is None:
-                return
-            if proc.returncode not in (0, 3, 4):
-                self.workers.recorder.problem(
-                    f"operator: `deployment {verb} {' '.join(clusters)}` exit {proc.returncode}: {tail(proc.stderr)}"
+                took = machine_clock() - invoked
+                members, joint = self.rig.read_members()
+                self.rig.members = members
+                with (self.rig.workdir / "logs" / "member-changes.log").open("a") as log:
+                    log.write(f"$ deployment {verb} {' '.join(clusters)}: exit {proc.returncode} after {took:.1f}s\n")
+                    log.write(proc.stdout + proc.stderr + "\n")
+                why = f" ({tail(proc.stderr, 2)})" if proc.returncode != 0 else ""
+                answers.append(f"run {attempt}: exit {proc.returncode} after {took:.0f}s{why}")
+                progress = f", change to {self._names(joint)} in progress" if joint else ""
+                self.say(
+                    f"fault: `deployment {verb}` exit {proc.returncode}{why} after {took:.1f}s; "
+                    f"members {self._names(members)}{progress}"
                 )
-                return
-            if machine_clock() >= give_up:
-                break
-            self._sleep(self.rng.uniform(0.5, 2.0))
+                if proc.returncode == 0 and joint is None:
+                    return
+                if proc.returncode not in (0, 3, 4):
+                    shown = f"deployment {verb} {' '.join(clusters)}"
+                    self.workers.recorder.problem(f"operator: `{shown}` exit {proc.returncode}: {tail(proc.stderr)}")
+                    return
+                if attempt >= runs and machine_clock() >= give_up:
+                    break
+                self._sleep(self.rng.uniform(0.5, 2.0))
+        finally:
+            self.workers.hold_off_file.unlink(missing_ok=True)
         self.workers.recorder.problem(
-            f"operator: `deployment {verb} {' '.join(clusters)}` did not finish in {attempt} runs "
-            f"(see {self.rig.workdir / 'logs' / 'member-changes.log'})"
+            f"operator: `deployment {verb} {' '.join(clusters)}` did not finish in {attempt} runs of up to "
+            f"{wait:g}s each ({'; '.join(answers)}; see {self.rig.workdir / 'logs' / 'member-changes.log'})"
         )
 
     @staticmethod
