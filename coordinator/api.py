@@ -175,7 +175,10 @@ class Coordinator:
         reason: str = "",
         holder: str | None = None,
         on_wait: Callable[[AcquireResult, float], Awaitable[None] | None] | None = None,
+        lock_id: str | None = None,
     ) -> AcquireResult:
+        """Take the lock; ``lock_id``: the id to take it under (a new one by default), so
+        that a caller who stops the acquisition half-way can release what it wrote."""
         engine = self.lock_engine(deployment)
         check_ttl(ttl, engine)
         who = holder or default_holder()
@@ -192,6 +195,7 @@ class Coordinator:
                     command=current_command(),
                     wait_s=max(0.0, deadline - time.monotonic()),
                     on_wait=on_wait,
+                    lock_id=lock_id,
                 )
                 break
             except MembershipError:

@@ -131,6 +131,7 @@ class _Run:
         self.stop_done = anyio.Event()
         self.killed = False
         self.leftovers = 0
+        self.gave_back = "nothing was taken"
 
     # -- the lock's validity, on CLOCK_BOOTTIME
 
@@ -259,7 +260,14 @@ class _Run:
     # -- the run
 
     async def take(self) -> AcquireResult | None:
+        """The lock, or None when an interrupting signal stopped the acquisition (what it
+        had already written is then given back: see ``self.gave_back``)."""
         opts = self.opts
+        # The id is chosen here, so that an acquisition stopped half-way (leases written
+        # on some members, its answer not yet back) can be undone by it.
+        from coordinator.lock.results import new_lock_id
+
+        lock_id = opts.lock_id or new_lock_id()
         with anyio.CancelScope() as scope:
             self.acquire_scope = scope
             try:
@@ -272,6 +280,7 @@ class _Run:
                     reason=opts.reason or shlex.join(opts.command)[:120],
                     holder=opts.holder,
                     on_wait=opts.on_wait,
+                    lock_id=lock_id,
                 )
             except LockHeldError as err:
                 raise self._with_hint(err) from None
@@ -279,7 +288,19 @@ class _Run:
                 self.acquire_scope = None
                 if opts.on_wait is not None and opts.on_wait_end is not None:
                     opts.on_wait_end()
+        if not opts.lock_id:
+            self.gave_back = await self.give_back(lock_id)
         return None
+
+    async def give_back(self, lock_id: str) -> str:
+        """Undo an acquisition stopped half-way: release whatever lease carries its id."""
+        with anyio.CancelScope(shield=True):
+            try:
+                done = await self.c.release(self.opts.deployment, lock_id, if_held=True)
+            except CoordinatorError as err:
+                log.info("giving back an interrupted acquisition", error=err.message)
+                return f"could not give back what it had taken ({err.message}); those leases expire by themselves"
+        return "gave back the leases it had already taken" if done.get("held") else "nothing was taken"
 
     def _with_hint(self, err: LockHeldError) -> LockHeldError:
         """Refused by a lock this very holder took: say how to run under it."""
@@ -303,13 +324,26 @@ class _Run:
             return await self.run_held(held)
         assert self.interrupted is not None
         if held is None:
-            what = "nothing was taken"
+            what = self.gave_back
         elif opts.lock_id and not opts.release:
             what = f"lock {held.lock_id} stays held"
         else:
             problem = await self.release(held)
             what = f"could not release it again ({problem})" if problem else "released it again"
         self.opts.say(f"interrupted by {signal_name(self.interrupted)} while taking the lock; {what}")
+        return 128 + self.interrupted
+
+    async def interrupted_before_start(self, held: AcquireResult) -> int:
+        assert self.interrupted is not None
+        if self.opts.lock_id and not self.opts.release:
+            what = f"lock {held.lock_id} stays held"
+        else:
+            problem = await self.release(held)
+            what = f"could not release it again ({problem})" if problem else "released it again"
+        self.opts.say(
+            f"interrupted by {signal_name(self.interrupted)} before the command started; "
+            f"{shlex.join(self.opts.command)} was not run; {what}"
+        )
         return 128 + self.interrupted
 
     async def run_held(self, held: AcquireResult) -> int:
@@ -343,17 +377,20 @@ class _Run:
                 self.watchdog = Watchdog.start(opts.grace_s, opts.say)
                 # No checkpoint from here to phase "run": a signal is either handled
                 # before the command exists or forwarded to it.
-                try:
-                    self.group = ProcessGroup.start(opts.command, env)
-                except OSError as err:
-                    start_error = err
-                else:
-                    if self.watchdog is not None:
-                        self.watchdog.send(f"group {self.group.pgid}")
-                    self.phase = "run"
-                    tg.start_soon(self.watch_loss, lost, reasons)
-                    tg.start_soon(self.tick)
-                    ended = await self.supervise(self.group)
+                # Signalled after the acquisition returned but before the command
+                # existed: the command is not started at all.
+                if self.interrupted is None:
+                    try:
+                        self.group = ProcessGroup.start(opts.command, env)
+                    except OSError as err:
+                        start_error = err
+                    else:
+                        if self.watchdog is not None:
+                            self.watchdog.send(f"group {self.group.pgid}")
+                        self.phase = "run"
+                        tg.start_soon(self.watch_loss, lost, reasons)
+                        tg.start_soon(self.tick)
+                        ended = await self.supervise(self.group)
                 tg.cancel_scope.cancel()
         self.phase = "done"
         if self.watchdog is not None:
@@ -362,7 +399,8 @@ class _Run:
             self.group.reap()
         if start_error is not None:
             return await self.cannot_start(held, start_error)
-        assert ended is not None
+        if ended is None:
+            return await self.interrupted_before_start(held)
         return await self.finish(held, ended)
 
     async def supervise(self, group: ProcessGroup) -> Ended:

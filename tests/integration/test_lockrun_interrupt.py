@@ -1,0 +1,118 @@
+"""`lock run` interrupted while it takes the lock, on real API servers.
+
+An acquisition writes its leases first, then raises the token floor on the state
+objects; only then does it count. Ctrl-C in between stopped the acquisition and left
+its leases held by nobody until their TTL, while `lock run` said "nothing was taken"
+(CI: test_lock_run_ctrl_c_releases saw the holder still there after the interrupt).
+Here the floor writes on c1 and c2 are held back (their answers arrive late, as on a
+slow link), so the interrupt lands in that window every time.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import anyio
+import pytest
+from coord_fixtures import Env
+
+from coordinator.kube.resources import lease_path
+from coordinator.lease import lock_id_of
+from coordinator.lockrun import RunOptions, _Run
+
+pytestmark = pytest.mark.integration
+
+DEP = "web"
+FLOOR_LATE_S = 4.0
+
+
+def test_an_interrupt_between_the_leases_and_the_floor_gives_the_leases_back(dep3: Env) -> None:
+    said: list[str] = []
+
+    async def holder_on(raw: Any, index: int) -> str | None:
+        lease = await raw(index, "GET", lease_path(dep3.namespace, f"coordinator-lock-{DEP}"))
+        return lock_id_of(lease["spec"].get("holderIdentity"))
+
+    async def main() -> None:
+        api = dep3.api(timeout=10.0)
+        async with api:
+            for name in ("c1", "c2"):
+                client = api.clusters.client(name)
+
+                def late(original: Any) -> Any:
+                    async def request(method: str, path: str, *args: Any, **kw: Any) -> Any:
+                        if method != "GET" and "/configmaps" in path:
+                            await anyio.sleep(FLOOR_LATE_S)
+                        return await original(method, path, *args, **kw)
+
+                    return request
+
+                client.request = late(client.request)  # type: ignore[method-assign]
+
+            run = _Run(api, RunOptions(deployment=DEP, command=["true"], ttl_s=120, holder="halfway",
+                                       say=said.append))
+            send, signals = anyio.create_memory_object_stream[int](1)
+            taken: list[Any] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run.dispatch_signals, signals)
+
+                async def take() -> None:
+                    taken.append(await run.take())
+
+                tg.start_soon(take)
+                with anyio.fail_after(8):
+                    while not (await holder_on(dep3.raw, 1) and await holder_on(dep3.raw, 2)):
+                        await anyio.sleep(0.05)
+                assert not taken, "the acquisition returned before its floor write: nothing to interrupt"
+                await send.send(signal.SIGINT)
+                with anyio.fail_after(30):
+                    while not taken:
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+            assert taken == [None]
+            assert run.interrupted == signal.SIGINT
+            for index in (1, 2, 3):
+                assert await holder_on(dep3.raw, index) is None, f"c{index} still held after the interrupt"
+            told = getattr(run, "gave_back", None)
+            assert told == "gave back the leases it had already taken", told
+
+    anyio.run(main)
+
+
+def test_an_interrupt_after_the_take_and_before_the_command_starts_runs_nothing(dep3: Env, tmp_path: Any) -> None:
+    """The signal arrives once the acquisition has returned but before the command exists:
+    the command must not start (it would run on, never told), and the lock is released."""
+    marker = tmp_path / "ran"
+    said: list[str] = []
+
+    async def main() -> int:
+        api = dep3.api(timeout=5.0)
+        async with api:
+            run = _Run(api, RunOptions(deployment=DEP, command=["touch", str(marker)], ttl_s=60, holder="late-signal",
+                                       say=said.append))
+            engine_of = api.lock_engine
+
+            def engine_then_signal(deployment: str) -> Any:
+                # run_held asks for the engine to keep the lock renewed: the acquisition has
+                # returned, the command is not started yet. The signal lands here, as
+                # dispatch_signals handles it in phase "acquire".
+                if run.held is not None:
+                    run.interrupted = signal.SIGINT
+                return engine_of(deployment)
+
+            api.lock_engine = engine_then_signal  # type: ignore[method-assign]
+            return await run.run()
+
+    code = anyio.run(main)
+    assert code == 128 + signal.SIGINT, said
+    assert not marker.exists(), said
+    assert any("was not run" in line and "released it again" in line for line in said), said
+    status = dep3.api()
+
+    async def holders() -> list[str | None]:
+        async with status:
+            st = await status.lock_engine(DEP).status()
+            return [row.holder for row in st.clusters]
+
+    assert anyio.run(holders) == [None, None, None], said
