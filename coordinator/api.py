@@ -27,7 +27,7 @@ from coordinator.errors import (
     UsageError,
 )
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
-from coordinator.lock.results import AcquireResult, LockStatus, current_command, default_holder
+from coordinator.lock.results import AcquireResult, LockStatus, current_command, default_holder, new_lock_id
 from coordinator.records import DeploymentRecord, LocalConfig
 
 if TYPE_CHECKING:
@@ -177,8 +177,12 @@ class Coordinator:
         on_wait: Callable[[AcquireResult, float], Awaitable[None] | None] | None = None,
         lock_id: str | None = None,
     ) -> AcquireResult:
-        """Take the lock; ``lock_id``: the id to take it under (a new one by default), so
-        that a caller who stops the acquisition half-way can release what it wrote."""
+        """Take the lock. Cancelled half-way (Ctrl-C), the acquisition may have written
+        leases already (they come before the token floor): they are given back here,
+        unless the caller chose ``lock_id`` itself, which makes undoing them its own
+        business (``lock run`` reports what it gave back)."""
+        undo_here = lock_id is None
+        lock_id = lock_id or new_lock_id()
         engine = self.lock_engine(deployment)
         check_ttl(ttl, engine)
         who = holder or default_holder()
@@ -198,6 +202,10 @@ class Coordinator:
                     lock_id=lock_id,
                 )
                 break
+            except (anyio.get_cancelled_exc_class(), KeyboardInterrupt):
+                if undo_here:
+                    await self._give_back_interrupted(engine, lock_id)
+                raise
             except MembershipError:
                 # While this call waited, the member set changed (a change runs under
                 # the lock, so it is one of the holders waited for). When this machine
@@ -223,6 +231,18 @@ class Coordinator:
                 payload=result,
             ) from err
         return result
+
+    async def _give_back_interrupted(self, engine: LockEngine, lock_id: str) -> None:
+        """Release what a cancelled acquisition under ``lock_id`` wrote; best effort,
+        bounded by one request timeout (what is left expires after its TTL)."""
+        from coordinator.logs import get_logger
+
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
+            try:
+                await engine.release(lock_id)
+                get_logger(__name__).info("gave back the leases of an interrupted acquisition", lock_id=lock_id)
+            except CoordinatorError:
+                pass  # nothing of it was held
 
     async def _record_follows(self, deployment: str, used: DeploymentRecord, deadline: float) -> bool:
         """Whether this machine's record of ``deployment`` moves on from ``used`` before
@@ -427,7 +447,14 @@ class Coordinator:
         engine = self.lock_engine(deployment)
         who = holder or default_holder()
         check_ttl(ttl, engine)
-        result = await engine.acquire(ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait)
+        lock_id = new_lock_id()
+        try:
+            result = await engine.acquire(
+                ttl_s=ttl, holder=who, reason=reason, command=current_command(), wait_s=wait, lock_id=lock_id
+            )
+        except (anyio.get_cancelled_exc_class(), KeyboardInterrupt):
+            await self._give_back_interrupted(engine, lock_id)
+            raise
         try:
             from coordinator.lock.renew import keep_renewed
 

@@ -1,4 +1,4 @@
-"""`lock run` interrupted while it takes the lock, on real API servers.
+"""`lock run` and `lock acquire` interrupted while they take the lock, on real API servers.
 
 An acquisition writes its leases first, then raises the token floor on the state
 objects; only then does it count. Ctrl-C in between stopped the acquisition and left
@@ -10,7 +10,10 @@ slow link), so the interrupt lands in that window every time.
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import time
 from typing import Any
 
 import anyio
@@ -27,53 +30,65 @@ DEP = "web"
 FLOOR_LATE_S = 4.0
 
 
+def hold_back_floor_writes(api: Any) -> None:
+    """Writes of state objects on c1 and c2 (the token floor) are sent FLOOR_LATE_S late."""
+    for name in ("c1", "c2"):
+        client = api.clusters.client(name)
+
+        def late(original: Any) -> Any:
+            async def request(method: str, path: str, *args: Any, **kw: Any) -> Any:
+                if method != "GET" and "/configmaps" in path:
+                    await anyio.sleep(FLOOR_LATE_S)
+                return await original(method, path, *args, **kw)
+
+            return request
+
+        client.request = late(client.request)  # type: ignore[method-assign]
+
+
+async def holder_on(env: Env, index: int) -> str | None:
+    lease = await env.raw(index, "GET", lease_path(env.namespace, f"coordinator-lock-{DEP}"))
+    return lock_id_of(lease["spec"].get("holderIdentity"))
+
+
+async def wait_held_on_c1_and_c2(env: Env) -> None:
+    for _ in range(160):  # 8 s
+        if await holder_on(env, 1) and await holder_on(env, 2):
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError("the leases on c1 and c2 were never taken")
+
+
 def test_an_interrupt_between_the_leases_and_the_floor_gives_the_leases_back(dep3: Env) -> None:
     said: list[str] = []
-
-    async def holder_on(raw: Any, index: int) -> str | None:
-        lease = await raw(index, "GET", lease_path(dep3.namespace, f"coordinator-lock-{DEP}"))
-        return lock_id_of(lease["spec"].get("holderIdentity"))
 
     async def main() -> None:
         api = dep3.api(timeout=10.0)
         async with api:
-            for name in ("c1", "c2"):
-                client = api.clusters.client(name)
+            hold_back_floor_writes(api)
 
-                def late(original: Any) -> Any:
-                    async def request(method: str, path: str, *args: Any, **kw: Any) -> Any:
-                        if method != "GET" and "/configmaps" in path:
-                            await anyio.sleep(FLOOR_LATE_S)
-                        return await original(method, path, *args, **kw)
-
-                    return request
-
-                client.request = late(client.request)  # type: ignore[method-assign]
-
-            run = _Run(api, RunOptions(deployment=DEP, command=["true"], ttl_s=120, holder="halfway",
-                                       say=said.append))
+            run = _Run(api, RunOptions(deployment=DEP, command=["true"], ttl_s=120, holder="halfway", say=said.append))
             send, signals = anyio.create_memory_object_stream[int](1)
             taken: list[Any] = []
+            done = anyio.Event()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run.dispatch_signals, signals)
 
                 async def take() -> None:
                     taken.append(await run.take())
+                    done.set()
 
                 tg.start_soon(take)
-                with anyio.fail_after(8):
-                    while not (await holder_on(dep3.raw, 1) and await holder_on(dep3.raw, 2)):
-                        await anyio.sleep(0.05)
+                await wait_held_on_c1_and_c2(dep3)
                 assert not taken, "the acquisition returned before its floor write: nothing to interrupt"
                 await send.send(signal.SIGINT)
                 with anyio.fail_after(30):
-                    while not taken:
-                        await anyio.sleep(0.05)
+                    await done.wait()
                 tg.cancel_scope.cancel()
             assert taken == [None]
             assert run.interrupted == signal.SIGINT
             for index in (1, 2, 3):
-                assert await holder_on(dep3.raw, index) is None, f"c{index} still held after the interrupt"
+                assert await holder_on(dep3, index) is None, f"c{index} still held after the interrupt"
             told = getattr(run, "gave_back", None)
             assert told == "gave back the leases it had already taken", told
 
@@ -89,8 +104,12 @@ def test_an_interrupt_after_the_take_and_before_the_command_starts_runs_nothing(
     async def main() -> int:
         api = dep3.api(timeout=5.0)
         async with api:
-            run = _Run(api, RunOptions(deployment=DEP, command=["touch", str(marker)], ttl_s=60, holder="late-signal",
-                                       say=said.append))
+            run = _Run(
+                api,
+                RunOptions(
+                    deployment=DEP, command=["touch", str(marker)], ttl_s=60, holder="late-signal", say=said.append
+                ),
+            )
             engine_of = api.lock_engine
 
             def engine_then_signal(deployment: str) -> Any:
@@ -116,3 +135,57 @@ def test_an_interrupt_after_the_take_and_before_the_command_starts_runs_nothing(
             return [row.holder for row in st.clusters]
 
     assert anyio.run(holders) == [None, None, None], said
+
+
+@pytest.mark.parametrize("call", ["acquire", "lock-block"])
+def test_a_cancelled_acquire_gives_back_the_leases_it_wrote(dep3: Env, call: str) -> None:
+    """The library calls (and so `lock acquire` on Ctrl-C, which cancels it): cancelled in
+    the same window, `Coordinator.acquire` and `async with Coordinator.lock(...)` give back
+    their leases before the cancellation goes on."""
+
+    async def main() -> None:
+        api = dep3.api(timeout=10.0)
+        async with api:
+            hold_back_floor_writes(api)
+            returned: list[Any] = []
+            async with anyio.create_task_group() as tg:
+
+                async def acquire() -> None:
+                    if call == "acquire":
+                        returned.append(await api.acquire(DEP, ttl=120, holder="cancelled"))
+                    else:
+                        async with api.lock(DEP, ttl=120, holder="cancelled") as held:
+                            returned.append(held)
+
+                tg.start_soon(acquire)
+                await wait_held_on_c1_and_c2(dep3)
+                tg.cancel_scope.cancel()
+            assert not returned
+            for index in (1, 2, 3):
+                assert await holder_on(dep3, index) is None, f"c{index} still held after the cancellation"
+
+    anyio.run(main)
+
+
+def test_ctrl_c_of_a_waiting_lock_acquire_leaves_the_holder_alone(dep3: Env) -> None:
+    """Ctrl-C of `lock acquire --wait` while another holds: exit 130 at once, and the
+    give-back of the interrupted acquisition releases nothing of the holder's."""
+    first = dep3.cli("-o", "json", "lock", "acquire", DEP, "--holder", "alice", "--ttl", "60s")
+    assert first.returncode == 0, first.stderr
+    proc = dep3.popen(
+        "lock", "acquire", DEP, "--holder", "bob", "--wait", "60s", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    time.sleep(3)
+    assert proc.poll() is None, proc.communicate()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert took < 10, f"{took:.1f}s to end after Ctrl-C"
+
+    async def holders() -> list[str | None]:
+        return [await holder_on(dep3, i) for i in (1, 2, 3)]
+
+    alice = json.loads(first.stdout)["lock_id"]
+    assert anyio.run(holders) == [alice, alice, alice]
