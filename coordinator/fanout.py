@@ -100,6 +100,7 @@ async def fan_out(
     grace_factor: float = 0.25,
     leave_running: Callable[[], bool] | None = None,
     silent: set[str] | None = None,
+    finish_on_cancel: Callable[[], None] | None = None,
 ) -> dict[str, ClusterResult[T]]:
     """Run ``operation(cluster)`` for every cluster at once; each gets ``timeout`` seconds.
 
@@ -120,6 +121,15 @@ async def fan_out(
     decided the grace does not wait for them. This call adds the clusters it gave up on
     that never answered it (reached ``timeout`` with a request unanswered, or dropped
     after the decision without a single answer), and takes out those that answered.
+
+    ``finish_on_cancel``: for operations that write. When the caller is cancelled while
+    it waits (Ctrl-C), a write already sent lands on the server all the same, and
+    cancelling the operation would only hide its outcome. So each cluster's operation is
+    then shielded from the caller's cancellation (never from its own ``timeout``, nor
+    from being dropped once decided); on cancellation this hook is called at once (to
+    tell the operations that their answer is no longer wanted), the operations still
+    running are waited for, and only then does the cancellation go on: whoever undoes
+    the operation afterwards finds every write that got an answer in place.
     """
     names = list(dict.fromkeys(clusters))
     results: dict[str, ClusterResult[T]] = {}
@@ -129,6 +139,8 @@ async def fan_out(
     closed = False
     begun = time.monotonic()
     traffics: dict[str, _Traffic] = {}
+    running = len(names)
+    all_finished = anyio.Event()
     if not names:
         return results
 
@@ -137,18 +149,32 @@ async def fan_out(
             waited_for.set()
 
     async def run_one(name: str) -> None:
+        nonlocal running
+        try:
+            await one(name)
+        finally:
+            running -= 1
+            if running == 0:
+                all_finished.set()
+
+    async def one(name: str) -> None:
         started = time.monotonic()
         traffic = traffics[name] = _Traffic(started)
         request_events.set(traffic.tell)  # this task's context (and its children's) only
         with anyio.CancelScope() as scope:
-            scopes[name] = scope
+            # Shielded (finish_on_cancel), the operation's own scope is the one a decided
+            # fan-out cancels; its deadline is the timeout all the same.
+            limit = anyio.CancelScope(deadline=anyio.current_time() + timeout, shield=finish_on_cancel is not None)
+            scopes[name] = limit if finish_on_cancel is not None else scope
             result: ClusterResult[T]
-            with anyio.move_on_after(timeout) as limit:
+            with limit:
                 try:
                     result = await operation(name)
                 except Exception as err:  # a bug in an operation must not sink the others
                     log.exception("cluster operation failed unexpectedly", cluster=name)
                     result = ClusterResult(name, Outcome.ERROR, detail=f"{type(err).__name__}: {err}")
+            if limit.cancelled_caught and closed and anyio.current_time() < limit.deadline:
+                return  # dropped once decided (shielded): a straggler, as below
             if limit.cancelled_caught:
                 result = traffic.timed_out(name, timeout)
             result.elapsed_s = time.monotonic() - started
@@ -175,7 +201,14 @@ async def fan_out(
         owner = background if background is not None else local
         for name in names:
             owner.start_soon(run_one, name)
-        await decided.wait()
+        try:
+            await decided.wait()
+        except anyio.get_cancelled_exc_class():
+            if finish_on_cancel is not None:
+                finish_on_cancel()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(timeout + 1):
+                    await all_finished.wait()
+            raise
         check_waited_for()
         if not waited_for.is_set():
             with anyio.move_on_after(grace_factor * (time.monotonic() - begun) + 0.01):

@@ -284,6 +284,10 @@ class Acquire(TokenFloor, Turns):
             # freed by release or expiry); a lost one lets them finish and give back.
             leave_running=lambda: not attempt_over["won"],
             silent=self.clusters.silent,
+            # Cancelled (Ctrl-C), the attempt is lost: what has not been written is not,
+            # what lands now gives itself back, and the caller's release (by lock id)
+            # runs only once every take that was sent has been answered.
+            finish_on_cancel=lambda: attempt_over.__setitem__("lost", True),
         )
         token = chosen.get("token")
         result = self._result(
