@@ -203,16 +203,18 @@ async def fan_out(
             owner.start_soon(run_one, name)
         try:
             await decided.wait()
+            check_waited_for()
+            if not waited_for.is_set():
+                # The grace is a wait like the one above: a cancellation landing in it
+                # finds writes on the wire all the same.
+                with anyio.move_on_after(grace_factor * (time.monotonic() - begun) + 0.01):
+                    await waited_for.wait()
         except anyio.get_cancelled_exc_class():
             if finish_on_cancel is not None:
                 finish_on_cancel()
                 with anyio.CancelScope(shield=True), anyio.move_on_after(timeout + 1):
                     await all_finished.wait()
             raise
-        check_waited_for()
-        if not waited_for.is_set():
-            with anyio.move_on_after(grace_factor * (time.monotonic() - begun) + 0.01):
-                await waited_for.wait()
         closed = True
         if silent is not None:
             for name in names:

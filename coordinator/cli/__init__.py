@@ -367,6 +367,10 @@ def _print_traceback() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI and maps every outcome to a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        from coordinator.cli import output
+
+        output.AS_PROGRAM = True
     verbose = _verbosity_from_argv(args) > 0
     try:
         try:

@@ -109,21 +109,45 @@ def acquire(
     c.max_server_skew_s = _duration(max_server_skew, "--max-server-skew")
     reporter = wait_reporter() if wait_s > 0 else None
 
+    taken: list[Any] = []
+
     async def go() -> Any:
         async with c:
-            return await c.acquire(deployment, ttl=ttl_s, wait=wait_s, reason=reason, holder=holder, on_wait=reporter)
+            res = await c.acquire(deployment, ttl=ttl_s, wait=wait_s, reason=reason, holder=holder, on_wait=reporter)
+            taken.append(res)  # held and recorded: from here on the lock is reported, not undone
+            return res
 
     try:
         result = run(go)
+    except KeyboardInterrupt:
+        if not taken:
+            raise  # the acquisition was cancelled and gave back what it had written
+        # Ctrl-C while the connections were closing: the lock is already held and recorded
+        # on this machine, so the answer is the lock, not "Aborted" over a lock nobody sees.
+        result = taken[0]
+        click.echo("Interrupted after the lock was taken; it is held (see below).", err=True)
     except CoordinatorError as err:
         if reporter is not None and sys.stderr.isatty():
             sys.stderr.write("\n")
         if err.payload is not None and hasattr(err.payload, "members"):
             emit(ctx, acquire_document(err.payload), lambda: None)
         raise
+    _ignore_interrupts()  # the lock is ours: printing it is all that is left to do
     if reporter is not None and sys.stderr.isatty():
         sys.stderr.write("\n")
     emit(ctx, acquire_document(result), lambda: acquired_text(result))
+
+
+def _ignore_interrupts() -> None:
+    """Ctrl-C no longer undoes anything: ignore it, so that the output is written whole and
+    the exit status says what happened (a SIGINT in the interpreter's last moments would
+    otherwise end the process by the signal after the lock was reported)."""
+    import signal
+
+    from coordinator.cli import output
+
+    if output.AS_PROGRAM:  # not when the CLI is called inside another program (tests)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @lock.command("renew")

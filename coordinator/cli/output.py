@@ -29,6 +29,12 @@ def app_of(ctx: click.Context) -> Any:
     return obj if isinstance(obj, App) else App()
 
 
+# Set by the entry point when this process is the `coordinator` program itself (not the CLI
+# called inside another program): only then may a command change process-wide settings
+# such as signal dispositions.
+AS_PROGRAM = False
+
+
 def run(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     import anyio
 

@@ -18,6 +18,7 @@ import pytest
 
 from coordinator.errors import LockHeldError
 from coordinator.kube.resources import lease_path
+from coordinator.lease import lock_id_of
 from coordinator.lock import A_NEXT
 
 pytestmark = pytest.mark.integration
@@ -31,6 +32,11 @@ async def _claims(env: Any) -> list[dict[str, Any] | None]:
         raw = (lease["metadata"].get("annotations") or {}).get(A_NEXT)
         out.append(json.loads(raw) if raw else None)
     return out
+
+
+async def _lock_id_on(env: Any, index: int) -> str | None:
+    lease = await env.raw(index, "GET", lease_path(env.namespace, f"coordinator-lock-{env.deployment}"))
+    return lock_id_of(lease["spec"].get("holderIdentity"))
 
 
 async def _until_claimed_by(env: Any, holder: str, timeout: float = 20) -> None:
@@ -112,13 +118,18 @@ def test_claim_of_a_vanished_waiter_lapses(dep3: Any) -> None:
             res = await c.acquire("web", ttl=30, holder="next", wait=30)
             waited = time.monotonic() - started
             claims = await _claims(dep3)
+            held = [await _lock_id_on(dep3, i) == res.lock_id for i in (1, 2, 3)]
             await c.release("web", res.lock_id)
-            return str(err.value), waited, claims
+            return str(err.value), waited, list(zip(held, claims, strict=True))
 
-    report, waited, claims = anyio.run(scenario)
+    report, waited, seen = anyio.run(scenario)
     assert "next turn is doomed's" in report, report
     assert waited < 10, waited  # the grace (2 s, whole-second stamps), not the whole --wait
-    assert claims == [None, None, None], claims  # the taker cleared the stale claim
+    # The taker cleared the stale claim wherever it took the lease: a majority at least. A
+    # member whose take came too late (a straggler under load) keeps the claim, which lapses
+    # by itself after the grace.
+    assert sum(held for held, _ in seen) >= 2, seen
+    assert all(claim is None for held, claim in seen if held), seen
 
 
 def test_waiter_that_gives_up_withdraws_its_claim(dep3: Any) -> None:
