@@ -320,8 +320,8 @@ def test_interrupts_at_random_moments_never_leave_leases_held_by_nobody(dep3: En
     """The red team's loop, kept: `lock run` (SIGINT, SIGTERM or SIGHUP) and `lock acquire`
     (Ctrl-C) get an interrupting signal at a random moment of their start (before, during
     and after the acquisition); after each, no lease may be left held (unless the command
-    reported a lock it keeps: `lock acquire` that finished before the signal). 4 of 30 such `lock run`s leaked before the
-    fix; a leak in any iteration fails the test."""
+    reported a lock it keeps: `lock acquire` that finished before the signal). 4 of 30 such
+    `lock run`s leaked before the fix; a leak in any iteration fails the test."""
     rng = random.Random(20261204)
     for i in range(16):
         sig = rng.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
