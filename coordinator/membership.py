@@ -28,6 +28,10 @@ A_MEMBERSHIP = ANNOTATION_PREFIX + "membership"
 _F_ANNOTATIONS = "f:annotations"
 
 
+# Field managers that name no writer: none at all (managedFields stripped), and the one
+# the API server gives fields it found unowned at the first server-side apply.
+UNKNOWN_WRITERS = frozenset({"", "before-first-apply"})
+
 @dataclass(frozen=True)
 class Membership:
     """A member set by identity, with the epoch of the configuration that made it."""
@@ -44,8 +48,10 @@ class Membership:
     @property
     def unowned(self) -> bool:
         """Read from a lease whose managedFields name no owner of the annotation (they were
-        stripped): who wrote it is not known, neither coordinator nor anyone else."""
-        return self.writers == ("",)
+        stripped): who wrote it is not known, neither coordinator nor anyone else. The
+        first server-side apply to such a lease hands every field it finds to the
+        server's ``before-first-apply`` manager: that names no writer either."""
+        return self.writers is not None and all(w in UNKNOWN_WRITERS for w in self.writers)
 
     @property
     def written_by_us(self) -> bool:

@@ -224,7 +224,10 @@ class Members(EngineCore):
                 # did not get (the take reached a majority without it, or it lapsed since).
                 # Either is taken as an acquisition would take it: only when free or lapsed,
                 # and only when it has seen no higher token.
-                if foreign_set(self.stored_membership(view), self.membership):
+                # A current member is this deployment's by the record itself (other_set
+                # above refuses a set made meanwhile); only a seeded cluster can be some
+                # other deployment's, whatever wrote its set.
+                if cluster in seeding and foreign_set(self.stored_membership(view), self.membership):
                     # another deployment of this name and namespace lives there (or
                     # someone planted a set): seeding would take it over
                     return ClusterResult(

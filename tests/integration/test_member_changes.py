@@ -409,3 +409,42 @@ def test_a_lease_planted_on_a_new_member_and_stripped_is_refused(dep5: Env, plan
     assert show["clusters"] == ["c1", "c2", "c3"] and show["epoch"] == 1, show
     taken = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "10s")).stdout)
     assert taken["fencing_token"] < 999, taken
+
+
+def test_a_member_whose_set_a_server_side_apply_took_over_does_not_stop_a_change(dep5: Env) -> None:
+    """Found by the 60-minute soak: a member's lease had its managedFields stripped, then
+    another client's server-side apply handed every field to the server's
+    `before-first-apply` manager, and another lock held it when a change came. The change
+    wrote its joint set on the other members and then stopped (exit 5, "stores another
+    member set") over a lease that is this deployment's by the record itself, leaving the
+    members ahead of the record and every contender stuck. A current member is judged as
+    an acquisition judges it; only a seeded cluster can be another deployment's."""
+    from faults.kubectl import kubectl
+
+    _pay(dep5, "c1", "c2", "c3")
+    lock_id = json.loads(
+        _ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "ops", "--ttl", "60s")).stdout
+    )["lock_id"]
+    _strip(dep5, 3)
+    manifest = json.dumps(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "coordinator-lock-pay", "labels": {"example.com/applied": "yes"}},
+            "spec": {"holderIdentity": "someone/0123456789abcdef"},
+        }
+    )
+    done = kubectl(dep5.kubeconfig, 3, dep5.namespace, "apply", "--server-side", "--force-conflicts",
+                   "--field-manager=other", "-f", "-", stdin=manifest)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lease = anyio.run(dep5.raw, 3, "GET", lease_path(dep5.namespace, "coordinator-lock-pay"))
+    managers = {e.get("manager") for e in lease["metadata"].get("managedFields") or []}
+    assert "before-first-apply" in managers, managers
+    before = _stored(dep5, 3)
+    _ok(dep5.cli("lock", "release", "pay", "--lock-id", lock_id))  # c3 is another lock's now
+    _ok(dep5.cli("deployment", "add-cluster", "pay", "c4"))
+    for index in (1, 2, 4):
+        stored = _stored(dep5, index)
+        assert stored.epoch > before.epoch and set(stored.members) == _identities(dep5, "c1", "c2", "c3", "c4")
+    cfg = ConfigStore(dep5.config).load()
+    assert sorted(cfg.deployments["pay"].clusters) == ["c1", "c2", "c3", "c4"]

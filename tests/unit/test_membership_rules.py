@@ -163,6 +163,11 @@ def test_written_by_us_unowned_and_writer_text() -> None:
     assert stripped.writer_text() == "no field manager (managedFields removed)"
     # parsed from text or from a state envelope: who wrote it is not known, and it is believed
     assert LOCAL.writers is None and LOCAL.written_by_us and not LOCAL.unowned
+    # the first server-side apply to a stripped lease gives what it found to this manager:
+    # still no writer known, neither ours nor another client's
+    applied = by(LOCAL, "before-first-apply")
+    assert applied.unowned and not applied.written_by_us
+    assert not by(LOCAL, "before-first-apply", "kubectl").unowned
 
 
 def test_writer_text_escapes_a_managers_control_characters() -> None:
