@@ -89,6 +89,10 @@ class RunOptions:
     on_wait_end: Callable[[], None] | None = None  # after a wait reported through on_wait
     # What `lock run` tells the user (and the warnings of its watchdog): one line each.
     say: Callable[[str], None] = say_stderr
+    # This process is `lock run` itself (not a library caller): once the run is over, the
+    # interrupting signals are ignored, so that one arriving while the process ends does
+    # not replace the exit status it reported with death by the signal.
+    own_process: bool = False
 
 
 def unrunnable(command: list[str], path: str | None) -> tuple[int, str] | None:
@@ -495,6 +499,11 @@ def run_locked(c: Coordinator, opts: RunOptions) -> int:
                     code = await run.run()
                 finally:
                     tg.cancel_scope.cancel()
+        if opts.own_process:
+            # The group is gone and the lock released (or reported kept): nothing is left
+            # for a signal to stop. (The receiver above restored the handlers on leaving.)
+            for sig in INTERRUPTING:
+                signal.signal(sig, signal.SIG_IGN)
         return code
 
     return anyio.run(main)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from coordinator.cli import output
 from coordinator.cli.lockview import (
     acquire_document,
     acquired_text,
@@ -143,8 +144,6 @@ def _ignore_interrupts() -> None:
     the exit status says what happened (a SIGINT in the interpreter's last moments would
     otherwise end the process by the signal after the lock was reported)."""
     import signal
-
-    from coordinator.cli import output
 
     if output.AS_PROGRAM:  # not when the CLI is called inside another program (tests)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -493,6 +492,7 @@ def run_(
         release=release,
         on_wait=wait_reporter() if wait_s > 0 and not lock_id else None,
         on_wait_end=end_live_line,
+        own_process=output.AS_PROGRAM,
     )
     code = run_locked(c, opts)
     sys.stdout.flush()

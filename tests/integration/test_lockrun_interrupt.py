@@ -315,6 +315,31 @@ def test_ctrl_c_while_lock_acquire_closes_reports_the_lock_it_took(dep3: Env) ->
     assert released.returncode == 0, released.stderr
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_after_lock_run_released_keeps_the_childs_exit_status(dep3: Env, sig: signal.Signals) -> None:
+    """The red team's round 3: a signal that reaches `lock run` after it released the lock
+    and said so (the child gone) ended it by the signal (exit -N) instead of the child's
+    status. Nothing is left for it to stop: the status stays the child's."""
+    script = (
+        "import os, sys\n"
+        "import coordinator.lockrun as lr\n"
+        "real = lr.run_locked\n"
+        "def then_signalled(c, opts):\n"
+        "    code = real(c, opts)\n"
+        f"    os.kill(os.getpid(), {int(sig)})\n"
+        "    return code\n"
+        "lr.run_locked = then_signalled\n"
+        "from coordinator.cli import main\n"
+        "sys.argv = ['coordinator', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    cmd = [sys.executable, "-c", script, "lock", "run", DEP, "--ttl", "60s", "--", "sh", "-c", "exit 3"]
+    done = subprocess.run(cmd, env=dep3.environ(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, (done.returncode, done.stderr)
+    assert "released lock" in done.stderr, done.stderr
+    assert anyio.run(lambda: _holders(dep3)) == [None, None, None]
+
+
 @pytest.mark.slow
 def test_interrupts_at_random_moments_never_leave_leases_held_by_nobody(dep3: Env) -> None:
     """The red team's loop, kept: `lock run` (SIGINT, SIGTERM or SIGHUP) and `lock acquire`
