@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             if wanted("B9"):
                 guarded("B9", bench_b9, r, rep, reps=4 if quick else 15, warmup=1 if quick else 2)
             if wanted("B3"):
-                guarded("B3", bench_b3, r, rep, count=10 if quick else 100)
+                with r.only_first(3):  # B3 runs on c1..c3
+                    guarded("B3", bench_b3, r, rep, count=10 if quick else 100)
             if wanted("B7"):
                 sizes_kib = [1, 16, 128, 512] if quick else [1, 4, 16, 64, 128, 256, 512]
                 guarded("B7", bench_b7, r, rep, sizes_kib=sizes_kib, reps=3 if quick else 7, warmup=1)

@@ -52,6 +52,22 @@ class Rig:
     def clear(self) -> None:
         self.toxiproxy.reset()
 
+    @contextlib.contextmanager
+    def only_first(self, k: int) -> Iterator[None]:
+        """For a row that uses clusters 1..k only: the other clusters' kube-apiservers are
+        paused (SIGSTOP) meanwhile, so that their idle work (nine control planes on two
+        cores) does not weigh on a latency measured on k of them; continued afterwards."""
+        rest = list(range(k + 1, len(self.names) + 1))
+        paused: list[int] = []
+        try:
+            for i in rest:
+                self.sandbox.pause(i)
+                paused.append(i)
+            yield
+        finally:
+            for i in paused:
+                self.sandbox.resume(i)
+
     def latency(self, ms_: int, indices: Sequence[int] | None = None) -> None:
         """+``ms_`` on every answer (server -> client) of the given clusters (1-based)."""
         for i in indices or range(1, len(self.proxies) + 1):
