@@ -268,8 +268,31 @@ class Proxy:
         data = self._server.request("GET", self._path("toxics"))
         return [Toxic.from_api(t) for t in cast(list[Mapping[str, Any]], data)]
 
-    def remove_toxic(self, name: str) -> None:
-        self._server.request("DELETE", self._path("toxics", name))
+    def remove_toxic(self, name: str, *, patience: float = 120.0) -> None:
+        """Remove a toxic, waiting for toxiproxy if it is slow to let go of it.
+
+        Removing a toxic flushes what it holds to the receiving side; while that side
+        reads nothing (a client stopped with SIGSTOP, its socket buffer full) the call
+        blocks. The 60-minute soak once saw a DELETE of a latency toxic outlast the
+        10-second call timeout that way. So a call that times out is followed by a
+        look at the proxy's toxics, and repeated, until the toxic is gone or
+        ``patience`` runs out."""
+        deadline = time.monotonic() + patience
+        timed_out = False
+        while True:
+            try:
+                self._server.request("DELETE", self._path("toxics", name))
+                return
+            except ToxiproxyError as err:
+                if timed_out and "HTTP 404" in str(err):
+                    return  # the timed-out call removed it after all
+                if "unreachable" not in str(err) or time.monotonic() > deadline:
+                    raise
+                timed_out = True
+            with contextlib.suppress(ToxiproxyError):
+                if all(t.name != name for t in self.toxics()):
+                    return
+            time.sleep(1.0)
 
     def clear_toxics(self) -> None:
         for toxic in self.toxics():
