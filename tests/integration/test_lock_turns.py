@@ -140,7 +140,7 @@ def test_waiter_that_gives_up_withdraws_its_claim(dep3: Any) -> None:
 
                 async def impatient() -> None:
                     with pytest.raises(LockHeldError):
-                        await c.acquire("web", ttl=30, holder="impatient", wait=12)  # time to be seen in line on a loaded machine
+                        await c.acquire("web", ttl=30, holder="impatient", wait=12)  # seen in line even under load
 
                 tg.start_soon(impatient)
                 await _until_claimed_by(dep3, "impatient")
