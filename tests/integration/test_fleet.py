@@ -222,7 +222,10 @@ def _entry(fleet: Any, name: str, env: Any) -> Any:
     return next(e for e in fleet.deployments if e.deployment == name and e.namespace in env.spaces)
 
 
-def _watch_scenario(env: Any, traffic: _Traffic) -> Any:
+def _watch_scenario(env: Any, traffic: _Traffic, lists: dict[str, int] | None = None) -> Any:
+    """``lists``: LISTs per cluster to wait for before the watch stops (a faulted watch
+    lists again on its own time; on a loaded machine after the last change shows)."""
+
     async def go() -> Any:
         async with env.api() as watcher, env.api() as actor:
             for name in env.clusters:
@@ -238,6 +241,12 @@ def _watch_scenario(env: Any, traffic: _Traffic) -> Any:
                 await _until(watch, lambda f: _entry(f, "web", env).status == "free", "web released")
                 taken = await actor.acquire("app05", ttl=120, holder="dave", reason="canary")
                 fleet = await _until(watch, lambda f: _entry(f, "app05", env).holder == "dave", "app05 taken")
+                if lists is not None:
+                    with anyio.move_on_after(20):
+                        for _ in range(400):  # the relists counted by the test below
+                            if traffic.lists() == lists:
+                                break
+                            await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()
             return taken, fleet
 
@@ -264,7 +273,7 @@ def test_fleet_watch_lists_again_after_410_gone_or_a_broken_watch(
     env = fleet20
     traffic = _Traffic(monkeypatch)
     traffic.faults = {"c1": ["gone-event"], "c2": ["broken"], "c3": ["gone-http"]}
-    taken, fleet = _watch_scenario(env, traffic)
+    taken, fleet = _watch_scenario(env, traffic, lists={"c1": 2, "c2": 2, "c3": 2, "c4": 1, "c5": 1})
     assert _entry(fleet, "app05", env).lock_id == taken.lock_id and _entry(fleet, "web", env).status == "free"
     assert fleet.unseen_clusters == []
     # c1's and c3's watches were answered 410 Gone, c2's broke: each listed once more, then
