@@ -32,6 +32,7 @@ _F_ANNOTATIONS = "f:annotations"
 # the API server gives fields it found unowned at the first server-side apply.
 UNKNOWN_WRITERS = frozenset({"", "before-first-apply"})
 
+
 @dataclass(frozen=True)
 class Membership:
     """A member set by identity, with the epoch of the configuration that made it."""

@@ -289,24 +289,29 @@ def test_a_cancel_in_the_grace_after_the_decision_waits_for_the_slow_take(dep3: 
     anyio.run(main)
 
 
+def _patched_cli(env: Env, patch: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The `coordinator` program run with ``args`` after ``patch`` (Python source) has
+    replaced a piece of it, to place a signal at one exact moment."""
+    script = patch + "import sys\nfrom coordinator.cli import main\nsys.argv = ['coordinator', *sys.argv[1:]]\nmain()\n"
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=env.environ(), capture_output=True, text=True, timeout=60
+    )
+
+
 def test_ctrl_c_while_lock_acquire_closes_reports_the_lock_it_took(dep3: Env) -> None:
     """The red team's third window: Ctrl-C lands after the acquisition returned (the lock is
     held and recorded) while `lock acquire` closes its connections. It used to end
     "Aborted." (exit 130) with the lock held but never shown; the lock is reported instead."""
-    script = (
-        "import os, signal, sys\n"
+    patch = (
+        "import os, signal\n"
         "from coordinator.api import Coordinator\n"
         "real = Coordinator.__aexit__\n"
         "async def interrupted(self, *exc):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    return await real(self, *exc)\n"
         "Coordinator.__aexit__ = interrupted\n"
-        "from coordinator.cli import main\n"
-        "sys.argv = ['coordinator', *sys.argv[1:]]\n"
-        "main()\n"
     )
-    cmd = [sys.executable, "-c", script, "-o", "json", "lock", "acquire", DEP, "--ttl", "60s", "--holder", "closing"]
-    done = subprocess.run(cmd, env=dep3.environ(), capture_output=True, text=True, timeout=60)
+    done = _patched_cli(dep3, patch, "-o", "json", "lock", "acquire", DEP, "--ttl", "60s", "--holder", "closing")
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert "Interrupted after the lock was taken" in done.stderr, done.stderr
     lock_id = json.loads(done.stdout)["lock_id"]
@@ -320,8 +325,8 @@ def test_a_signal_after_lock_run_released_keeps_the_childs_exit_status(dep3: Env
     """The red team's round 3: a signal that reaches `lock run` after it released the lock
     and said so (the child gone) ended it by the signal (exit -N) instead of the child's
     status. Nothing is left for it to stop: the status stays the child's."""
-    script = (
-        "import os, sys\n"
+    patch = (
+        "import os\n"
         "import coordinator.lockrun as lr\n"
         "real = lr.run_locked\n"
         "def then_signalled(c, opts):\n"
@@ -329,12 +334,8 @@ def test_a_signal_after_lock_run_released_keeps_the_childs_exit_status(dep3: Env
         f"    os.kill(os.getpid(), {int(sig)})\n"
         "    return code\n"
         "lr.run_locked = then_signalled\n"
-        "from coordinator.cli import main\n"
-        "sys.argv = ['coordinator', *sys.argv[1:]]\n"
-        "main()\n"
     )
-    cmd = [sys.executable, "-c", script, "lock", "run", DEP, "--ttl", "60s", "--", "sh", "-c", "exit 3"]
-    done = subprocess.run(cmd, env=dep3.environ(), capture_output=True, text=True, timeout=60)
+    done = _patched_cli(dep3, patch, "lock", "run", DEP, "--ttl", "60s", "--", "sh", "-c", "exit 3")
     assert done.returncode == 3, (done.returncode, done.stderr)
     assert "released lock" in done.stderr, done.stderr
     assert anyio.run(lambda: _holders(dep3)) == [None, None, None]
