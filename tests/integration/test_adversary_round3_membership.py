@@ -501,10 +501,15 @@ def test_import_during_a_joint_configuration_then_the_commit_elsewhere(dep5: Env
     wrote = importer.cli("state", "set", DEP, "release=joint", "--lock-id", held["lock_id"])
     assert wrote.returncode != 0
     _ok(importer.cli("lock", "release", DEP, "--holder", "imp"))
-    _ok(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s"))
+    # (a generous per-cluster timeout: the commit is confirmed on majorities, and a member
+    # whose write timed out under load would keep the joint set until the next take)
+    _ok(dep5.cli("--timeout", "30s", "deployment", "add-cluster", DEP, "c4", "--wait", "30s"))
     refused = _acquire(importer, "imp2", "--ttl", "10s")
     assert refused.returncode == 5, refused.stderr
-    assert all((s := _stored(dep5, i)) is not None and s.epoch == 3 for i in (1, 2, 3, 4))
+    stored = {i: _stored(dep5, i) for i in (1, 2, 3, 4)}
+    assert all(s is not None and s.epoch == 3 for s in stored.values()), {
+        i: s and (s.epoch, s.joint is not None) for i, s in stored.items()
+    }
     for i in (1, 2, 3, 4):
         assert ((_replica(dep5, i) or {}).get("data") or {}).get("release") == "1.2.0"
 
