@@ -36,6 +36,10 @@ DEP = "pay"
 LEASE = f"coordinator-lock-{DEP}"
 STATE = f"coordinator-state-{DEP}"
 PY = [sys.executable, "-m", "coordinator"]
+# For a change whose every member is then checked: a generous request timeout, as the commit
+# is confirmed on majorities and a member whose write timed out under load would keep the set
+# before it until the next take, which is not what those tests are about.
+SLOW_OK = {"COORDINATOR_TIMEOUT": "20s"}
 
 
 # -- helpers
@@ -140,7 +144,8 @@ def test_a_change_run_inside_lock_run_is_not_undone_by_its_release(dep5: Env, tm
     _pay(dep5, "c1", "c2", "c3")
     stale = _machine(dep5, tmp_path, "stale")
     run = dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--",
-                   *PY, "deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "6s")  # fmt: skip
+                   *PY, "deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "6s",
+                   env=SLOW_OK)  # fmt: skip
     _ok(run)
     rec = _record(dep5)
     assert rec.clusters == ["c1", "c2", "c4"] and rec.epoch == 3, rec
@@ -191,7 +196,7 @@ def test_a_change_inside_the_python_api_lock_block_is_not_undone_by_its_release(
     _pay(dep5, "c1", "c2", "c3")
 
     async def main() -> None:
-        async with dep5.api() as c, c.lock(DEP, ttl=6, holder="api") as held:
+        async with dep5.api(timeout=20) as c, c.lock(DEP, ttl=6, holder="api") as held:
             await change_members(c, DEP, ["c1", "c2", "c4"], lock_id=held.lock_id, ttl=6)
 
     anyio.run(main)
@@ -501,9 +506,7 @@ def test_import_during_a_joint_configuration_then_the_commit_elsewhere(dep5: Env
     wrote = importer.cli("state", "set", DEP, "release=joint", "--lock-id", held["lock_id"])
     assert wrote.returncode != 0
     _ok(importer.cli("lock", "release", DEP, "--holder", "imp"))
-    # (a generous per-cluster timeout: the commit is confirmed on majorities, and a member
-    # whose write timed out under load would keep the joint set until the next take)
-    _ok(dep5.cli("--timeout", "30s", "deployment", "add-cluster", DEP, "c4", "--wait", "30s"))
+    _ok(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s", env=SLOW_OK))
     refused = _acquire(importer, "imp2", "--ttl", "10s")
     assert refused.returncode == 5, refused.stderr
     stored = {i: _stored(dep5, i) for i in (1, 2, 3, 4)}
