@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
-from coord_fixtures import Env
+from coord_fixtures import COMMIT_EVERYWHERE, COMMIT_TIMEOUT_S, Env
 from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl
 
@@ -36,10 +36,6 @@ DEP = "pay"
 LEASE = f"coordinator-lock-{DEP}"
 STATE = f"coordinator-state-{DEP}"
 PY = [sys.executable, "-m", "coordinator"]
-# For a change whose every member is then checked: a generous request timeout, as the commit
-# is confirmed on majorities and a member whose write timed out under load would keep the set
-# before it until the next take, which is not what those tests are about.
-SLOW_OK = {"COORDINATOR_TIMEOUT": "20s"}
 
 
 # -- helpers
@@ -145,7 +141,7 @@ def test_a_change_run_inside_lock_run_is_not_undone_by_its_release(dep5: Env, tm
     stale = _machine(dep5, tmp_path, "stale")
     run = dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--",
                    *PY, "deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "6s",
-                   env=SLOW_OK)  # fmt: skip
+                   env=COMMIT_EVERYWHERE)  # fmt: skip
     _ok(run)
     rec = _record(dep5)
     assert rec.clusters == ["c1", "c2", "c4"] and rec.epoch == 3, rec
@@ -196,7 +192,7 @@ def test_a_change_inside_the_python_api_lock_block_is_not_undone_by_its_release(
     _pay(dep5, "c1", "c2", "c3")
 
     async def main() -> None:
-        async with dep5.api(timeout=20) as c, c.lock(DEP, ttl=6, holder="api") as held:
+        async with dep5.api(timeout=COMMIT_TIMEOUT_S) as c, c.lock(DEP, ttl=6, holder="api") as held:
             await change_members(c, DEP, ["c1", "c2", "c4"], lock_id=held.lock_id, ttl=6)
 
     anyio.run(main)
@@ -506,7 +502,7 @@ def test_import_during_a_joint_configuration_then_the_commit_elsewhere(dep5: Env
     wrote = importer.cli("state", "set", DEP, "release=joint", "--lock-id", held["lock_id"])
     assert wrote.returncode != 0
     _ok(importer.cli("lock", "release", DEP, "--holder", "imp"))
-    _ok(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s", env=SLOW_OK))
+    _ok(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s", env=COMMIT_EVERYWHERE))
     refused = _acquire(importer, "imp2", "--ttl", "10s")
     assert refused.returncode == 5, refused.stderr
     stored = {i: _stored(dep5, i) for i in (1, 2, 3, 4)}

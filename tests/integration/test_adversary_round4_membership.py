@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from coord_fixtures import Env
+from coord_fixtures import COMMIT_EVERYWHERE, Env
 from test_adversary_round3_membership import (
     DEP,
     LEASE,
@@ -318,10 +318,8 @@ def test_a_change_killed_after_the_joint_step_and_finished_under_the_same_lock_r
     py = " ".join(PY)
     step = (f"COORDINATOR_TEST_KILL_AFTER=joint {py} deployment replace-cluster {DEP} c3 c4 --ttl 6s; "
             f"{py} deployment replace-cluster {DEP} c3 c4 --ttl 6s")  # fmt: skip
-    # (a generous request timeout: the commit is confirmed on majorities, and a member whose
-    # write timed out under load would keep the joint set, which is not what this is about)
     _ok(dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--", "sh", "-c", step,
-                 env={"COORDINATOR_TIMEOUT": "20s"}))  # fmt: skip
+                 env=COMMIT_EVERYWHERE))  # fmt: skip
     assert _record(dep5).clusters == ["c1", "c2", "c4"] and _record(dep5).epoch == 3
     final = Membership.of(_ids(dep5, "c1", "c2", "c4"), 3)
     assert all(_stored(dep5, i) == final for i in (1, 2, 3, 4)), {i: _stored(dep5, i) for i in (1, 2, 3, 4)}

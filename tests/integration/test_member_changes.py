@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from coord_fixtures import Env
+from coord_fixtures import COMMIT_EVERYWHERE, Env
 from test_membership import _second_machine
 
 from coordinator.config import ConfigStore
@@ -62,9 +62,7 @@ def test_add_then_remove_a_member(dep5: Env, tmp_path: Path) -> None:
     assert _ok(_acquire(stale)).returncode == 0  # the same record: fine before the change
     _ok(stale.cli("lock", "release", "pay", "--holder", "x"))
 
-    # (a generous request timeout: the commit is confirmed on majorities, and a member whose
-    # write timed out under load would keep the joint set until the next take)
-    added = _ok(dep5.cli("--timeout", "20s", "deployment", "add-cluster", "pay", "c4"))
+    added = _ok(dep5.cli("deployment", "add-cluster", "pay", "c4", env=COMMIT_EVERYWHERE))
     assert "epoch 3" in added.stdout
     for i in (1, 2, 3, 4):
         stored = _stored(dep5, i)
