@@ -73,7 +73,7 @@ class FleetEntry:
     imported: bool
     members: list[str]  # connected cluster names; "identity:ID" for members not connected here
     quorum: int
-    status: str  # held, partly-held (live leases, no majority), free, unknown (too few seen)
+    status: str  # held, partly-held (live leases, no majority possible), free, unknown (may be held)
     holder: str | None = None
     lock_id: str | None = None
     reason: str | None = None
@@ -85,6 +85,10 @@ class FleetEntry:
     unseen: list[str] = field(default_factory=list)
     clusters: list[FleetCluster] = field(default_factory=list)
     import_hint: str | None = None
+    # with "unknown": the holders (or lock ids) seen that may hold a majority, and whether
+    # one not seen may
+    possible: list[str] = field(default_factory=list)
+    possible_unseen: bool = False
 
 
 @dataclass
@@ -95,6 +99,11 @@ class Fleet:
     @property
     def unseen_clusters(self) -> list[str]:
         return sorted(c for c, why in self.clusters.items() if why != "ok")
+
+    @property
+    def unknown(self) -> list[str]:
+        """The deployments whose holder the clusters listed do not decide."""
+        return list(dict.fromkeys(f"{e.deployment} ({e.namespace})" for e in self.deployments if e.status == "unknown"))
 
     @property
     def too_few_listed(self) -> bool:
@@ -225,7 +234,6 @@ def _entry(
     remaining: dict[str, float] = {}
     claims: list[TurnClaim] = []
     unseen: list[str] = []
-    observed: list[str] = []  # members listed with a lease of this deployment
     for member in majorities.members:
         if seen.get(member) != "ok":
             why = seen.get(member) or "not connected on this machine"
@@ -233,8 +241,6 @@ def _entry(
             unseen.append(member)
             continue
         view = leases.get(member)
-        if view is not None:
-            observed.append(member)
         row, lock_id, rem = _cluster_row(member, view, max_ttl_s)
         rows.append(row)
         live[member] = lock_id
@@ -243,13 +249,14 @@ def _entry(
         if view is not None and view.live_claim is not None and view.claim_fresh():
             claims.append(view.live_claim)
     winner = majorities.holder(live)
+    status, possible = _verdict(winner, majorities, live, rows)
     entry = FleetEntry(
         deployment=name,
         namespace=namespace,
         imported=imported,
         members=list(majorities.members),
         quorum=majorities.quorum,
-        status=_verdict(winner, majorities, observed, rows),
+        status=status,
         unseen=unseen,
         clusters=rows,
         next_in_line=min(claims, key=lambda c: (-claims.count(c), c)) if claims else None,
@@ -265,18 +272,29 @@ def _entry(
         mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
         expiry = majorities.expiry(mine)
         entry.expires_in_s = round(expiry, 1) if expiry is not None else None
+    if possible is not None:
+        for lock_id in possible.lock_ids:
+            named = next((r.holder for r in rows if r.lock_id == lock_id and r.holder), None)
+            entry.possible.append(named or lock_id)
+        entry.possible_unseen = possible.unseen
     if not imported:
         source = next((c for c in majorities.members if c in leases), None) or next(iter(leases), "CLUSTER")
         entry.import_hint = f"coordinator deployment import {name} --cluster {source} -n {namespace}"
     return entry
 
 
-def _verdict(winner: str | None, majorities: quorum.Majorities, observed: list[str], rows: list[FleetCluster]) -> str:
+def _verdict(
+    winner: str | None, majorities: quorum.Majorities, live: dict[str, str | None], rows: list[FleetCluster]
+) -> tuple[str, quorum.PossibleHolders | None]:
+    """As `lock status` judges one deployment: "unknown" when someone may hold a majority
+    with the members not seen (unlisted, no lease listed, or a lease deleted)."""
     if winner:
-        return "held"
-    if not majorities.reached(observed):
-        return "unknown"  # like `lock status`: nobody is assumed to hold it or not
-    return "partly-held" if any(r.status == "held" for r in rows) else "free"
+        return "held", None
+    undecided = [r.name for r in rows if r.status in ("unseen", "missing") or (r.status == "held" and not r.lock_id)]
+    possible = majorities.possible_holders(live, undecided)
+    if possible:
+        return "unknown", possible
+    return ("partly-held" if any(r.status == "held" for r in rows) else "free"), None
 
 
 async def survey(config: LocalConfig, clusters: ClusterSet) -> Fleet:
@@ -310,6 +328,7 @@ def fleet_document(fleet: Fleet, to_claim: Callable[[Any], Any]) -> dict[str, An
                 "quorum": e.quorum,
                 "members": e.members,
                 "unseen": e.unseen,
+                "possible_holders": e.possible + (["(a holder not seen)"] if e.possible_unseen else []),
                 "clusters": [
                     {
                         "name": r.name,

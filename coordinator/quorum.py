@@ -8,6 +8,7 @@ When a lease has expired and how long a holder may act are the lease's rules
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from coordinator.outcome import Outcome
 
@@ -25,6 +26,18 @@ def majority_expiry(remaining: Sequence[float], n: int) -> float | None:
     if len(remaining) < q:
         return None
     return sorted(remaining, reverse=True)[q - 1]
+
+
+@dataclass(frozen=True)
+class PossibleHolders:
+    """The answer of :meth:`Majorities.possible_holders`: the lock ids seen that may hold
+    the lock, and whether one nobody saw may (``unseen``)."""
+
+    lock_ids: list[str]
+    unseen: bool
+
+    def __bool__(self) -> bool:
+        return bool(self.lock_ids) or self.unseen
 
 
 class Majorities:
@@ -63,6 +76,20 @@ class Majorities:
             if self.reached(c for c, h in holders.items() if h == lock_id):
                 return lock_id
         return None
+
+    def possible_holders(self, live: Mapping[str, str | None], undecided: Iterable[str]) -> PossibleHolders:
+        """Who may hold the lock when no lock id is seen on a majority: a lock id seen live
+        on some members may hold a majority of every group if the ``undecided`` members
+        (not observed, or blocking for an unknown holder: a deleted lease, a tombstone) are
+        its too; a lock id seen nowhere may if the undecided members alone make one.
+        Unobservable is never free: only when nobody may hold the lock is it not held."""
+        open_ = set(undecided)
+        lock_ids = [
+            lock_id
+            for lock_id in dict.fromkeys(h for h in live.values() if h)
+            if self.reached(open_ | {c for c, h in live.items() if h == lock_id})
+        ]
+        return PossibleHolders(lock_ids, unseen=self.reached(open_))
 
     def expiry(self, remaining: Mapping[str, float]) -> float | None:
         """When a majority holder stops being one: the soonest of each group's q-th

@@ -48,15 +48,54 @@ class Answer(Protocol):
 # ------------------------------------------------------------------ lock status
 
 
+class PossibleHolderView(Protocol):
+    """A lock id that may hold the lock (``coordinator.lock.PossibleHolder``)."""
+
+    @property
+    def lock_id(self) -> str: ...
+
+    @property
+    def holder(self) -> str | None: ...
+
+    @property
+    def clusters(self) -> list[str]: ...
+
+
+class StatusView(Protocol):
+    """What ``lock status`` found (``coordinator.lock.LockStatus``)."""
+
+    @property
+    def deployment(self) -> str: ...
+
+    @property
+    def quorum(self) -> int: ...
+
+    @property
+    def verdict(self) -> str: ...
+
+    @property
+    def possible(self) -> Sequence[PossibleHolderView]: ...
+
+    @property
+    def possible_unseen(self) -> bool: ...
+
+    @property
+    def clusters(self) -> Sequence[StatusRow]: ...
+
+
 @dataclass(frozen=True)
 class StatusVerdict:
-    """Whether ``lock status`` saw enough clusters to say who holds the lock."""
+    """Whether ``lock status`` could say who holds the lock: "unknown" when the members it
+    saw do not decide it (someone may hold a majority with the members it could not see)."""
 
     deployment: str
     quorum: int
+    verdict: str  # held, unknown, partly-held, free
     observed: list[str]  # clusters whose lease was read (held, free or expired)
     unobserved: list[tuple[str, str]]  # (cluster, status) of the others
     not_seen: list[str]  # named for people: unreachable, forbidden, error, identity mismatch
+    possible: list[str] = field(default_factory=list)  # "alice (lock 1f2e..., held on c1)"
+    possible_unseen: bool = False
 
     @property
     def total(self) -> int:
@@ -64,29 +103,48 @@ class StatusVerdict:
 
     @property
     def decided(self) -> bool:
-        return len(self.observed) >= self.quorum
+        return self.verdict != "unknown"
+
+    def who_may_hold(self) -> str:
+        """The possible holders, in words: "alice (lock X, held on c1) or a holder not seen"."""
+        parts = list(self.possible)
+        if self.possible_unseen:
+            parts.append("a holder on the members not observed")
+        return " or ".join(parts) or "nobody seen"
 
     def problem(self) -> NoQuorumError | None:
-        """The error the command ends with (exit 4) when too few clusters were observed."""
+        """The error the command ends with (exit 4) when it cannot say who holds the lock."""
         if self.decided:
             return None
-        unseen = ", ".join(f"{name} ({status})" for name, status in self.unobserved)
+        unseen = ", ".join(f"{name} ({status})" for name, status in self.unobserved) or "none"
         return NoQuorumError(
-            f"Only {len(self.observed)} of {self.total} clusters of {self.deployment!r} could be observed "
-            f"({unseen}); {self.quorum} are needed to say who holds the lock. Nobody is assumed to hold "
-            "it or not; check the clusters with `coordinator cluster info NAME`."
+            f"Who holds the lock of {self.deployment!r} is unknown: {len(self.observed)} of {self.total} "
+            f"clusters could be observed (not observed: {unseen}), and with those it may be held by "
+            f"{self.who_may_hold()}. Nobody is assumed to hold it or not, and an acquisition now would not "
+            "take it; check the clusters with `coordinator cluster info NAME`."
         )
 
 
-def status_verdict(deployment: str, rows: Sequence[StatusRow], quorum: int) -> StatusVerdict:
-    """``lock status``: ``rows`` in the order they are shown; ``quorum`` of the deployment."""
+def _possible_text(p: PossibleHolderView) -> str:
+    from coordinator.text import printable
+
+    who = printable(p.holder) if p.holder else "an unnamed holder"
+    return f"{who} (lock {printable(p.lock_id)}, held on {', '.join(p.clusters)})"
+
+
+def status_verdict(st: StatusView) -> StatusVerdict:
+    """``lock status``: its per-cluster rows in the order shown and the engine's verdict."""
+    rows = st.clusters
     observed = [r.name for r in rows if r.status in OBSERVED_STATUSES]
     return StatusVerdict(
-        deployment=deployment,
-        quorum=quorum,
+        deployment=st.deployment,
+        quorum=st.quorum,
+        verdict=st.verdict,
         observed=observed,
         unobserved=[(r.name, r.status) for r in rows if r.name not in observed],
         not_seen=[r.name for r in rows if r.status in UNOBSERVABLE_STATUSES],
+        possible=[_possible_text(p) for p in st.possible],
+        possible_unseen=st.possible_unseen,
     )
 
 
@@ -105,13 +163,23 @@ class FleetView(Protocol):
     @property
     def too_few_listed(self) -> bool: ...
 
+    @property
+    def unknown(self) -> list[str]: ...  # deployments whose holder the clusters listed do not decide
+
 
 def fleet_problem(fleet: FleetView) -> NoQuorumError | None:
     """The error ``lock status --all`` ends with (exit 4) when fewer than a majority of the
-    connected clusters could be listed (``Fleet.too_few_listed`` decides)."""
+    connected clusters could be listed (``Fleet.too_few_listed`` decides), or when for some
+    deployment the members listed do not decide who holds its lock."""
+    unseen = fleet.unseen_clusters
+    if not fleet.too_few_listed and fleet.unknown:
+        return NoQuorumError(
+            f"Who holds the lock of {', '.join(fleet.unknown)} is unknown: a holder may have a majority "
+            "with the members that could not be listed or list no lease of it (see the table above). "
+            "Nothing there is assumed free; check the clusters with `coordinator cluster info NAME`."
+        )
     if not fleet.too_few_listed:
         return None
-    unseen = fleet.unseen_clusters
     return NoQuorumError(
         f"Only {len(fleet.clusters) - len(unseen)} of {len(fleet.clusters)} connected clusters could be "
         f"listed ({', '.join(f'{c} ({fleet.clusters[c]})' for c in unseen)}); the view above may miss "

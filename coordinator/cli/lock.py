@@ -306,8 +306,10 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
     found on the clusters but not known here are marked, with the command that imports
     them.
 
-    Exits 4 (after printing) when fewer than a majority of clusters could be observed
-    (for the fleet: of the connected clusters, listed).
+    When the clusters it could see do not decide who holds the lock (a holder may have
+    a majority with the members it could not see), it says UNKNOWN, names who may hold
+    it, and exits 4 after printing; it never calls such a lock free. For the fleet it
+    exits 4 when fewer than a majority of the connected clusters could be listed.
 
     \b
     Examples:
@@ -335,7 +337,7 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
         emit(ctx, status_document(st), lambda: status_text(st))
         from coordinator.verdicts import status_verdict
 
-        if (problem := status_verdict(deployment, st.clusters, st.quorum).problem()) is not None:
+        if (problem := status_verdict(st).problem()) is not None:
             raise problem
         return
 

@@ -155,6 +155,12 @@ def status_document(st: Any) -> dict[str, Any]:
         "host": (st.info.get("host") or None) if st.held_by_majority else None,
         "pid": pid_field(st.info) if st.held_by_majority else None,
         "next_in_line": claim_document(st.next_in_line),
+        # held, unknown (someone may hold it: the members seen do not decide), partly-held, free
+        "status": st.verdict,
+        "possible_holders": [
+            {"holder": p.holder, "lock_id": p.lock_id, "clusters": list(p.clusters)} for p in st.possible
+        ]
+        + ([{"holder": None, "lock_id": None, "clusters": list(st.unobserved)}] if st.possible_unseen else []),
         "clusters": [
             {
                 "name": r.name,
@@ -187,10 +193,18 @@ def status_text(st: Any) -> None:
             f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, reason: {info.get('reason') or '-'}); "
             f"majority held for {format_duration(st.expires_in_s or 0)} more unless renewed."
         )
+    elif st.verdict == "unknown":
+        verdict = status_verdict(st)
+        missing = ", ".join(f"{name} ({status})" for name, status in verdict.unobserved)
+        say(
+            f"{st.deployment}: UNKNOWN whether it is held. It may be held by {verdict.who_may_hold()}: "
+            f"{missing} could not be observed, and a majority of {st.quorum} may include them."
+        )
     else:
-        unseen = status_verdict(st.deployment, st.clusters, st.quorum).not_seen
+        unseen = status_verdict(st).not_seen
         extra = f" ({', '.join(unseen)} could not be observed)" if unseen else ""
-        say(f"{st.deployment} is not held by a majority of {st.quorum}{extra}.")
+        held = " (live leases, but no lock id can hold a majority)" if st.verdict == "partly-held" else ""
+        say(f"{st.deployment} is not held by a majority of {st.quorum}{held}{extra}.")
     if st.next_in_line is not None:
         say(f"Next in line: {st.next_in_line.holder or '?'} (lock {st.next_in_line.lock_id}), waiting longest.")
     table(
@@ -209,6 +223,15 @@ def status_text(st: Any) -> None:
     )
 
 
+def _maybe(entry: Any) -> str:
+    """The holder column of a fleet row no majority decides: who may hold it, with a "?"."""
+    if entry.status == "held":
+        return "?"
+    if entry.status != "unknown":
+        return "-"
+    return " or ".join([*entry.possible, *(["unseen"] if entry.possible_unseen else [])]) + "?"
+
+
 def fleet_text(fleet: Any) -> None:
     from coordinator.durations import format_duration
 
@@ -221,7 +244,7 @@ def fleet_text(fleet: Any) -> None:
                 e.deployment + ("" if e.imported else " *"),
                 e.namespace,
                 e.status,
-                e.holder or ("-" if e.status != "held" else "?"),
+                e.holder or _maybe(e),
                 e.reason or "-",
                 when(e.since) if e.since else "-",
                 f"in {format_duration(e.expires_in_s)}" if e.expires_in_s is not None else "-",

@@ -106,6 +106,22 @@ class LockStatus:
     clusters: list[ClusterStatus]
     info: dict[str, str] = field(default_factory=dict)
     next_in_line: TurnClaim | None = None  # the waiter whose turn is next, if any
+    # held (a lock id on a majority), unknown (the members seen do not decide it: someone
+    # may hold it), partly-held (live leases, but nobody can hold a majority) or free
+    verdict: str = "free"
+    possible: list[PossibleHolder] = field(default_factory=list)  # with "unknown"
+    possible_unseen: bool = False  # with "unknown": a holder nobody saw may hold it
+    unobserved: list[str] = field(default_factory=list)  # members whose lease was not read
+
+
+@dataclass
+class PossibleHolder:
+    """A lock id seen live on some members that may hold a majority with the members not
+    observed (``lock status`` says "unknown" and names it)."""
+
+    lock_id: str
+    holder: str | None
+    clusters: list[str]
 
 
 def current_command() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coordinator.lease import TurnClaim
 from coordinator.lock.members import Members
-from coordinator.lock.results import ClusterStatus, LockStatus
+from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder
 from coordinator.outcome import Outcome
 
 
@@ -19,6 +19,10 @@ class Status(Members):
         live: dict[str, str | None] = {}
         remaining: dict[str, float] = {}
         claims: list[TurnClaim] = []
+        # Members whose lease could not be read, and those whose lease blocks for a holder
+        # nobody can name (deleted, a tombstone): either may be anyone's.
+        unobserved: list[str] = []
+        unknown: list[str] = []
         for name in self.members:
             r = results.get(name)
             if r is None or not r.ok or r.value is None or r.value.view is None:
@@ -26,6 +30,7 @@ class Status(Members):
                 if status not in (Outcome.UNREACHABLE, Outcome.FORBIDDEN, Outcome.IDENTITY_MISMATCH):
                     status = "error"
                 rows.append(ClusterStatus(name, status, error=r.detail if r else "no answer"))
+                unobserved.append(name)
                 continue
             v = r.value.view
             if v.live_claim is not None and v.claim_fresh():
@@ -35,9 +40,20 @@ class Status(Members):
             if not v.exists:
                 st = "held"
                 note = "the lease is missing (deleted?): it counts as held by an unknown holder"
+                unknown.append(name)
             elif v.vanished and not v.held:
                 st = "expired" if expired else "held"
                 note = "the lease was deleted: it counts as held by an unknown holder for one maximum TTL"
+                if not expired:
+                    unknown.append(name)
+            elif v.holder_edited:
+                st = "expired" if expired else "held"
+                note = (
+                    "another client edited the holder field: it counts as held by an unknown holder until "
+                    "coordinator's last write here is a TTL old"
+                )
+                if not expired:
+                    unknown.append(name)
             elif not v.held:
                 st = "free"
             elif expired:
@@ -67,9 +83,15 @@ class Status(Members):
         winner = self.majorities.holder(live)
         holder_row = next((row for row in rows if winner and row.lock_id == winner), None)
         expires = None
+        possible = self.majorities.possible_holders(live, [*unobserved, *unknown])
         if winner:
             mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
             expires = self.majorities.expiry(mine)
+            verdict = "held"
+        elif possible:
+            verdict = "unknown"
+        else:
+            verdict = "partly-held" if live else "free"
         return LockStatus(
             deployment=self.dep.name,
             namespace=self.dep.namespace,
@@ -83,4 +105,17 @@ class Status(Members):
             info=holder_row.info if holder_row else {},
             # the claim found on the most clusters (earliest on a tie)
             next_in_line=min(claims, key=lambda c: (-claims.count(c), c)) if claims else None,
+            verdict=verdict,
+            possible=[
+                PossibleHolder(
+                    lock_id,
+                    next((row.holder for row in rows if row.lock_id == lock_id and row.holder), None),
+                    [c for c, lid in live.items() if lid == lock_id],
+                )
+                for lock_id in possible.lock_ids
+            ]
+            if not winner
+            else [],
+            possible_unseen=possible.unseen and not winner,
+            unobserved=unobserved,
         )

@@ -115,3 +115,59 @@ def test_expiry_is_the_soonest_groups_qth_longest_remaining_time() -> None:
 def test_describe_names_each_groups_quorum() -> None:
     assert Majorities([["a", "b", "c"]]).describe() == "2 of 3 (a, b, c)"
     assert Majorities([["a", "b"], ["b", "c", "d", "e"]]).describe() == "2 of 2 (a, b) and 3 of 4 (b, c, d, e)"
+
+
+# ------------------------------------------------------------------ who may hold it
+
+# What a member's lease says to `lock status`: held by lock A or B, free, or not observed
+# ("?": unreachable, forbidden, an error; or a lease that blocks for an unknown holder).
+SPLITS = ("A", "B", "free", "?")
+
+
+def _holder_of(majorities: Majorities, leases: dict[str, str]) -> str | None:
+    return majorities.holder({c: h for c, h in leases.items() if h not in ("free", "?")})
+
+
+def _completions(leases: dict[str, str]) -> list[dict[str, str]]:
+    """Every world the members not observed could hide: each of them held by A, B, a lock
+    nobody saw (X), or free."""
+    hidden = [c for c, h in leases.items() if h == "?"]
+    worlds = []
+    for values in itertools.product(("A", "B", "X", "free"), repeat=len(hidden)):
+        worlds.append(leases | dict(zip(hidden, values, strict=True)))
+    return worlds
+
+
+@pytest.mark.parametrize(
+    "groups", [[["a", "b", "c"]], [["a", "b", "c", "d", "e"]], [["a", "b", "c"], ["c", "d", "e"]]], ids=str
+)
+def test_possible_holders_agree_with_every_world_the_unobserved_members_could_hide(groups: list[list[str]]) -> None:
+    # The oracle knows nothing of the rule: it completes the members not observed in every
+    # way and asks who holds a majority in each world. The lock is decided (held by L, or
+    # by nobody) only when every world agrees; otherwise `lock status` must say unknown
+    # and name exactly the seen lock ids some world lets hold it.
+    m = Majorities(groups)
+    for split in itertools.product(SPLITS, repeat=len(m.members)):
+        leases = dict(zip(m.members, split, strict=True))
+        live = {c: h for c, h in leases.items() if h in ("A", "B")}
+        winner = m.holder(live)
+        possible = m.possible_holders(live, [c for c, h in leases.items() if h == "?"])
+        outcomes = {_holder_of(m, world) for world in _completions(leases)}
+        if winner is not None:
+            assert outcomes == {winner}, leases
+            continue
+        decided = len(outcomes) == 1
+        assert bool(possible) is not decided, leases
+        seen = set(live.values())
+        assert set(possible.lock_ids) == outcomes & seen, leases
+        # a lock id seen nowhere that some world lets hold it
+        assert possible.unseen == bool(outcomes - seen - {None}), leases
+
+
+def test_the_on_call_case_is_unknown_naming_alice() -> None:
+    # Alice holds eu-1 and eu-2; eu-2 stops answering, eu-3 is free: never "free".
+    m = Majorities([["eu-1", "eu-2", "eu-3"]])
+    possible = m.possible_holders({"eu-1": "alice"}, ["eu-2"])
+    assert possible and possible.lock_ids == ["alice"] and not possible.unseen
+    # With eu-2 seen free, nobody can hold it.
+    assert not m.possible_holders({"eu-1": "alice"}, [])

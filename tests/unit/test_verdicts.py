@@ -59,8 +59,25 @@ class Attempt:
 # ------------------------------------------------------------------ lock status
 
 
-def test_status_with_a_majority_observed_is_decided() -> None:
-    v = status_verdict("pay", [Row("a", "held"), Row("b", "free"), Row("c", "unreachable")], quorum=2)
+@dataclass
+class Possible:
+    lock_id: str
+    holder: str | None
+    clusters: list[str]
+
+
+@dataclass
+class Status:
+    clusters: list[Row]
+    verdict: str = "free"
+    possible: list[Possible] = field(default_factory=list)
+    possible_unseen: bool = False
+    deployment: str = "pay"
+    quorum: int = 2
+
+
+def test_status_that_is_decided_has_no_problem() -> None:
+    v = status_verdict(Status([Row("a", "held"), Row("b", "free"), Row("c", "unreachable")], "partly-held"))
     assert v.decided
     assert v.problem() is None
     assert v.observed == ["a", "b"]
@@ -68,28 +85,33 @@ def test_status_with_a_majority_observed_is_decided() -> None:
     assert v.not_seen == ["c"]
 
 
-def test_status_with_too_few_observed_is_exit_4_naming_the_unseen() -> None:
-    rows = [Row("a", "expired"), Row("b", "forbidden"), Row("c", "identity-mismatch")]
-    v = status_verdict("pay", rows, quorum=2)
+def test_status_unknown_is_exit_4_naming_who_may_hold_it() -> None:
+    rows = [Row("a", "held"), Row("b", "unreachable"), Row("c", "free")]
+    v = status_verdict(Status(rows, "unknown", [Possible("1f2e", "alice", ["a"])]))
     assert not v.decided
     err = v.problem()
     assert isinstance(err, NoQuorumError) and err.exit_code == ExitCode.NO_QUORUM
-    assert err.message.startswith("Only 1 of 3 clusters of 'pay' could be observed")
-    assert "(b (forbidden), c (identity-mismatch)); 2 are needed" in err.message
+    assert err.message.startswith("Who holds the lock of 'pay' is unknown: 2 of 3 clusters could be observed")
+    assert "(not observed: b (unreachable))" in err.message
+    assert "may be held by alice (lock 1f2e, held on a)" in err.message
+
+
+def test_status_unknown_with_too_few_observed_names_a_holder_not_seen() -> None:
+    rows = [Row("a", "expired"), Row("b", "forbidden"), Row("c", "identity-mismatch")]
+    v = status_verdict(Status(rows, "unknown", possible_unseen=True))
+    err = v.problem()
+    assert isinstance(err, NoQuorumError)
+    assert "(not observed: b (forbidden), c (identity-mismatch))" in err.message
+    assert "a holder on the members not observed" in err.message
 
 
 def test_status_counts_only_held_free_and_expired_as_observed() -> None:
     # A status no rule knows (a newer engine's) is not an observation, and not named as
     # unobservable for people either.
-    v = status_verdict("pay", [Row("a", "held"), Row("b", "throttled"), Row("c", "error")], quorum=2)
+    v = status_verdict(Status([Row("a", "held"), Row("b", "throttled"), Row("c", "error")], "unknown"))
     assert not v.decided
     assert v.unobserved == [("b", "throttled"), ("c", "error")]
     assert v.not_seen == ["c"]
-
-
-def test_status_of_a_single_cluster() -> None:
-    assert status_verdict("pay", [Row("a", "free")], quorum=1).decided
-    assert not status_verdict("pay", [Row("a", "unreachable")], quorum=1).decided
 
 
 # ------------------------------------------------------------------ lock break

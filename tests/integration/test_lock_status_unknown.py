@@ -1,0 +1,135 @@
+"""`lock status` never calls a lock free when the members it could not see may hold it.
+
+Unobservable is not free: when no lock id is seen on a majority, but one seen on some
+members (or a holder nobody saw) could have a majority together with the members that
+did not answer, the status is "unknown", names who may hold it, and exits 4 — for one
+deployment, the fleet, and each `--watch` round.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from coord_fixtures import Env
+
+
+@contextmanager
+def paused(env: Env, *indexes: int) -> Iterator[None]:
+    for i in indexes:
+        env.sandbox.pause(i)
+    try:
+        yield
+    finally:
+        for i in indexes:
+            env.sandbox.resume(i)
+
+
+def _acquire(env: Env, holder: str) -> str:
+    proc = env.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "web", "--holder", holder, "--ttl", "120s")
+    assert proc.returncode == 0, proc.stderr
+    return str(json.loads(proc.stdout)["lock_id"])
+
+
+def _status(env: Env, *extra: str) -> subprocess.CompletedProcess[str]:
+    return env.cli("--timeout", "2s", "lock", "status", *extra)
+
+
+def test_a_lock_held_on_a_member_that_stops_answering_is_unknown_never_free(dep3: Env) -> None:
+    # Alice takes c1 and c2 while c3 is down; then c2 stops answering and c3 is back.
+    with paused(dep3, 3):
+        lock_id = _acquire(dep3, "alice")
+    with paused(dep3, 2):
+        proc = _status(dep3, "web", "-o", "json")
+        assert proc.returncode == 4, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["status"] == "unknown"
+        assert doc["holder"] is None and doc["held_by_majority"] is False
+        assert doc["possible_holders"] == [{"holder": "alice", "lock_id": lock_id, "clusters": ["c1"]}]
+        assert "is unknown" in proc.stderr and "alice" in proc.stderr and "c2 (unreachable)" in proc.stderr
+
+        text = _status(dep3, "web")
+        assert text.returncode == 4, text.stderr
+        assert "UNKNOWN whether it is held" in text.stdout and "alice" in text.stdout
+        assert "not held" not in text.stdout
+
+        # The same conclusion an acquisition draws at that moment: it cannot take it.
+        bob = dep3.cli("--timeout", "2s", "lock", "acquire", "web", "--holder", "bob")
+        assert bob.returncode == 3, bob.stderr
+
+        fleet = _status(dep3, "--all", "-o", "json")
+        assert fleet.returncode == 4, fleet.stderr
+        entry = next(d for d in json.loads(fleet.stdout)["deployments"] if d["namespace"] == dep3.namespace)
+        assert entry["status"] == "unknown" and entry["possible_holders"] == ["alice"], entry
+        assert "is unknown" in fleet.stderr
+
+    # Seen again, it is alice's, exit 0; released, free.
+    held = _status(dep3, "web", "-o", "json")
+    assert held.returncode == 0 and json.loads(held.stdout)["status"] == "held", held.stderr
+    assert dep3.cli("lock", "release", "web", "--lock-id", lock_id).returncode == 0
+    with paused(dep3, 2):
+        free = _status(dep3, "web", "-o", "json")
+        assert free.returncode == 0, free.stderr
+        assert json.loads(free.stdout)["status"] == "free"
+
+
+def test_five_members_splits_of_held_free_and_unseen(dep5: Env) -> None:
+    # Alice holds c1, c2, c3 (c4, c5 were down when she took it, and stay free).
+    with paused(dep5, 4, 5):
+        lock_id = _acquire(dep5, "alice")
+    with paused(dep5, 3, 4):
+        # c1, c2 alice; c3, c4 unseen; c5 free: alice may have 3 of 5.
+        proc = _status(dep5, "web", "-o", "json")
+        assert proc.returncode == 4, proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        assert doc["status"] == "unknown" and doc["holder"] is None
+        assert [(p["lock_id"], p["clusters"]) for p in doc["possible_holders"]] == [(lock_id, ["c1", "c2"])]
+    with paused(dep5, 1, 2, 3):
+        # c4, c5 free; c1..c3 unseen: a holder this command did not see may have 3 of 5.
+        proc = _status(dep5, "web", "-o", "json")
+        assert proc.returncode == 4, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["status"] == "unknown"
+        assert doc["possible_holders"] == [{"holder": None, "lock_id": None, "clusters": ["c1", "c2", "c3"]}]
+    with paused(dep5, 4, 5):
+        # c1..c3 alice: held, whatever c4 and c5 say.
+        proc = _status(dep5, "web", "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["status"] == "held"
+    assert dep5.cli("lock", "release", "web", "--lock-id", lock_id).returncode == 0
+    with paused(dep5, 1, 2):
+        # c3..c5 free: nobody can have 3 of 5, though two members are unseen.
+        proc = _status(dep5, "web", "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["status"] == "free"
+
+
+def test_status_watch_says_unknown_in_each_round(dep3: Env) -> None:
+    with paused(dep3, 3):
+        _acquire(dep3, "alice")
+    with paused(dep3, 2):
+        proc = dep3.popen(
+            "--timeout",
+            "2s",
+            "-o",
+            "json",
+            "lock",
+            "status",
+            "web",
+            "--watch",
+            "--interval",
+            "1s",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None
+            first = json.loads(proc.stdout.readline())
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=30)
+        assert first["status"] == "unknown" and first["holder"] is None
+        assert [p["holder"] for p in first["possible_holders"]] == ["alice"]
