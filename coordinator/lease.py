@@ -42,6 +42,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from coordinator.evidence import Writer, annotation, writer
 from coordinator.kube.resources import ANNOTATION_PREFIX, FIELD_MANAGER, parse_time
 from coordinator.membership import annotation_writers, is_ours
 
@@ -222,6 +223,19 @@ def _max_ttl_note(obj: dict[str, Any], raw: Any) -> int | None:
     return value if any(is_ours(w) for w in annotation_writers(obj, A_MAX_TTL)) else None
 
 
+def _holder_edited(obj: dict[str, Any], claimed: str | None) -> bool:
+    """Was the holder field removed or rewritten by another client? Coordinator writes it
+    on every take and release (empty when free), so a holder field another manager owns,
+    or an empty one no coordinator manager owns, was not coordinator's word: a `kubectl
+    edit` that "frees" a lease, or names another lock id. Where the server records no
+    writer (managedFields stripped), a holder the field names is believed; an empty one is
+    not: a lease that only looks free blocks until watched unchanged for a whole TTL."""
+    who = writer(obj, ("spec", "holderIdentity"))
+    if who is Writer.OURS:
+        return False
+    return who is Writer.OTHER or claimed is None
+
+
 @dataclass
 class LeaseView:
     """One cluster's lease as read (``exists=False``: the server said 404)."""
@@ -236,6 +250,13 @@ class LeaseView:
     transitions: int | None = None
     token: int = 0
     token_malformed: bool = False
+    # Who wrote the token annotation: only coordinator's is the lease's token history.
+    token_writer: Writer = Writer.UNKNOWN
+    # The holder field was removed or rewritten by another client: the lease counts as
+    # held by a holder nobody can name (``lock_id`` is None; ``claimed`` says what the
+    # field says), until coordinator's own write stamp shows a TTL passed.
+    holder_edited: bool = False
+    claimed: str | None = None
     info: dict[str, str] = field(default_factory=dict)
     server_now: datetime | None = None  # the response's Date header: a hint, never evidence
     own_write: datetime | None = None  # the server's stamp on our field manager's last write
@@ -257,16 +278,19 @@ class LeaseView:
         spec = obj.get("spec") or {}
         ann = meta.get("annotations") or {}
         token, malformed = 0, False
-        raw = ann.get(A_TOKEN)
+        token_writer = writer(obj, annotation(A_TOKEN)) if A_TOKEN in ann else Writer.UNKNOWN
+        raw = ann.get(A_TOKEN) if token_writer is not Writer.OTHER else None
         if raw is not None:
             try:
                 token = int(raw)
                 malformed = token < 0
             except UNREADABLE:
                 malformed = True
+        claimed = lock_id_of(spec.get("holderIdentity"))
+        edited = _holder_edited(obj, claimed)
         ttl = spec.get("leaseDurationSeconds")
         note: dict[str, Any] | None = None
-        if isinstance(ann.get(A_LAST_BREAK), str):
+        if isinstance(ann.get(A_LAST_BREAK), str) and writer(obj, annotation(A_LAST_BREAK)) is not Writer.OTHER:
             try:
                 loaded = json.loads(ann[A_LAST_BREAK])
                 note = loaded if isinstance(loaded, dict) else None
@@ -275,7 +299,7 @@ class LeaseView:
         return cls(
             exists=True,
             obj=obj,
-            lock_id=lock_id_of(spec.get("holderIdentity")),
+            lock_id=None if edited else claimed,
             ttl_s=int(ttl) if isinstance(ttl, int) and ttl > 0 else None,
             ttl_owned=_owns_ttl(obj),
             acquired_at=parse_time(spec.get("acquireTime")),
@@ -283,17 +307,26 @@ class LeaseView:
             transitions=spec.get("leaseTransitions"),
             token=max(token, 0),
             token_malformed=malformed,
+            token_writer=token_writer,
+            holder_edited=edited,
+            claimed=claimed,
             info={k[len(ANNOTATION_PREFIX) :]: str(v) for k, v in ann.items() if k in HOLDER_ANNOTATIONS},
             server_now=server_now,
             own_write=manager_time(obj, FIELD_MANAGER),
             released=manager_time(obj, RELEASE_MANAGER),
             resource_version=meta.get("resourceVersion"),
-            next_claim=TurnClaim.parse(ann.get(A_NEXT)),
-            vanished=A_VANISHED in ann,
+            next_claim=(
+                TurnClaim.parse(ann.get(A_NEXT)) if writer(obj, annotation(A_NEXT)) is not Writer.OTHER else None
+            ),
+            vanished=A_VANISHED in ann and writer(obj, annotation(A_VANISHED)) is not Writer.OTHER,
             max_ttl_note=_max_ttl_note(obj, ann.get(A_MAX_TTL)),
             break_note=note,
             uid=meta.get("uid") or None,
-            uid_note=ann.get(A_UID) if isinstance(ann.get(A_UID), str) else None,
+            uid_note=(
+                ann.get(A_UID)
+                if isinstance(ann.get(A_UID), str) and writer(obj, annotation(A_UID)) is not Writer.OTHER
+                else None
+            ),
             created=parse_time(meta.get("creationTimestamp")),
         )
 
@@ -309,8 +342,14 @@ class LeaseView:
 
     @property
     def blocking(self) -> bool:
-        """Held by a lock id, or a tombstone standing for an unknown holder."""
-        return self.held or self.vanished
+        """Held by a lock id, a tombstone standing for an unknown holder, or a holder field
+        another client edited (whoever held it may still)."""
+        return self.held or self.vanished or self.holder_edited
+
+    @property
+    def unknown_holder(self) -> bool:
+        """Blocking for a holder nobody can name: a tombstone, or an edited holder field."""
+        return self.blocking and not self.held
 
     @property
     def fingerprint(self) -> tuple[Any, ...]:
@@ -321,7 +360,7 @@ class LeaseView:
         return (
             self.exists,
             self.uid,  # a lease deleted and recreated (a new tombstone) is a new sighting
-            self.lock_id,
+            spec.get("holderIdentity"),
             spec.get("renewTime"),
             spec.get("acquireTime"),
             spec.get("leaseDurationSeconds"),
@@ -552,32 +591,33 @@ def token_taken(view: LeaseView, lock_id: str, token: int) -> bool:
     """Has ``token`` (or a later one) already been used on this lease by another lock
     id? Then an attempt with ``token`` must not take it: two attempts that read the same
     leases choose the same token, and a lease freed by the first keeps its token."""
-    return view.lock_id != lock_id and view.token >= token
+    return view.lock_id != lock_id and view.token_writer is not Writer.OTHER and view.token >= token
 
 
 def history_known(view: LeaseView) -> bool:
-    """Does this lease carry the token history of its cluster? Not when it is missing,
-    a tombstone, or its token annotation is unreadable."""
-    return view.exists and view.verified and not view.vanished and not view.token_malformed
+    """Does this lease carry the token history of its cluster? Only when coordinator wrote
+    its token there (per managedFields) on this very object: not when it is missing, a
+    tombstone, a copy, its token unreadable, or written (even removed) by another client."""
+    return (
+        view.exists
+        and view.verified
+        and not view.vanished
+        and not view.token_malformed
+        and view.token_writer is Writer.OURS
+    )
 
 
-def next_token(
-    views: list[LeaseView], quorum: int, state_tokens: list[int] | None, *, history_ok: bool | None = None
-) -> int | None:
-    """The fencing token of a new acquisition, or None when none can be proven safe yet.
+def next_token(views: list[LeaseView], state_tokens: list[int] | None, *, leases_ok: bool) -> int | None:
+    """The fencing token of a new acquisition, or None when none can be proven new yet.
 
-    Every granted token T was written on a majority of leases. If at least ``quorum``
-    of the leases read have kept their history, one of them is in that majority and
-    holds a token >= T, so one more than the highest seen is new. Otherwise (leases
-    deleted) the tokens of a majority of state replicas (``state_tokens``) are needed
-    too; None asks the caller to read them. ``history_ok`` replaces the count when the
-    caller judges majorities itself (a joint configuration needs one of each set)."""
-    seen = [v.token for v in views if v.exists and not v.token_malformed]
-    top = max(seen, default=0)
-    if history_ok is None:
-        history_ok = sum(1 for v in views if history_known(v)) >= quorum
-    if history_ok:
-        return top + 1
-    if state_tokens is None:
+    Every granted token T was written on a majority of leases and, before the acquisition
+    counted, recorded as the floor of a majority of state objects. The new token goes above
+    both: ``state_tokens`` are the floors and envelope tokens of a majority of state objects
+    (None: not known yet), and ``leases_ok`` says the leases read include a majority that
+    kept their history (:func:`history_known`), or every member's lease. So an edit of one
+    record (a token annotated lower, a floor removed) lowers nothing: the other still holds
+    T. Tokens another client wrote are no bound at all (``LeaseView.parse`` drops them)."""
+    if state_tokens is None or not leases_ok:
         return None
-    return max([top, *state_tokens]) + 1
+    seen = [v.token for v in views if v.exists and not v.token_malformed]
+    return max([*seen, *state_tokens, 0]) + 1

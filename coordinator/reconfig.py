@@ -423,11 +423,10 @@ class _Resuming(LockEngine):
         old, new = self.majorities.groups[0], self.majorities.groups[-1]
         return behind_stand_in(result, stored, old, new, self.accepted[0])
 
-    async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
+    def _evidence_of(self, found: dict[str, tuple[int, Stored]]) -> dict[str, tuple[int, Stored]]:
         # With the leases deleted, the state objects speak for the members; one that still
         # carries the set from before the change agrees, as such a lease would (the engine
         # otherwise takes no set older than its own from a state object).
-        found = await super()._state_evidence()
         return {k: (token, self._agreeing(kept)) for k, (token, kept) in found.items()}
 
 

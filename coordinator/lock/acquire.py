@@ -17,7 +17,16 @@ from coordinator.errors import IdentityMismatchError, LockHeldError, NoQuorumErr
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.lease import A_TOKEN, LeaseView, Standing, TurnClaim, boot_clock, remaining_validity, token_taken
+from coordinator.lease import (
+    A_TOKEN,
+    LeaseView,
+    Standing,
+    TurnClaim,
+    boot_clock,
+    history_known,
+    remaining_validity,
+    token_taken,
+)
 from coordinator.lock.core import MAX_CAS_RETRIES
 from coordinator.lock.floor import TokenFloor, kept_set_speaks
 from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
@@ -153,54 +162,48 @@ class Acquire(TokenFloor, Turns):
         chosen: dict[str, int | None] = {}
         line: dict[str, TurnClaim | None] = {}
         attempt_over = {"lost": False, "won": False, "mismatch": False, "membership": False}
-        choosing = [False]
+        state_reads: dict[str, ClusterResult[tuple[int, Stored]]] = {}
 
         members_check: list[Check] = []
 
         async def maybe_choose_token() -> None:
-            if token_ready.is_set() or choosing[0]:
+            if token_ready.is_set():
                 return
             enough = self.majorities.reached(reads)
             if not enough and reads_done < self.n:
                 return
+            # The token goes above what the leases and the state objects both record, and
+            # the state objects must speak for a majority (or every member have answered).
+            evidence = self._judge_state(state_reads)
+            kept_history = self.majorities.reached(c for c, v in reads.items() if history_known(v))
+            if enough and (evidence is None or not kept_history) and reads_done < self.n:
+                return  # the other members' answers may still make up for it
             views = list(reads.values())
-            token = self._token(reads, None) if enough else None
-            verdict = self.check_members({c: self.stored_membership(v) for c, v in reads.items()})
-            needs_more = verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED)
-            if enough and (token is None or needs_more):
-                # Leases were deleted: the token must also clear what the state replicas
-                # have seen, and the member set may be confirmed by them.
-                choosing[0] = True
-                evidence: dict[str, tuple[int, Stored]] = {}
-                try:
-                    with anyio.move_on_after(self.timeout * 0.75):
-                        evidence = await self._state_evidence()
-                finally:
-                    choosing[0] = False
-                views = list(reads.values())  # more reads may have landed meanwhile
-                stored = {c: self.stored_membership(v) for c, v in reads.items()}
+            stored = {c: self.stored_membership(v) for c, v in reads.items()}
+            verdict = self.check_members(stored)
+            if verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED) and evidence:
+                # Leases deleted (or their sets removed): the state objects' sets may
+                # confirm the member set for those members.
                 for c, (_, kept) in evidence.items():
                     speaks = kept_set_speaks(stored.get(c), kept, self.membership)
                     if speaks is not None:
                         stored[c] = speaks
                 verdict = self.check_members(stored)
-                # The state only knows tokens that wrote it; a surviving lease that was
-                # not read may know a higher one. So every member's lease must be read.
-                everyone = len(reads) == self.n
-                state_tokens = (
-                    [t for t, _ in evidence.values()] if everyone and self.majorities.reached(evidence) else None
-                )
-                token = self._token(reads, state_tokens)
-            chosen["token"] = token
+            state_tokens = [t for t, _ in evidence.values()] if evidence is not None else None
+            chosen["token"] = self._token(reads, state_tokens) if enough else None
             members_check.append(verdict)
             line["ahead"] = first_in_line(views, lock_id, mine)
             token_ready.set()
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             nonlocal reads_done
+
+            async def read_state() -> None:
+                state_reads[cluster] = await self._state_one(cluster)
+
             try:
                 try:
-                    view = await self._checked_read(cluster)
+                    view = await self._checked_read(cluster, read_state)
                 except KubeError as err:
                     if err.kind == kube.IDENTITY_MISMATCH:
                         attempt_over["mismatch"] = True
@@ -244,8 +247,9 @@ class Acquire(TokenFloor, Turns):
                     cluster,
                     Outcome.ERROR,
                     ClusterLease(view, "no safe token"),
-                    detail="not attempted: leases were deleted, so no fencing token can be proven new "
-                    "without every member's lease and a majority of the state replicas, and some did not answer",
+                    detail="not attempted: no fencing token can be proven new: that needs the state objects "
+                    "of a majority (with their token floor) and the leases of a majority that kept their "
+                    "token history (or every member's lease), and too few of them answered or kept it",
                 )
             outcome = await self._take_one(
                 cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over, mine, line.get("ahead")

@@ -39,12 +39,14 @@ def fresh_lease(
     carries, its member set included."""
     meta = owned_metadata(name, deployment)
     ann = dict(common)
+    # The token and an empty holder are written, so that coordinator owns both from the
+    # start: a token or a holder field nobody owns is no evidence (coordinator/evidence.py).
+    ann[A_TOKEN] = str(floor)
     if vanished:
         ann[A_VANISHED] = micro_time(utc_now())
-        ann[A_TOKEN] = str(floor)
         ann.pop(A_MEMBERSHIP, None)
     meta["annotations"] = ann
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {}}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {"holderIdentity": ""}}
 
 
 def lease_body(
@@ -85,7 +87,9 @@ def lease_body(
             # A real release; a failed attempt giving back what it took leaves the
             # stamp alone, so that it does not keep the next turn reserved.
             ann[A_RELEASED] = now
-        spec.pop("holderIdentity", None)
+        # Empty, not removed: coordinator owns the holder field of a free lease too, so a
+        # holder field another client removed is told from a release.
+        spec["holderIdentity"] = ""
         spec.pop("acquireTime", None)
         spec.pop("renewTime", None)
     elif renew_only:

@@ -186,16 +186,16 @@ class EngineCore:
             raise
         return LeaseView.parse(resp.body, resp.server_time)
 
-    async def _checked_read(self, cluster: str) -> LeaseView:
-        """Identity check and lease read in flight together (two requests, one round trip);
-        nothing is written to a cluster before its identity is proven."""
+    async def _checked_read(self, cluster: str, *more: Callable[[], Coroutine[Any, Any, None]]) -> LeaseView:
+        """Identity check and lease read (and ``more`` reads) in flight together; nothing
+        is written to a cluster before its identity is proven."""
         view: LeaseView | None = None
 
         async def read() -> None:
             nonlocal view
             view = await self._read(cluster)
 
-        await checked(self.clusters, cluster, read)
+        await checked(self.clusters, cluster, read, *more)
         assert view is not None
         return view
 
@@ -247,10 +247,13 @@ class EngineCore:
         return ann
 
     def _token(self, reads: Mapping[str, LeaseView], state_tokens: list[int] | None) -> int | None:
-        """The new fencing token from these reads (see lease.next_token), with "a
-        majority" meaning one of every group of the configuration."""
+        """The new fencing token from these reads (see lease.next_token): the leases read
+        must include a majority of every group of the configuration that kept their token
+        history, or be every member's (a surviving lease that was not read may remember a
+        higher token than the state objects); ``state_tokens`` are a majority's floors."""
         known = [c for c, v in reads.items() if history_known(v)]
-        return next_token(list(reads.values()), self.q, state_tokens, history_ok=self.majorities.reached(known))
+        leases_ok = self.majorities.reached(known) or all(m in reads for m in self.members)
+        return next_token(list(reads.values()), state_tokens, leases_ok=leases_ok)
 
     def _fresh_lease(self, *, vanished: bool, floor: int = 0) -> dict[str, Any]:
         """A holderless lease: free, or a tombstone for one found missing (see bodies.fresh_lease)."""

@@ -147,59 +147,74 @@ def genesis_state_object(deployment: str, storage: str, membership: dict[str, An
 class TokenFloor(Release):
     """The engine's token floor on the state objects."""
 
-    async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
-        """What a majority of the state replicas say: per member, the fencing token its
-        object records (its envelope's or its token floor, the higher) and the member set
-        it stores. Returns as soon as a majority of state objects answered. A missing
-        state object, or one without a token floor, says nothing (it may have held the
-        floor of the token to beat and been deleted): it counts, as token 0, only when
-        every member answered and too few objects are left to make a majority (a state
-        never recorded anywhere, or deleted on a majority, which no record survives) and
-        none of those left lacks a floor."""
+    async def _state_one(self, cluster: str) -> ClusterResult[tuple[int, Stored]]:
+        """What one member's state object says: the fencing token it records (its
+        envelope's or its token floor, the higher) and the member set it stores; the
+        detail says when it is missing (ABSENT) or carries no floor of coordinator's."""
         _, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
+        try:
+            resp = await self.clusters.client(cluster).request("GET", path)
+        except KubeError as err:
+            if err.kind == kube.NOT_FOUND:
+                return ClusterResult(cluster, Outcome.OK, (0, None), detail=ABSENT)
+            return failed(cluster, err)  # type: ignore[return-value]
+        found = envelope_evidence(resp.body, secret=self.dep.storage == "secret")
+        if found is None:
+            return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
+        return ClusterResult(cluster, Outcome.OK, found, detail="" if has_floor(resp.body) else NO_FLOOR)
 
-        async def one(cluster: str) -> ClusterResult[tuple[int, Stored]]:
-            try:
-                resp = await self.clusters.client(cluster).request("GET", path)
-            except KubeError as err:
-                if err.kind == kube.NOT_FOUND:
-                    return ClusterResult(cluster, Outcome.OK, (0, None), detail=ABSENT)
-                return failed(cluster, err)  # type: ignore[return-value]
-            found = envelope_evidence(resp.body, secret=self.dep.storage == "secret")
-            if found is None:
-                return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
-            return ClusterResult(cluster, Outcome.OK, found, detail="" if has_floor(resp.body) else NO_FLOOR)
+    def _present(self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> list[str]:
+        # An object without a floor counts like a missing one: it may be one whose floor
+        # was removed, and the token it knows may be below one granted since.
+        return [k for k, r in results.items() if r.ok and r.detail not in (ABSENT, NO_FLOOR)]
 
-        def present(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> list[str]:
-            # An object without a floor counts like a missing one: it may be one whose floor
-            # was removed, and the token it knows may be below one granted since.
-            return [k for k, r in rs.items() if r.ok and r.detail not in (ABSENT, NO_FLOOR)]
+    def _everyone(self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> bool:
+        return len(results) == self.n and all(r.ok for r in results.values())
 
-        def everyone(rs: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> bool:
-            return len(rs) == self.n and all(r.ok for r in rs.values())
+    def _judge_state(
+        self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]
+    ) -> dict[str, tuple[int, Stored]] | None:
+        """From the state objects read: per member, the token and the member set of a
+        majority that carry a floor, or None while no such majority speaks.
 
+        A missing state object, or one without a token floor, says nothing (it may have
+        held the floor of the token to beat and been deleted): it counts, as token 0,
+        only when every member answered and too few objects are left to make a majority
+        (a state never recorded anywhere, or deleted on a majority, which no record
+        survives) and none of those left lacks a floor. Not when an object is there
+        without a floor of coordinator's: `deployment create` gives every object one and
+        acquisitions raise it, so its floor was removed or rewritten (or the object was
+        recreated by a state write after a deletion), and what it knows may be below a
+        token granted since. No token is proven new then (exit 4 or 5) until an
+        acquisition, or an operator, puts a floor back."""
+        counted = self._present(results)
+        if not self.majorities.reached(counted):
+            if not self._everyone(results):
+                return None
+            floorless = [k for k, r in results.items() if r.ok and r.detail == NO_FLOOR]
+            if floorless:
+                log.warning("state objects without a token floor of coordinator's", clusters=sorted(floorless))
+                return None
+            counted = list(results)
+        return self._evidence_of({k: v for k in counted if (v := results[k].value) is not None})
+
+    def _evidence_of(self, found: dict[str, tuple[int, Stored]]) -> dict[str, tuple[int, Stored]]:
+        """The state objects' evidence as this engine counts it (a member change counts the
+        sets of its own steps as agreeing)."""
+        return found
+
+    async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
+        """What a majority of the state replicas say (see :meth:`_judge_state`); returns
+        as soon as a majority of state objects with a floor answered. Empty when none
+        such majority could be read."""
         results = await fan_out(
             self.members,
-            one,
+            self._state_one,
             timeout=self.timeout,
-            until=lambda rs: self.majorities.reached(present(rs)) or everyone(rs),
+            until=lambda rs: self.majorities.reached(self._present(rs)) or self._everyone(rs),
             silent=self.clusters.silent,
         )
-        counted = present(results)
-        if not self.majorities.reached(counted) and everyone(results):
-            # Too few objects to make a majority: a state never recorded, or deleted on a
-            # majority, which no record survives. Not when an object is there without a
-            # floor of coordinator's: `deployment create` gives every object one and
-            # acquisitions raise it, so its floor was removed or rewritten (or the object
-            # was recreated by a state write after a deletion), and what it knows may be
-            # below a token granted since. No token is proven new then (exit 4 or 5)
-            # until an acquisition, or an operator, puts a floor back.
-            floorless = [k for k, r in results.items() if r.ok and r.detail == NO_FLOOR]
-            if not floorless:
-                counted = list(results)
-            else:
-                log.warning("state objects without a token floor of coordinator's", clusters=sorted(floorless))
-        return {k: v for k in counted if (v := results[k].value) is not None}
+        return self._judge_state(results) or {}
 
     async def _record_token_floor(self, result: AcquireResult) -> None:
         """Raise the token floor of the state objects of a majority to the new token

@@ -72,7 +72,18 @@ class Writes(Replicas):
                 f"(it holds {len(held_on)} of {self.n}: {', '.join(held_on) or 'none'}); it expired, "
                 "was released or was taken over. Nothing was written. Take the lock again."
             )
-        return max(seen[k].lease.token for k in held_on)  # type: ignore[union-attr]
+        # The holder's token as coordinator wrote it: one another client annotated is
+        # neither its token nor a bound (it could make the write look stale, or outrank
+        # every later holder's).
+        from coordinator.evidence import Writer
+
+        tokens = [o.lease.token for k in held_on if (o := seen[k]).lease and o.lease.token_writer is not Writer.OTHER]
+        if not tokens:
+            raise StateConflictError(
+                f"Lock id {lock_id} holds deployment {self.dep.name!r}, but no lease it holds shows the fencing "
+                "token coordinator wrote (another client rewrote it). Nothing was written. Take the lock again."
+            )
+        return max(tokens)
 
     async def write(
         self,

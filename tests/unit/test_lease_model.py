@@ -153,6 +153,7 @@ from coordinator.lease import (
     RenewVerdict,
     Standing,
     drift_allowance,
+    history_known,
     lapsed_by_observation,
     manager_time,
     next_token,
@@ -284,7 +285,16 @@ class SimCluster:
         removed = set(before) - set(after)
         entries = list(((old or {}).get("metadata") or {}).get("managedFields") or [])
         if old is not None and not entries:
-            changed = set(after)  # no owners on record: the writer owns everything
+            # Stripped: as the real server does, updates record no writer any more (only
+            # a server-side apply starts the records again, which nothing here makes).
+            meta["managedFields"] = []
+            meta["uid"], meta["creationTimestamp"] = old["metadata"]["uid"], old["metadata"]["creationTimestamp"]
+            meta["name"], meta["namespace"] = LEASE, NAMESPACE
+            self.rv += 1
+            meta["resourceVersion"] = str(self.rv)
+            self.obj = new
+            self.versions.append(copy.deepcopy(new))
+            return
         owners = {e["manager"]: _owned(e) for e in entries}
         times = {e["manager"]: e["time"] for e in entries}
         order = [e["manager"] for e in entries]
@@ -370,11 +380,11 @@ def fresh_lease(n: int, *, vanished_at: str | None = None, floor: int = 0) -> di
     """``_fresh_lease``: a free lease made with the deployment, or a tombstone."""
     meta = owned_metadata(LEASE, "web")
     ann = common_annotations(n)
+    ann[A_TOKEN] = str(floor)
     if vanished_at is not None:
         ann[A_VANISHED] = vanished_at
-        ann[A_TOKEN] = str(floor)
     meta["annotations"] = ann
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {}}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {"holderIdentity": ""}}
 
 
 def _parts(view: LeaseView) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]:
@@ -431,8 +441,9 @@ def release_body(n: int, view: LeaseView, now: str, *, keep_claim: bool) -> dict
         ann.pop(key, None)
     if not keep_claim:
         ann[A_RELEASED] = now
-    for key in ("holderIdentity", "acquireTime", "renewTime"):
+    for key in ("acquireTime", "renewTime"):
         spec.pop(key, None)
+    spec["holderIdentity"] = ""
     return _finish(n, view, obj, meta, spec, ann)
 
 
@@ -458,9 +469,11 @@ class NewRules:
         seen = lapsed_by_observation(c.sightings.get(k), view, now, max_ttl_s=MAX_TTL, max_server_skew_s=SKEW)
         return standing(view, lock_id, max_ttl_s=MAX_TTL, max_server_skew_s=SKEW, stamp=stamp, observed_lapse=seen)
 
-    def token(self, views: list[LeaseView], q: int, state_tokens: list[int]) -> int | None:
-        token = next_token(views, q, None)
-        return token if token is not None else next_token(views, q, state_tokens)
+    def token(self, views: list[LeaseView], q: int, state_tokens: list[int], n: int) -> int | None:
+        # The attempt reads a majority; every member's lease only when the leases read
+        # do not include a majority that kept their token history.
+        known = sum(1 for v in views if history_known(v)) >= q
+        return next_token(views, state_tokens, leases_ok=known or len(views) == n)
 
     def renew_action(self, view: LeaseView, lock_id: str, token: int) -> str:
         verdict = renew_verdict(view, lock_id)
@@ -520,7 +533,7 @@ class OldRules:
             return Standing.FREE
         return Standing.HELD if self.live_for_other(view, lock_id) else Standing.LAPSED
 
-    def token(self, views: list[LeaseView], q: int, state_tokens: list[int]) -> int | None:
+    def token(self, views: list[LeaseView], q: int, state_tokens: list[int], n: int) -> int | None:
         return max([0, *(v.token for v in views)]) + 1
 
     def renew_action(self, view: LeaseView, lock_id: str, token: int) -> str:
@@ -741,7 +754,7 @@ class LeaseModel(RuleBasedStateMachine):
         ttl = data.draw(st.sampled_from(TTLS), label="ttl")
         start = c.local
         views = [self._read(k, data) for k in reads]
-        token = self.RULES.token(views, self.q, list(self.state_tokens))
+        token = self.RULES.token(views, self.q, list(self.state_tokens), self.n)
         c.attempt = Attempt(c.waiting_id, ttl, start, token, list(reads))
         self.log(
             f"{c.name} begins {c.waiting_id} ttl {ttl}: reads {reads} "
@@ -1190,11 +1203,12 @@ def test_simulated_server_keeps_managed_fields_as_described() -> None:
     assert view().own_write is None and view().fingerprint == renewed.fingerprint
     m.advance(1.0)
     m.renew(Script({"holder": [0], "reached": [[0, 1]]}))  # type: ignore[arg-type]
-    assert view().own_write == at(math.floor(m.t)) and view().ttl_owned
+    # Stripped, the server records no writer again until a server-side apply.
+    assert view().own_write is None and not view().ttl_owned
     m.delete(Script({"all members": [False], "cluster": [0]}))  # type: ignore[arg-type]
     m.recreate(Script({"cluster": [0], "version": [len(m.clusters[0].versions) - 1], "keep managedFields": [True]}))  # type: ignore[arg-type]
     copied = view()
-    assert copied.lock_id == "p0-L1" and copied.own_write is not None and not copied.verified
+    assert copied.lock_id == "p0-L1" and not copied.verified
 
 
 # lock.py's `_take_one` refuses a lease whose token is the attempt's own or higher under
@@ -1337,18 +1351,18 @@ def test_break_during_an_acquisition() -> None:
 #    lease it stands for still holds the lock.
 TOMBSTONE_STEPS = [
     ("delete", {"all members": [False], "cluster": [0]}),
-    ("begin_acquire", {"contender": [1], "reached": [[0, 1]], "ttl": [5]}),
+    ("begin_acquire", {"contender": [1], "reached": [[0, 1, 2]], "ttl": [5]}),
     ("take", {"contender": [1], "cluster": [0]}),  # tombstone T1 on c0, floor 0
     ("attempt_times_out", {"contender": [1]}),
     ("look", {"contender": [2], "cluster": [0]}),  # p2 sees T1
     ("advance", 70.0),  # T1 lapses (max TTL 60 + margin)
-    *acquire(0, reads=[0, 1], takes=[0, 1], ttl=30),  # p0 acquires token 1 on c0, c1
+    *acquire(0, reads=[0, 1, 2], takes=[0, 1], ttl=30),  # p0 acquires token 1 on c0, c1
     ("delete", {"all members": [False], "cluster": [0]}),
-    ("begin_acquire", {"contender": [1], "reached": [[0, 2]], "ttl": [5]}),
+    ("begin_acquire", {"contender": [1], "reached": [[0, 1, 2]], "ttl": [5]}),
     ("take", {"contender": [1], "cluster": [0]}),  # tombstone T2 on c0, floor 0 again
     ("attempt_times_out", {"contender": [1]}),
     ("strip_managed_fields", {"clusters": [[0]]}),
-    *acquire(2, reads=[0, 2], takes=[0, 2]),  # p2: T2 "lapsed" by its sighting of T1
+    *acquire(2, reads=[0, 1, 2], takes=[0, 2]),  # p2: T2 "lapsed" by its sighting of T1
 ]
 
 

@@ -20,6 +20,7 @@ from coordinator.lease import (
     RenewVerdict,
     Standing,
     effective_ttl,
+    history_known,
     lapse_margin,
     lapsed_by_observation,
     lapsed_by_stamps,
@@ -27,6 +28,7 @@ from coordinator.lease import (
     observe,
     renew_verdict,
     standing,
+    token_taken,
 )
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -56,14 +58,15 @@ def lease(
         owned: dict[str, Any] = {"f:holderIdentity": {}, "f:renewTime": {}}
         if own_ttl:
             owned["f:leaseDurationSeconds"] = {}
+        # coordinator writes the token and the uid note with every take and renewal
+        notes = {"f:" + A_TOKEN: {}, **({"f:" + A_UID: {}} if uid_note is not None else {})}
         fields.append({"manager": "coordinator", "operation": "Update", "time": _stamp(own_at),
-                       "fieldsV1": {"f:spec": owned}})
+                       "fieldsV1": {"f:spec": owned, "f:metadata": {"f:annotations": notes}}})
     for manager, when in (others or {}).items():
         fields.append({"manager": manager, "operation": "Update", "time": _stamp(when),
                        "fieldsV1": {"f:metadata": {"f:labels": {}}}})
     spec: dict[str, Any] = {"leaseDurationSeconds": ttl, "renewTime": "2026-12-01T12:00:00.000000Z"}
-    if holder:
-        spec["holderIdentity"] = holder
+    spec["holderIdentity"] = holder or ""  # a release leaves it empty, owned
     obj = {
         "metadata": {
             "name": "coordinator-lock-web",
@@ -189,29 +192,55 @@ def test_a_tombstone_blocks_for_the_maximum_ttl() -> None:
     assert stand(LeaseView.parse(longer.obj), stamp=late) is Standing.LAPSED
 
 
-def test_tokens_need_a_majority_of_leases_with_their_history() -> None:
+def test_tokens_go_above_the_leases_and_a_majority_of_state_objects() -> None:
     intact = [lease(token=5), lease(token=4), lease(token=2)]
-    assert next_token(intact, 2, None) == 6
-    # one deleted (a tombstone with the creator's floor) and one missing: one intact lease
-    # is not a majority, so the state's tokens are needed
-    stone = lease(holder=None, annotations={A_VANISHED: "x"}, token=1)
-    views = [stone, LeaseView.parse(None), lease(token=2)]
-    assert next_token(views, 2, None) is None
-    assert next_token(views, 2, [7, 3]) == 8
-    assert next_token(views, 2, [0, 0]) == 3
+    assert next_token(intact, [0, 3], leases_ok=True) == 6
+    assert next_token(intact, [9, 3], leases_ok=True) == 10  # a floor above every lease
+    # the state objects must always have spoken
+    assert next_token(intact, None, leases_ok=True) is None
+    # without a majority of leases that kept their history (or every member's lease read)
+    assert next_token(intact, [3, 3], leases_ok=False) is None
     # every lease deleted: only the state can tell
     gone = [LeaseView.parse(None)] * 3
-    assert next_token(gone, 2, None) is None and next_token(gone, 2, [3, 3]) == 4
-    # two intact leases among three are enough without the state
-    assert next_token([stone, lease(token=9), lease(token=4)], 2, None) == 10
+    assert next_token(gone, [3, 3], leases_ok=True) == 4
+
+
+def test_history_is_a_coordinator_token_on_this_very_object() -> None:
+    assert history_known(lease(token=3))
+    stone = lease(holder=None, annotations={A_VANISHED: "x"}, token=1)
+    assert not history_known(stone) and not history_known(LeaseView.parse(None))
+
+
+def _annotated(view: LeaseView, key: str, value: str, manager: str = "kubectl-annotate") -> LeaseView:
+    """``view`` after another client wrote annotation ``key`` (it takes the field over)."""
+    obj = view.obj
+    obj["metadata"]["annotations"][key] = value
+    for entry in obj["metadata"]["managedFields"]:
+        ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:annotations", {}).pop("f:" + key, None)
+    owned = {"f:metadata": {"f:annotations": {"f:" + key: {}}}}
+    obj["metadata"]["managedFields"].append(
+        {"manager": manager, "operation": "Update", "time": _stamp(T0), "fieldsV1": owned}
+    )
+    return LeaseView.parse(obj)
+
+
+def test_a_token_another_client_wrote_is_neither_history_nor_a_bound() -> None:
+    # `kubectl annotate --overwrite ... fencing-token=0` after tokens 1..3 were granted
+    lowered = _annotated(lease(token=3), A_TOKEN, "0")
+    assert lowered.token == 0 and not history_known(lowered)
+    assert not token_taken(_annotated(lease(token=3), A_TOKEN, "99"), "me", 4)  # no racing attempt's
+    # one such lease of three: the two others are a majority with history
+    views = [lowered, lease(token=3), lease(token=2)]
+    assert next_token(views, [3, 3], leases_ok=True) == 4
+    # on every member: the leases say nothing, the state objects' floors still say 3
+    assert next_token([lowered] * 3, [3, 3], leases_ok=True) == 4
 
 
 def test_an_unreadable_token_is_not_history() -> None:
     bad = lease(token=0)
     bad.obj["metadata"]["annotations"][A_TOKEN] = "lots"
     view = LeaseView.parse(bad.obj)
-    assert view.token_malformed
-    assert next_token([view, lease(token=1)], 2, None) is None
+    assert view.token_malformed and not history_known(view)
 
 
 # -- renewal
@@ -243,8 +272,8 @@ def test_a_recreated_copy_blocks_for_a_max_ttl_after_its_creation_and_has_no_his
     assert stand(copy, stamp=T0 + timedelta(seconds=30)) is Standing.HELD
     late = T0 + timedelta(seconds=MAX_TTL + lapse_margin(MAX_TTL, 5.0) + 1)
     assert stand(copy, stamp=late) is Standing.FREE
-    # its token is not history: with it, one intact lease is not a majority
-    assert next_token([copy, lease(token=2), LeaseView.parse(None)], 2, None) is None
+    # its token is not history
+    assert not history_known(copy)
 
 
 def test_an_old_unverified_lease_needs_a_probe_then_counts_as_free() -> None:

@@ -63,8 +63,10 @@ def view(
     Date header."""
     fields: list[dict[str, Any]] = []
     if own_at is not None:
+        notes = {"f:" + A_TOKEN: {}, "f:" + A_UID: {}}  # written with every take and renewal
         fields.append({"manager": "coordinator", "operation": "Update", "time": _stamp(own_at),
-                       "fieldsV1": {"f:spec": {"f:holderIdentity": {}, "f:leaseDurationSeconds": {}}}})
+                       "fieldsV1": {"f:spec": {"f:holderIdentity": {}, "f:leaseDurationSeconds": {}},
+                                    "f:metadata": {"f:annotations": notes}}})
     if released_at is not None:
         fields.append({"manager": RELEASE_MANAGER, "operation": "Update", "time": _stamp(released_at),
                        "fieldsV1": {"f:metadata": {"f:annotations": {}}}})
@@ -73,9 +75,7 @@ def view(
         ann[A_TOKEN] = token
     if uid_note is not None:
         ann[A_UID] = uid_note
-    spec: dict[str, Any] = {"leaseDurationSeconds": ttl}
-    if holder:
-        spec["holderIdentity"] = holder
+    spec: dict[str, Any] = {"leaseDurationSeconds": ttl, "holderIdentity": holder or ""}
     obj = {
         "metadata": {"name": "coordinator-lock-web", "uid": uid, "resourceVersion": "7",
                      "creationTimestamp": _stamp(T0 - timedelta(days=1)),
@@ -304,7 +304,12 @@ def test_live_for_other_is_a_live_lease_someone_else_blocks() -> None:
 def test_history_known_for_a_verified_lease_with_a_readable_token() -> None:
     assert history_known(view())
     assert history_known(view(holder=None))
-    assert history_known(view(token=None))  # no token yet is a history of zero
+
+
+def test_no_token_is_no_history() -> None:
+    # coordinator writes a token (0 at first) on every lease it makes: one without it had
+    # it removed, and what it held is unknown
+    assert not history_known(view(token=None))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,207 @@
+"""Who wrote a field: the one ownership rule every piece of evidence goes through.
+
+A rule may read a field of a Lease or a state object only as far as coordinator wrote
+it. The API server records, per field manager, which fields each writer set last
+(``metadata.managedFields``); anyone who may edit an object in the namespace can write any
+of its fields (`kubectl annotate`, `kubectl edit`, a server-side apply with
+``--force-conflicts``), and the server then hands the field to that writer's manager.
+So a field counts as coordinator's word only while a coordinator field manager
+(``coordinator`` or ``coordinator-*``) owns it. A field nobody owns (the managedFields
+stripped) has no known writer and is not coordinator's word either.
+
+Pure: no I/O, no clock. ``EVIDENCE`` lists every field a rule reads, who may write it,
+what the rules do when another manager owns it or it is missing, and the test that shows
+it; the documentation's evidence table is this list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from coordinator.kube.resources import FIELD_MANAGER
+
+
+def is_ours(manager: str) -> bool:
+    """A field manager some coordinator write uses (``coordinator``, ``coordinator-release``...)."""
+    return manager == FIELD_MANAGER or manager.startswith(FIELD_MANAGER + "-")
+
+
+def _fields_key(part: str) -> str:
+    return "f:" + part
+
+
+def owners(obj: dict[str, Any], path: Sequence[str]) -> tuple[str, ...]:
+    """The field managers that own the field at ``path`` of ``obj`` per its managedFields,
+    e.g. ``("metadata", "annotations", "coordinator.io/fencing-token")`` or
+    ``("spec", "holderIdentity")``."""
+    found: list[str] = []
+    entries = (obj.get("metadata") or {}).get("managedFields") if isinstance(obj, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        node: Any = entry.get("fieldsV1")
+        for part in path:
+            node = node.get(_fields_key(part)) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            found.append(str(entry.get("manager") or ""))
+    return tuple(dict.fromkeys(found))
+
+
+def ours(obj: dict[str, Any], path: Sequence[str]) -> bool:
+    """Is the field at ``path`` coordinator's word: owned by a coordinator field manager?
+    (Several managers own a field together only when they applied the same value, so one
+    of ours among them vouches for the value.)"""
+    return any(is_ours(m) for m in owners(obj, path))
+
+
+def annotation(name: str) -> tuple[str, str, str]:
+    return ("metadata", "annotations", name)
+
+
+# The manager a server-side apply gives every field that had no recorded writer (after
+# the managedFields were stripped): it names nobody.
+NO_WRITER = "before-first-apply"
+
+
+class Writer(StrEnum):
+    """Who last wrote a field, as far as managedFields tell."""
+
+    OURS = "ours"  # a coordinator field manager
+    OTHER = "other"  # another client
+    UNKNOWN = "unknown"  # nobody recorded (stripped managedFields, or the server's before-first-apply)
+
+
+def writer(obj: dict[str, Any], path: Sequence[str]) -> Writer:
+    """Who wrote the field at ``path`` of ``obj`` (see :class:`Writer`)."""
+    found = owners(obj, path)
+    if any(is_ours(m) for m in found):
+        return Writer.OURS
+    if any(m and m != NO_WRITER for m in found):
+        return Writer.OTHER
+    return Writer.UNKNOWN
+
+
+def tracked(obj: dict[str, Any]) -> bool:
+    """Does the object carry managedFields at all? Stripped (``managedFields: [{}]``), the
+    server stops recording writers until the next server-side apply."""
+    entries = (obj.get("metadata") or {}).get("managedFields") if isinstance(obj, dict) else None
+    return isinstance(entries, list) and any(isinstance(e, dict) and e.get("manager") for e in entries)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One row of the evidence table."""
+
+    field: str  # where it lives
+    read_by: str  # which rule reads it
+    writers: str  # who may write it (its field manager)
+    otherwise: str  # what the rules do when another manager owns it, or it is missing
+    test: str  # the test that shows it
+
+
+EVIDENCE: tuple[Evidence, ...] = (
+    Evidence(
+        "Lease spec.holderIdentity",
+        "who holds a lease; a renewal's 'still ours'",
+        "coordinator (takes), coordinator-release (releases and breaks write it empty)",
+        "another manager's, or none (stripped, removed): held by an unknown holder until "
+        "coordinator's own write stamp, or local observation, shows a TTL passed; never ours, never free",
+        "test_evidence_owners.py::test_a_holder_edited_by_another_client_is_neither_free_nor_ours",
+    ),
+    Evidence(
+        "Lease coordinator.io/fencing-token",
+        "the next fencing token; a take racing a concurrent attempt",
+        "coordinator",
+        "another manager's, or none: the lease keeps no token history (as if deleted); the next token "
+        "comes from the leases that kept theirs and the state objects' floors, never lower",
+        "test_evidence_owners.py::test_kubectl_annotate_of_the_token_never_repeats_a_token",
+    ),
+    Evidence(
+        "Lease managedFields time of manager coordinator",
+        "expiry (our last take or renewal, against a probe's stamp)",
+        "the API server, for writes under coordinator",
+        "absent (stripped): expiry only by local observation for a whole TTL",
+        "test_lock_hardening.py",
+    ),
+    Evidence(
+        "Lease spec.leaseDurationSeconds",
+        "the TTL a contender waits out",
+        "coordinator",
+        "another manager's: the deployment's maximum TTL instead",
+        "test_adversary_round3_security.py::test_annotation_edits_do_not_keep_a_dead_holders_lock_alive_forever",
+    ),
+    Evidence(
+        "Lease coordinator.io/max-ttl",
+        "the deployment's maximum TTL (tombstones, copies, durations not ours)",
+        "coordinator",
+        "another manager's, missing or above a day: the local record's maximum",
+        "test_adversary_round4_security.py::test_a_max_ttl_note_longer_than_a_day_is_not_believed_even_under_the_coordinator_manager",
+    ),
+    Evidence(
+        "Lease coordinator.io/vanished",
+        "a tombstone: held by an unknown holder for a maximum TTL",
+        "coordinator",
+        "another manager's: not a tombstone (the mark neither lengthens a lock nor says a lease was deleted)",
+        "test_evidence_owners.py::test_a_planted_vanished_mark_does_not_keep_a_dead_holders_lock",
+    ),
+    Evidence(
+        "Lease coordinator.io/uid",
+        "this very object was written by coordinator (a copy names another uid)",
+        "coordinator, coordinator-release",
+        "another manager's, or none: the lease is treated as a copy (blocks for a maximum TTL after "
+        "its creation, keeps no token history)",
+        "test_evidence_owners.py::test_a_uid_note_written_by_another_client_does_not_vouch_for_a_copy",
+    ),
+    Evidence(
+        "Lease coordinator.io/last-break",
+        "a renewal learns its lock was broken",
+        "coordinator-release (lock break)",
+        "another manager's: ignored (a renewal then judges the holder field alone)",
+        "test_evidence_owners.py::test_a_planted_break_note_does_not_end_a_live_lock",
+    ),
+    Evidence(
+        "Lease coordinator.io/membership",
+        "the member set the members store",
+        "coordinator",
+        "another manager's: possibly planted, commands stop (exit 5); none: silence",
+        "test_adversary_membership_input.py",
+    ),
+    Evidence(
+        "Lease coordinator.io/next",
+        "whose turn is next",
+        "coordinator-line",
+        "another manager's: ignored (claims only ever delay a take)",
+        "test_evidence_owners.py::test_a_planted_claim_does_not_reserve_the_next_turn",
+    ),
+    Evidence(
+        "Lease managedFields time of manager coordinator-release",
+        "when a lease was released (the next turn's reservation)",
+        "the API server, for releases",
+        "absent: no reservation (claims only delay)",
+        "test_lock_turns.py",
+    ),
+    Evidence(
+        "State object coordinator.io/token-floor",
+        "the next fencing token",
+        "coordinator",
+        "another manager's, or none: the object counts as missing for the token",
+        "test_adversary_round7_state_evidence.py",
+    ),
+    Evidence(
+        "State object coordinator.io/membership",
+        "the member set, where a lease says nothing",
+        "coordinator",
+        "another manager's, or none: silence",
+        "test_adversary_round6_membership.py::test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope_speak",
+    ),
+    Evidence(
+        "History ConfigMap history.json",
+        "lock history",
+        "coordinator",
+        "another manager's: not read; replaced by the next event",
+        "test_lock_history.py",
+    ),
+)

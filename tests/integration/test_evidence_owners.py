@@ -1,0 +1,212 @@
+"""Every field a rule reads counts only where coordinator wrote it (coordinator/evidence.py).
+
+Another client — `kubectl annotate`, `kubectl edit`, a server-side apply with
+``--force-conflicts`` — takes over the fields it writes (the API server hands them to its
+field manager). Edits like that never repeat a fencing token, never free a lock, never
+end one that is alive, and never keep a dead one past its own TTL plus margin. Each test
+acts as that other client with the real kubectl, on real API servers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+from coord_fixtures import Env, make_env
+from faults.kubectl import kubectl
+
+from coordinator.kube.resources import configmaps_path, lease_path, leases_path
+
+LEASE = "coordinator-lock-web"
+
+
+def _k(env: Env, index: int, *args: str) -> None:
+    done = kubectl(env.kubeconfig, index, env.namespace, *args)
+    assert done.returncode == 0, done.stderr
+
+
+def _annotate(env: Env, index: int, key: str, value: str) -> None:
+    """A plain `kubectl annotate --overwrite` (kubectl's own field manager)."""
+    _k(env, index, "annotate", "--overwrite", "lease", LEASE, f"{key}={value}")
+
+
+def _acquire(env: Env, holder: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return env.cli("-o", "json", "lock", "acquire", "web", "--holder", holder, *args)
+
+
+def _token(proc: subprocess.CompletedProcess[str]) -> int:
+    assert proc.returncode == 0, proc.stderr
+    return int(json.loads(proc.stdout)["fencing_token"])
+
+
+def _lease(env: Env, index: int) -> dict[str, Any]:
+    return anyio.run(env.raw, index, "GET", lease_path(env.namespace, LEASE))
+
+
+def test_kubectl_annotate_of_the_token_never_repeats_a_token(dep3: Env) -> None:
+    tokens = []
+    for holder in ("first", "second", "third"):
+        tokens.append(_token(_acquire(dep3, holder, "--ttl", "30s")))
+        assert dep3.cli("state", "set", "web", f"by={holder}", env={"COORDINATOR_HOLDER": holder}).returncode == 0
+        assert dep3.cli("lock", "release", "web", "--holder", holder).returncode == 0
+    assert tokens == [1, 2, 3]
+    # On every member, kubectl's own field manager: no managedFields rewrite, no deletion.
+    for i in (1, 2, 3):
+        _annotate(dep3, i, "coordinator.io/fencing-token", "0")
+    fourth = _acquire(dep3, "fourth", "--ttl", "30s")
+    assert _token(fourth) == 4, fourth.stdout
+    # Its writes are accepted: the replicas (token 3) are not above it.
+    wrote = dep3.cli("state", "set", "web", "by=fourth", env={"COORDINATOR_HOLDER": "fourth"})
+    assert wrote.returncode == 0, wrote.stderr
+    assert dep3.cli("state", "get", "web", "by").stdout.strip() == "fourth"
+    assert dep3.cli("lock", "release", "web", "--holder", "fourth").returncode == 0
+
+
+def test_a_token_annotated_on_two_members_with_the_third_paused_does_not_repeat(dep3: Env) -> None:
+    for holder in ("first", "second", "third"):
+        _token(_acquire(dep3, holder, "--ttl", "30s"))
+        assert dep3.cli("lock", "release", "web", "--holder", holder).returncode == 0
+    _annotate(dep3, 1, "coordinator.io/fencing-token", "0")
+    _annotate(dep3, 2, "coordinator.io/fencing-token", "0")
+    dep3.sandbox.pause(3)
+    try:
+        # The leases read keep no history: without the third lease no token is proven new,
+        # and the attempt waits for it until its deadline.
+        refused = _acquire(dep3, "fourth", "--ttl", "30s", "--timeout", "2s")
+        assert refused.returncode == 4, refused.stderr
+        assert json.loads(refused.stdout)["fencing_token"] is None
+    finally:
+        dep3.sandbox.resume(3)
+    assert _token(_acquire(dep3, "fourth", "--ttl", "30s")) == 4
+
+
+def test_a_holder_edited_by_another_client_is_neither_free_nor_ours(dep3: Env) -> None:
+    # alice holds (TTL 10 s; the deployment's maximum is 10 minutes); an operator "frees"
+    # the lock by hand on every member.
+    alice = _acquire(dep3, "alice", "--ttl", "10s")
+    lock_id = json.loads(alice.stdout)["lock_id"]
+    for i in (1, 2, 3):
+        _k(dep3, i, "patch", "lease", LEASE, "--type=merge", "-p", '{"spec":{"holderIdentity":null}}')
+    bob = _acquire(dep3, "bob", "--ttl", "10s")
+    assert bob.returncode == 3, bob.stdout
+    st = json.loads(dep3.cli("-o", "json", "lock", "status", "web").stdout)
+    assert st["holder"] is None and st["status"] == "unknown", st
+    # Not alice's either: her renewal finds the lock gone from under her.
+    renewed = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
+    assert renewed.returncode != 0, renewed.stderr
+    # It lapses by coordinator's own last write: alice's TTL plus margin, not the maximum TTL.
+    waited = _acquire(dep3, "bob", "--ttl", "10s", "--wait", "60s")
+    assert waited.returncode == 0, waited.stderr
+    assert _lease(dep3, 1)["spec"]["holderIdentity"].endswith(json.loads(waited.stdout)["lock_id"])
+
+
+def test_a_holder_set_to_another_lock_id_by_another_client_is_not_ours(dep3: Env) -> None:
+    alice = _acquire(dep3, "alice", "--ttl", "30s")
+    lock_id = json.loads(alice.stdout)["lock_id"]
+    # A re-applied manifest names alice's lock again on every member, after... anything.
+    for i in (1, 2, 3):
+        _k(dep3, i, "patch", "lease", LEASE, "--type=merge", "--field-manager=kubectl-edit",
+           "-p", json.dumps({"spec": {"holderIdentity": f"alice/{lock_id}x"}}))  # fmt: skip
+        _k(dep3, i, "patch", "lease", LEASE, "--type=merge", "--field-manager=kubectl-edit",
+           "-p", json.dumps({"spec": {"holderIdentity": f"alice/{lock_id}"}}))  # fmt: skip
+    renewed = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
+    assert renewed.returncode != 0, renewed.stderr
+    assert _acquire(dep3, "bob", "--ttl", "10s").returncode == 3
+
+
+def test_a_planted_vanished_mark_does_not_keep_a_dead_holders_lock(dep3: Env) -> None:
+    # The deployment's maximum TTL is the default 10 minutes; alice's lock is 5 s.
+    alice = _acquire(dep3, "alice", "--ttl", "5s")
+    assert alice.returncode == 0, alice.stderr
+    for i in (1, 2, 3):
+        _annotate(dep3, i, "coordinator.io/vanished", "2026-12-01T00:00:00Z")
+    bob = _acquire(dep3, "bob", "--ttl", "10s", "--wait", "40s")
+    assert bob.returncode == 0, bob.stdout + bob.stderr
+    assert "deleted" not in bob.stderr
+
+
+def test_a_planted_break_note_does_not_end_a_live_lock(dep3: Env) -> None:
+    alice = _acquire(dep3, "alice", "--ttl", "30s")
+    lock_id = json.loads(alice.stdout)["lock_id"]
+    note = json.dumps({"by": "mallory", "previous_lock_id": lock_id})
+    for i in (1, 2, 3):
+        _annotate(dep3, i, "coordinator.io/last-break", note)
+    renewed = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
+    assert renewed.returncode == 0, renewed.stderr
+
+
+def test_a_planted_claim_does_not_reserve_the_next_turn(dep3: Env) -> None:
+    alice = _acquire(dep3, "alice", "--ttl", "30s")
+    assert alice.returncode == 0, alice.stderr
+    claim = json.dumps({"lock": "ffffffffffffffff", "holder": "mallory", "since": 0})
+    for i in (1, 2, 3):
+        _annotate(dep3, i, "coordinator.io/next", claim)
+    st = json.loads(dep3.cli("-o", "json", "lock", "status", "web").stdout)
+    assert st["status"] == "held" and st["next_in_line"] is None, st
+    assert dep3.cli("lock", "release", "web", "--holder", "alice").returncode == 0
+    assert _acquire(dep3, "bob", "--ttl", "10s").returncode == 0
+
+
+def test_a_uid_note_written_by_another_client_does_not_vouch_for_a_copy(sandbox3: Any, tmp_path: Path) -> None:
+    # Tokens 1 and 2 granted; on every member another client deletes the Lease, creates it
+    # again with token 0 and the member set copied, then writes its new uid as the uid note.
+    env = make_env(sandbox3, tmp_path, max_ttl_s=8)
+    for holder in ("first", "second"):
+        assert env.cli("lock", "acquire", "web", "--ttl", "5s", "--holder", holder).returncode == 0
+        assert env.cli("lock", "release", "web", "--holder", holder).returncode == 0
+
+    async def recreate(index: int) -> None:
+        client = env.client(index)
+        try:
+            old = (await client.request("GET", lease_path(env.namespace, LEASE))).body
+            members = old["metadata"]["annotations"]["coordinator.io/membership"]
+            await client.request("DELETE", lease_path(env.namespace, LEASE))
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": LEASE,
+                    "annotations": {"coordinator.io/membership": members, "coordinator.io/fencing-token": "0"},
+                },
+                "spec": {"leaseDurationSeconds": 30, "holderIdentity": ""},
+            }
+            query = {"fieldManager": "kubectl-create"}
+            made = (await client.request("POST", leases_path(env.namespace), body=body, query=query)).body
+            await client.request(
+                "PATCH",
+                lease_path(env.namespace, LEASE),
+                body={"metadata": {"annotations": {"coordinator.io/uid": made["metadata"]["uid"]}}},
+                query={"fieldManager": "kubectl-annotate"},
+                content_type="application/merge-patch+json",
+            )
+        finally:
+            await client.close()
+
+    for i in (1, 2, 3):
+        anyio.run(recreate, i)
+    third = _acquire(env, "third", "--ttl", "5s", "--wait", "40s")
+    assert _token(third) > 2, third.stdout
+
+
+def test_a_token_floor_annotated_lower_on_the_state_objects_does_not_repeat_a_token(dep3: Env) -> None:
+    for holder in ("first", "second"):
+        _token(_acquire(dep3, holder, "--ttl", "30s"))
+        assert dep3.cli("lock", "release", "web", "--holder", holder).returncode == 0
+    for i in (1, 2, 3):
+        done = kubectl(dep3.kubeconfig, i, dep3.namespace, "annotate", "--overwrite", "configmap",
+                       "coordinator-state-web", "coordinator.io/token-floor=0")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    # The leases keep their history (token 2); the floors say nothing now.
+    refused = _acquire(dep3, "third", "--ttl", "30s")
+    assert refused.returncode == 4, refused.stdout
+    # An operator puts a floor back under coordinator's field manager, as the docs say.
+    for i in (1, 2, 3):
+        floor = ("coordinator.io/token-floor=2", "--field-manager=coordinator")
+        done = kubectl(dep3.kubeconfig, i, dep3.namespace, "annotate", "--overwrite", "configmap",
+                       "coordinator-state-web", *floor)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert _token(_acquire(dep3, "third", "--ttl", "30s")) == 3
+    assert anyio.run(dep3.raw, 1, "GET", f"{configmaps_path(dep3.namespace)}/coordinator-state-web")
