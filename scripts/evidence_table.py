@@ -1,0 +1,41 @@
+"""Print the evidence table (docs/evidence.md) from coordinator/evidence.py's EVIDENCE.
+
+    python scripts/evidence_table.py > docs/evidence.md
+
+tests/unit/test_evidence_table.py fails when the file and the list disagree.
+"""
+
+from __future__ import annotations
+
+from coordinator.evidence import EVIDENCE
+
+HEAD = """# Evidence: every field a rule reads, and who may write it
+
+A rule of the lock or of the state register reads a field only as far as coordinator wrote
+it: a coordinator field manager (`coordinator`, `coordinator-…`) must own the field in the
+object's `metadata.managedFields`. Anyone who may edit the object can write any field, and
+the API server then hands the field to that writer's manager; where the server records no
+writer at all (managedFields stripped), the field has no known writer. What the rules do
+then is in the fourth column: they ignore the field, count the object as missing, or block;
+an edit by another client never frees a lock, never lowers a fencing token, and never keeps
+a dead lock past its own TTL plus margin. Writes under a manager named `coordinator` are
+taken as coordinator's own, whoever makes them (see the README's *What is assumed*).
+
+This table is generated from `coordinator/evidence.py` (`python scripts/evidence_table.py`),
+the module every rule asks; a unit test keeps the two equal.
+
+| field | read by | who may write it | when another client wrote it, or it is missing | test |
+| --- | --- | --- | --- | --- |
+"""
+
+
+def render() -> str:
+    rows = [
+        f"| {e.field} | {e.read_by} | {e.writers} | {e.otherwise} | `{e.test}` |"
+        for e in EVIDENCE
+    ]
+    return HEAD + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,48 @@
+"""The evidence table in the docs is the one the rules use (coordinator/evidence.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from coordinator.evidence import EVIDENCE, Writer, owners, writer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_docs_evidence_md_is_generated_from_the_rules_table() -> None:
+    spec = importlib.util.spec_from_file_location("evidence_table", ROOT / "scripts" / "evidence_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (ROOT / "docs" / "evidence.md").read_text() == module.render(), (
+        "docs/evidence.md is stale: python scripts/evidence_table.py > docs/evidence.md"
+    )
+
+
+def test_every_row_names_a_test_that_exists() -> None:
+    for row in EVIDENCE:
+        path = row.test.split("::")[0]
+        found = list((ROOT / "tests").rglob(path))
+        assert found, f"{row.field}: no test file {path}"
+        if "::" in row.test:
+            name = row.test.split("::")[1]
+            assert any(f"def {name}(" in f.read_text() for f in found), f"{row.field}: no test {row.test}"
+
+
+def _obj(*entries: tuple[str, dict[str, object]]) -> dict[str, object]:
+    return {"metadata": {"managedFields": [{"manager": m, "fieldsV1": f} for m, f in entries]}}
+
+
+def test_writer_of_a_field() -> None:
+    holder = {"f:spec": {"f:holderIdentity": {}}}
+    path = ("spec", "holderIdentity")
+    assert writer(_obj(("coordinator-release", holder)), path) is Writer.OURS
+    assert writer(_obj(("kubectl-edit", holder)), path) is Writer.OTHER
+    # several owners (the same value applied by both): one of ours vouches for it
+    assert writer(_obj(("kubectl", holder), ("coordinator", holder)), path) is Writer.OURS
+    assert writer(_obj(("before-first-apply", holder)), path) is Writer.UNKNOWN  # names nobody
+    assert writer({"metadata": {}}, path) is Writer.UNKNOWN  # stripped
+    assert writer(_obj(("coordinator", {"f:spec": {}})), path) is Writer.UNKNOWN  # nobody owns it
+    assert writer(_obj(("coordinatorx", holder)), path) is Writer.OTHER  # not a coordinator manager
+    assert owners({"metadata": {"managedFields": "garbage"}}, path) == ()
