@@ -1,6 +1,8 @@
-"""`coordinator cluster ...`: connect, list, info, disconnect."""
+"""`coordinator cluster ...`: connect, list, info, disconnect, restored."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
@@ -251,3 +253,75 @@ def disconnect(ctx: click.Context, name: str, force: bool) -> None:
         {"disconnected": name, "deployments_affected": users},
         lambda: say(f"Disconnected {name}." + (f" Deployments still listing it: {', '.join(users)}." if users else "")),
     )
+
+
+@cluster.command("restored")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def restored(ctx: click.Context, name: str, yes: bool) -> None:
+    """Tell coordinator that NAME's etcd was restored from a backup.
+
+    A restored member's leases come back with older holders and tokens, and nothing in them
+    says so. This makes every coordinator lease on NAME a tombstone: held by an unknown
+    holder for one maximum TTL, keeping no token history, so that no lock that was live
+    when the member was restored can be taken over, and the next fencing token is proven
+    by the other members. Run it as soon as the member answers again, before anyone
+    acquires. Exits 4 when NAME cannot be listed.
+
+    Example: coordinator cluster restored eu-1 --yes
+    """
+    import sys
+
+    from coordinator.clusters import ClusterSet
+    from coordinator.errors import NoQuorumError, UsageError
+    from coordinator.restored import tombstone_member
+
+    app = app_of(ctx)
+    cfg = _store(ctx).load()
+    if name not in cfg.clusters:
+        known = ", ".join(sorted(cfg.clusters)) or "none"
+        raise UsageError(f"Unknown cluster {name!r} (connected clusters: {known}).")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(
+                f"Marking {name!r} restored needs confirmation, and standard input is not a terminal to ask "
+                "on; use --yes."
+            )
+        click.confirm(
+            f"Every coordinator lock on {name!r} will count as held by an unknown holder for one maximum "
+            "TTL. Continue?",
+            abort=True,
+        )
+
+    async def go() -> Any:
+        clusters = ClusterSet(cfg, timeout=app.timeout)
+        try:
+            return await tombstone_member(clusters, name)
+        finally:
+            await clusters.aclose()
+
+    done, error = run(go)
+    if error is not None:
+        raise NoQuorumError(
+            f"Could not list the leases on {name!r} ({error.kind}: {error.detail}); nothing was changed. Run "
+            "this again when it answers, before anyone acquires a lock of its deployments."
+        )
+    rows = [
+        {"namespace": t.namespace, "deployment": t.deployment, "outcome": t.outcome, "detail": t.detail} for t in done
+    ]
+
+    def text() -> None:
+        ok = sum(1 for t in done if t.outcome == "ok")
+        say(f"Marked {ok} of {len(done)} lease(s) on {name} as held by an unknown holder for one maximum TTL.")
+        if rows:
+            table(
+                ["namespace", "deployment", "outcome", "detail"],
+                [[r["namespace"], r["deployment"], r["outcome"], r["detail"]] for r in rows],
+            )
+
+    emit(ctx, {"cluster": name, "leases": rows}, text)
+    failed = [t for t in done if t.outcome != "ok"]
+    if failed:
+        which = ", ".join(f"{t.namespace}/{t.deployment}: {t.outcome}" for t in failed)
+        raise NoQuorumError(f"{len(failed)} lease(s) on {name!r} could not be marked ({which}); run this again.")
