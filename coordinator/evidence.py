@@ -198,6 +198,21 @@ EVIDENCE: tuple[Evidence, ...] = (
         "test_adversary_round6_membership.py::test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope_speak",
     ),
     Evidence(
+        "State object data envelope.json",
+        "the replicated state (reads, confirmations, repair)",
+        "coordinator",
+        "another manager's, however well-formed: the replica is corrupt (never returned, never counted); "
+        "the next write replaces it",
+        "test_evidence_owners.py::test_a_well_formed_envelope_another_client_wrote_is_not_the_state",
+    ),
+    Evidence(
+        "State object coordinator.io/state-promise",
+        "the newest stamp a replica promised (writes below it are refused)",
+        "coordinator",
+        "another manager's: the replica is corrupt until a write replaces it",
+        "test_register.py::test_an_envelope_or_promise_another_client_wrote_is_corrupt",
+    ),
+    Evidence(
         "History ConfigMap history.json",
         "lock history",
         "coordinator",

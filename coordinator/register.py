@@ -53,6 +53,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from coordinator.errors import UsageError
+from coordinator.evidence import Writer, annotation, owners, writer
 from coordinator.kube.resources import ANNOTATION_PREFIX, owned_metadata
 from coordinator.models import HISTORY_LIMIT, STATE_SCHEMA, AuditEntry, StateEnvelope
 from coordinator.text import printable
@@ -318,6 +319,13 @@ def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, de
         return Replica(cluster, exists=False)
     rep = Replica(cluster, exists=True, obj=obj)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    for path, what in ((("data", DATA_KEY), f"its {DATA_KEY}"), (annotation(PROMISE_ANNOTATION), "its promise")):
+        if writer(obj, path) is Writer.OTHER:
+            # Evidence has an owner (coordinator/evidence.py): another client's envelope or
+            # promise is not a replica's word, however well-formed; a write replaces it.
+            who = printable(", ".join(owners(obj, path)))[:80]
+            rep.corrupt = f"{what} was written by another client ({who}), not by coordinator"
+            return rep
     promise_text = annotations.get(PROMISE_ANNOTATION)
     if promise_text is not None:
         try:

@@ -20,6 +20,8 @@ FAULT_KINDS = (
     "apply-lease",
     "strip-managed-fields",
     "edit-lease-duration",
+    # Another field manager writes any value into any field a rule reads (docs/evidence.md).
+    "foreign-writes",
     # Objects deleted.
     "delete-lease-one",
     "delete-lease-all",
@@ -38,7 +40,7 @@ FAULT_KINDS = (
 )
 
 
-OTHER_CLIENT_FAULTS = ("annotate-lease", "apply-lease", "strip-managed-fields", "edit-lease-duration")
+OTHER_CLIENT_FAULTS = ("annotate-lease", "apply-lease", "strip-managed-fields", "edit-lease-duration", "foreign-writes")
 DELETION_FAULTS = ("delete-lease-one", "delete-lease-all", "delete-state-one", "recreate-namespace")
 MEMBER_FAULTS = ("add-member", "remove-member", "replace-member")
 # Targeted schedules, not in the default rounds (``--kinds`` names them).

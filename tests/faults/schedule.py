@@ -319,7 +319,8 @@ class Faults:
             self.say(f"fault: {kind} needs kubectl, which is not installed")
             return
         self._held(min(room, 10.0))
-        targets = self._majority() if kind in ("strip-managed-fields", "edit-lease-duration") else self._minority()
+        majority = ("strip-managed-fields", "edit-lease-duration", "foreign-writes")
+        targets = self._majority() if kind in majority else self._minority()
         if self.rng.random() < 0.5:
             targets = self._clusters(self.rng.randint(1, self.n))
         lease = self._lease()
@@ -348,6 +349,8 @@ class Faults:
                     )
                     runs = [self._kubectl(i, "apply", "--server-side", "--field-manager=torture-apply", "-f", "-",
                                           stdin=manifest)]  # fmt: skip
+                elif kind == "foreign-writes":
+                    runs = [self._foreign_write(i, lease)]
                 elif kind == "strip-managed-fields":
                     runs = [self._kubectl(i, "patch", "lease", lease, "--type=merge",
                                           "-p", '{"metadata":{"managedFields":[{}]}}',
@@ -363,6 +366,84 @@ class Faults:
             self._sleep(min(0.5, max(0.0, until - machine_clock())))
         if problems:
             self.say(f"fault: {kind}: kubectl failed {len(problems)} times, e.g. {problems[0]}")
+
+    # Values another client may write into a field a rule reads: other numbers (around the
+    # current token, zero, huge), nothing, text no rule can read, another lock's id.
+    def _foreign_value(self, current: str | None) -> str:
+        number = int(current) if current is not None and current.isdigit() and len(current) < 18 else 0
+        return self.rng.choice(
+            [
+                "0",
+                str(max(0, number - 1)),
+                str(number),
+                str(number + 1),
+                str(number + 1000),
+                "9" * 30,
+                "",
+                "-1",
+                "x",
+                "1e3",
+                '{"by":"torture","previous_lock_id":"' + (current or "") + '"}',
+                '{"lock":"0000000000000000","holder":"torture","since":0}',
+                "2026-12-01T00:00:00Z",
+                f"torture/{self.rng.getrandbits(64):016x}",
+            ]
+        )
+
+    def _foreign_write(self, index: int, lease: str) -> subprocess.CompletedProcess[str]:
+        """One write of another field manager into one field of the evidence table
+        (docs/evidence.md), on the Lease or the state object: a plain update (kubectl
+        annotate / patch) or a server-side apply that forces the field over."""
+        from coordinator.kube.resources import A_TOKEN_FLOOR, state_name
+
+        on_state = self.rng.random() < 0.25
+        if on_state:
+            kind, name = "configmap", state_name(DEPLOYMENT)
+            field = self.rng.choice([("annotation", A_TOKEN_FLOOR), ("annotation", "coordinator.io/membership")])
+        else:
+            kind, name = "lease", lease
+            field = self.rng.choice(
+                [
+                    ("annotation", "coordinator.io/fencing-token"),
+                    ("annotation", "coordinator.io/vanished"),
+                    ("annotation", "coordinator.io/uid"),
+                    ("annotation", "coordinator.io/last-break"),
+                    ("annotation", "coordinator.io/next"),
+                    ("annotation", "coordinator.io/max-ttl"),
+                    ("annotation", "coordinator.io/membership"),
+                    ("annotation", "coordinator.io/holder"),
+                    ("spec", "holderIdentity"),
+                    ("spec", "leaseDurationSeconds"),
+                    ("spec", "renewTime"),
+                ]
+            )
+        path = self._lease_path() if not on_state else self._state_path()
+        obj = self.sandbox.admin(index).get(path) or {}
+        meta = obj.get("metadata") or {}
+        where, key = field
+        holder = (meta.get("annotations") or {}) if where == "annotation" else (obj.get("spec") or {})
+        current = holder.get(key)
+        value = self._foreign_value(str(current) if current is not None else None)
+        if key == "coordinator.io/membership" and value.startswith("{"):
+            value = "x"  # a well-formed set another client wrote stops commands (exit 5), as documented
+        if where == "annotation":
+            patch: dict[str, Any] = {"metadata": {"annotations": {key: value}}}
+        elif key == "leaseDurationSeconds":
+            patch = {"spec": {key: int(value) if value.isdigit() and len(value) < 9 and int(value) > 0 else 1}}
+        elif key == "renewTime":
+            patch = {"spec": {key: "2026-12-01T00:00:00.000000Z"}}
+        else:
+            patch = {"spec": {key: value or None}}
+        if self.rng.random() < 0.5:
+            return self._kubectl(index, "patch", kind, name, "--type=merge", "-p", json.dumps(patch),
+                                 "--field-manager=torture-update")  # fmt: skip
+        api = "coordination.k8s.io/v1" if kind == "lease" else "v1"
+        manifest = {"apiVersion": api, "kind": "Lease" if kind == "lease" else "ConfigMap",
+                    "metadata": {"name": name, **patch.get("metadata", {})}}  # fmt: skip
+        if "spec" in patch:
+            manifest["spec"] = {k: v for k, v in patch["spec"].items() if v is not None}
+        return self._kubectl(index, "apply", "--server-side", "--force-conflicts", "--field-manager=torture-force",
+                             "-f", "-", stdin=json.dumps(manifest))  # fmt: skip
 
     # -- deletions -------------------------------------------------------------------
 

@@ -210,3 +210,31 @@ def test_a_token_floor_annotated_lower_on_the_state_objects_does_not_repeat_a_to
         assert done.returncode == 0, done.stderr
     assert _token(_acquire(dep3, "third", "--ttl", "30s")) == 3
     assert anyio.run(dep3.raw, 1, "GET", f"{configmaps_path(dep3.namespace)}/coordinator-state-web")
+
+
+def test_a_well_formed_envelope_another_client_wrote_is_not_the_state(dep3: Env) -> None:
+    from coordinator.register import checksum
+
+    assert _acquire(dep3, "alice", "--ttl", "30s").returncode == 0
+    env = {"COORDINATOR_HOLDER": "alice"}
+    assert dep3.cli("state", "set", "web", "replicas:=3", env=env).returncode == 0
+    # On two of three members another client writes a well-formed envelope: newer
+    # version, the same token, a checksum that matches its data (kubectl's field manager).
+    path = f"{configmaps_path(dep3.namespace)}/coordinator-state-web"
+    for i in (1, 2):
+        obj = anyio.run(dep3.raw, i, "GET", path)
+        doc = json.loads(obj["data"]["envelope.json"])
+        doc["data"], doc["version"] = {"replicas": 99}, doc["version"] + 5
+        doc["checksum"] = checksum(doc["data"])
+        patch = json.dumps({"data": {"envelope.json": json.dumps(doc)}})
+        _k(dep3, i, "patch", "configmap", "coordinator-state-web", "--type=merge", "-p", patch)
+    # A majority read cannot decide (two replicas are no replica's word): nothing is returned
+    # as the state, and surely not 99.
+    got = dep3.cli("state", "get", "web", "replicas")
+    assert "99" not in got.stdout, got.stdout
+    diff = json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)
+    rows = {r["name"]: r for r in diff}
+    assert rows["c1"]["status"] == "corrupt" and "another client" in rows["c1"]["detail"], rows["c1"]
+    # The holder's next write replaces them; the state is the holder's again.
+    assert dep3.cli("state", "set", "web", "replicas:=4", env=env).returncode == 0
+    assert dep3.cli("state", "get", "web", "replicas").stdout.strip() == "4"

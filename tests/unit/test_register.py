@@ -418,3 +418,20 @@ def test_write_outcome(deliveries: str, outcome: str) -> None:
     kinds = {"C": Delivery.CONFIRMED, "R": Delivery.REFUSED, "U": Delivery.UNANSWERED}
     q = 2
     assert reg.write_outcome({f"c{i}": kinds[d] for i, d in enumerate(deliveries)}, q) == outcome
+
+
+def test_an_envelope_or_promise_another_client_wrote_is_corrupt() -> None:
+    stamp = Stamp(2, 5, reg.new_write_id())
+    obj = replica("c1", {"n": 3}, stamp, promise=stamp).obj
+
+    def owned_by(manager: str, fields: dict[str, Any]) -> dict[str, Any]:
+        return {**obj, "metadata": {**obj["metadata"], "managedFields": [{"manager": manager, "fieldsV1": fields}]}}
+
+    data = {"f:data": {"f:" + reg.DATA_KEY: {}}}
+    promise = {"f:metadata": {"f:annotations": {"f:" + reg.PROMISE_ANNOTATION: {}}}}
+    assert reg.decode_replica("c1", owned_by("coordinator", data | promise), "configmap").corrupt is None
+    for fields in (data, promise):
+        rep = reg.decode_replica("c1", owned_by("kubectl-edit", fields), "configmap")
+        assert "written by another client (kubectl-edit)" in (rep.corrupt or ""), rep.corrupt
+    # no recorded writer at all (stripped): nothing to tell, it is read as it is
+    assert reg.decode_replica("c1", owned_by("", {}), "configmap").corrupt is None
