@@ -9,6 +9,7 @@ import anyio
 
 from coordinator import history
 from coordinator.clusters import failed
+from coordinator.evidence import Writer
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, RenewVerdict, boot_clock, remaining_validity, renew_verdict
@@ -77,7 +78,9 @@ class Renew(Members):
                     # this lock was granted read one of its majority and draws a higher
                     # token, so only that is a loss. (An equal token, a losing attempt's or
                     # an edited lease's, counts as one too: to be safe.)
-                    if view.token >= token:
+                    # A token coordinator did not write there says nothing of when that lock
+                    # was granted: counted as a loss too.
+                    if view.token >= token or view.token_writer is not Writer.OURS:
                         lost[cluster] = f"{cluster} is held by another lock ({detail})"
                 else:
                     detail = "no longer ours (the lease was freed or deleted)"
