@@ -27,6 +27,7 @@ from coordinator.errors import (
     UsageError,
 )
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
+from coordinator.locallocks import LocalLocks
 from coordinator.lock.results import AcquireResult, LockStatus, current_command, default_holder, new_lock_id
 from coordinator.records import DeploymentRecord, LocalConfig
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from coordinator.history import Tenure
     from coordinator.lock import LockEngine
     from coordinator.lock.core import DeferredHistory, EngineCore
-    from coordinator.models import LockRecord
+    from coordinator.models import LockRecord, RunClaim
     from coordinator.state import StateClient
 
 DEFAULT_TTL_S = 180.0
@@ -85,6 +86,7 @@ class Coordinator:
         self._tg: TaskGroup | None = None
         self._deferred: DeferredHistory | None = None  # history writes waiting (lock/core.py)
         self._stack: contextlib.AsyncExitStack | None = None
+        self.locks = LocalLocks(store)
 
     @classmethod
     def from_config(cls, path: str | None = None, *, timeout: float = 5.0) -> Coordinator:
@@ -176,11 +178,14 @@ class Coordinator:
         holder: str | None = None,
         on_wait: Callable[[AcquireResult, float], Awaitable[None] | None] | None = None,
         lock_id: str | None = None,
+        run: RunClaim | None = None,
     ) -> AcquireResult:
         """Take the lock. Cancelled half-way (Ctrl-C), the acquisition may have written
         leases already (they come before the token floor): they are given back here,
         unless the caller chose ``lock_id`` itself, which makes undoing them its own
-        business (``lock run`` reports what it gave back)."""
+        business (``lock run`` reports what it gave back). ``run``: the ``lock run`` the
+        lock is taken for; its record names it, so that no other process of this machine
+        uses the lock through the record while it lives (see :meth:`recorded_lock`)."""
         undo_here = lock_id is None
         lock_id = lock_id or new_lock_id()
         engine = self.lock_engine(deployment)
@@ -216,7 +221,7 @@ class Coordinator:
                     raise
                 engine = self.lock_engine(deployment)
         try:
-            self._remember(result)
+            self._remember(result, run)
         except Exception as err:
             with anyio.CancelScope(shield=True):
                 try:
@@ -293,61 +298,68 @@ class Coordinator:
                 "COORDINATOR_CONFIG at a writable place."
             ) from err
 
-    def _remember(self, result: AcquireResult) -> None:
-        if self.store is None:
-            return
-        from coordinator.models import LockRecord  # pydantic: only commands that take a lock
-
-        with self.store.edit_locks() as book:
-            book.locks = [
-                r for r in book.locks if not (r.deployment == result.deployment and r.holder == result.holder)
-            ]
-            book.locks.append(
-                LockRecord(
-                    deployment=result.deployment,
-                    lock_id=result.lock_id,
-                    fencing_token=result.fencing_token or 0,
-                    holder=result.holder,
-                    ttl_s=result.ttl_s,
-                )
-            )
+    def _remember(self, result: AcquireResult, run: RunClaim | None = None) -> None:
+        self.locks.remember(result, run)
 
     def _forget(self, deployment: str, lock_id: str) -> None:
-        if self.store is None:
-            return
-        with self.store.edit_locks() as book:
-            book.locks = [r for r in book.locks if not (r.deployment == deployment and r.lock_id == lock_id)]
+        self.locks.forget(deployment, lock_id)
 
     def recorded_lock(self, deployment: str, holder: str | None = None) -> LockRecord | None:
-        if self.store is None:
-            return None
-        who = holder or default_holder()
-        for rec in reversed(self.store.load_locks().locks):
-            if rec.deployment == deployment and rec.holder == who:
-                return rec
-        return None
+        """The lock this holder took on this machine that this process may use (never one
+        a live ``lock run`` holds: see coordinator/locallocks.py)."""
+        return self.locks.usable(deployment, holder)
 
     def resolve_lock_id(self, deployment: str, lock_id: str | None, holder: str | None = None) -> str:
         if lock_id:
             return lock_id
         rec = self.recorded_lock(deployment, holder)
         if rec is None:
-            raise StateConflictError(
-                f"No lock of deployment {deployment!r} is recorded for holder "
-                f"{holder or default_holder()!r} on this machine. Pass --lock-id ID (or set "
-                "COORDINATOR_LOCK_ID), or take the lock with `coordinator lock acquire`."
-            )
+            raise self.locks.no_record(deployment, holder)
         return rec.lock_id
 
+    # ``lock run``'s claims on its lock's record (coordinator/locallocks.py)
+
+    def claim_for_run(self, held: AcquireResult, claim: RunClaim) -> None:
+        self.locks.claim_for_run(held, claim)
+
+    def note_run_group(self, deployment: str, lock_id: str, claim: RunClaim, pgid: int) -> None:
+        self.locks.note_group(deployment, lock_id, claim, pgid)
+
+    def drop_run_claim(self, deployment: str, lock_id: str, claim: RunClaim) -> None:
+        self.locks.drop_claim(deployment, lock_id, claim)
+
     async def release(
-        self, deployment: str, lock_id: str | None = None, holder: str | None = None, *, if_held: bool = False
+        self,
+        deployment: str,
+        lock_id: str | None = None,
+        holder: str | None = None,
+        *,
+        if_held: bool = False,
+        force: bool = False,
+        grace: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         """Release the lock; ``if_held``: holding nothing is not an error (returns
         ``{"lock_id": None}`` or the id with ``held: False``). A release that reached
-        fewer than a majority raises NoQuorumError and keeps the local record."""
-        if if_held and not lock_id and self.recorded_lock(deployment, holder) is None:
-            return {"lock_id": None, "held": False, "results": {}}
-        lid = self.resolve_lock_id(deployment, lock_id, holder)
+        fewer than a majority raises NoQuorumError and keeps the local record.
+
+        Without ``lock_id``, the holder's record on this machine names the lock, never
+        one that a live ``lock run`` holds. A lock that a ``lock run`` of this machine
+        holds is released only once its command's process group has ended (its
+        ``lock run`` may be gone: its watchdog is stopping the group): the release waits
+        up to ``grace`` seconds (default: that run's --grace and ``RELEASE_ALLOWANCE_S``),
+        telling ``on_wait``, then raises LockHeldError unless ``force``. From inside that
+        group it is refused at once (coordinator/locallocks.py)."""
+        if lock_id:
+            lid = lock_id
+        else:
+            rec = self.locks.to_release(deployment, holder)
+            if rec is None:
+                if if_held:
+                    return {"lock_id": None, "held": False, "results": {}}
+                raise self.locks.no_record(deployment, holder)
+            lid = rec.lock_id
+        await self.locks.wait_for_runs(deployment, lid, force=force, grace=grace, on_wait=on_wait)
         engine = self.lock_engine(deployment)
         try:
             results = await engine.release(lid)

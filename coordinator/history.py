@@ -12,7 +12,8 @@ to it:
 - ``expired``: by the next holder, for the lock id whose lease it took over because it had
   lapsed, dated when the taker observed that (the lease ran out some time before: the
   lapse is judged as the lock judges it, never from the previous holder's clock);
-- ``lost``: by the holder, when a renewal found its lease held by another lock id or broken.
+- ``lost``: by the holder, when a renewal found its lease held by another lock id or broken,
+  or so many of its leases no longer its own that a majority could not be renewed.
 
 Why a ConfigMap of its own and not an annotation of the Lease or the state object: both of
 those are written by compare-and-swap on their ``resourceVersion``; an extra writer would
@@ -204,7 +205,7 @@ def break_events(*, by: str, reason: str, cleared: Mapping[str, LeaseView]) -> l
 
 
 def lost_events(lock_id: str, *, holder: str, token: int | None, why: str) -> list[dict[str, Any]]:
-    """A renewal found the lock taken by another lock id, or broken."""
+    """A renewal found the lock taken by another lock id, broken, or no longer its own on a majority."""
     return [event(LOST, lock_id, token=token, holder=holder, by=holder, note=why)]
 
 

@@ -7,9 +7,13 @@ the critical section:
 - Signals sent to ``lock run`` (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) are
   forwarded to the whole group. A signal that was ignored when ``lock run`` started
   (``nohup``, a background job of a script) stays ignored, as it does for the command.
-- When the lock is lost (a renewal finds it taken or broken, or its validity ends before
-  a renewal reaches a majority), the group gets SIGTERM, then SIGKILL after ``--grace``,
+- When the lock is lost (a renewal finds it taken or broken, or released or deleted on so
+  many members that a majority can no longer be its own, or its validity ends before a
+  renewal reaches a majority), the group gets SIGTERM, then SIGKILL after ``--grace``,
   and the exit status is 7, even if the command then exits 0.
+- The lock is this process's and its group's: its record on this machine names them
+  (coordinator/locallocks.py), so that no other command takes it from the record, and a
+  release on this machine waits for the group to end, also after this process died.
 - When the command exits, what it left running in its group gets the same SIGTERM /
   SIGKILL sequence (as systemd does with a service's leftovers), and the lock is released
   only once no member of the group is alive. The command itself is reaped last, so the
@@ -49,6 +53,7 @@ from anyio.abc import TaskGroup
 from coordinator.errors import CoordinatorError, ExitCode, LockHeldError, StateConflictError, UsageError
 from coordinator.lease import boot_clock
 from coordinator.logs import get_logger
+from coordinator.owners import claim_this_process
 from coordinator.procgroup import (
     Ended,
     ProcessGroup,
@@ -61,6 +66,7 @@ from coordinator.procgroup import (
 if TYPE_CHECKING:
     from coordinator.api import Coordinator
     from coordinator.lock import AcquireResult
+    from coordinator.models import RunClaim
 
 log = get_logger(__name__)
 
@@ -136,6 +142,9 @@ class _Run:
         self.killed = False
         self.leftovers = 0
         self.gave_back = "nothing was taken"
+        # This run's mark on its lock's record (coordinator/owners.py), once it holds one.
+        self.claim: RunClaim | None = None
+        self.claimed_id: str | None = None
 
     # -- the lock's validity, on CLOCK_BOOTTIME
 
@@ -272,20 +281,28 @@ class _Run:
         from coordinator.lock.results import new_lock_id
 
         lock_id = opts.lock_id or new_lock_id()
+        # The lock is this process's and its command's: its record says so from the start,
+        # so that no other process of this machine uses it through the record.
+        claim = claim_this_process(opts.grace_s)
         with anyio.CancelScope() as scope:
             self.acquire_scope = scope
             try:
                 if opts.lock_id:
-                    return await self.c.renew(opts.deployment, opts.lock_id, ttl=opts.ttl_s, holder=opts.holder)
-                return await self.c.acquire(
-                    opts.deployment,
-                    ttl=opts.ttl_s if opts.ttl_s is not None else 180.0,
-                    wait=opts.wait_s,
-                    reason=opts.reason or shlex.join(opts.command)[:120],
-                    holder=opts.holder,
-                    on_wait=opts.on_wait,
-                    lock_id=lock_id,
-                )
+                    held = await self.c.renew(opts.deployment, opts.lock_id, ttl=opts.ttl_s, holder=opts.holder)
+                    self.c.claim_for_run(held, claim)
+                else:
+                    held = await self.c.acquire(
+                        opts.deployment,
+                        ttl=opts.ttl_s if opts.ttl_s is not None else 180.0,
+                        wait=opts.wait_s,
+                        reason=opts.reason or shlex.join(opts.command)[:120],
+                        holder=opts.holder,
+                        on_wait=opts.on_wait,
+                        lock_id=lock_id,
+                        run=claim,
+                    )
+                self.claim, self.claimed_id = claim, held.lock_id
+                return held
             except LockHeldError as err:
                 raise self._with_hint(err) from None
             finally:
@@ -321,6 +338,22 @@ class _Run:
         )
 
     async def run(self) -> int:
+        try:
+            return await self._run()
+        finally:
+            self.drop_claim()
+
+    def drop_claim(self) -> None:
+        """The run is over: its mark leaves the lock's record (a lock it leaves held, e.g.
+        with --lock-id, is offered through the record again)."""
+        if self.claim is None or self.claimed_id is None:
+            return
+        try:
+            self.c.drop_run_claim(self.opts.deployment, self.claimed_id, self.claim)
+        except (CoordinatorError, OSError) as err:
+            log.warning("could not take this run's mark off the lock record", error=str(err))
+
+    async def _run(self) -> int:
         opts = self.opts
         held = await self.take()
         if held is not None and self.interrupted is None:
@@ -391,6 +424,7 @@ class _Run:
                     else:
                         if self.watchdog is not None:
                             self.watchdog.send(f"group {self.group.pgid}")
+                        self.note_group(held, self.group.pgid)
                         self.phase = "run"
                         tg.start_soon(self.watch_loss, lost, reasons)
                         tg.start_soon(self.tick)
@@ -406,6 +440,19 @@ class _Run:
         if ended is None:
             return await self.interrupted_before_start(held)
         return await self.finish(held, ended)
+
+    def note_group(self, held: AcquireResult, pgid: int) -> None:
+        """The group on the lock's record: while it lives, a release on this machine waits
+        for it, even once this process is gone."""
+        if self.claim is None:
+            return
+        try:
+            self.c.note_run_group(self.opts.deployment, held.lock_id, self.claim, pgid)
+        except (CoordinatorError, OSError) as err:
+            self.opts.say(
+                f"warning: could not note the command's process group on the lock record ({err}); if this "
+                "process dies, a release on this machine does not wait for the group"
+            )
 
     async def supervise(self, group: ProcessGroup) -> Ended:
         """Until no process of the group is left; the leader's ending."""

@@ -36,6 +36,7 @@ __all__ = [
     "LocalConfig",
     "LockBook",
     "LockRecord",
+    "RunClaim",
     "StateEnvelope",
     "check_dns_label",
     "config_of",
@@ -133,8 +134,29 @@ def config_of(model: ConfigModel) -> LocalConfig:
     )
 
 
+class RunClaim(_Model):
+    """A ``lock run`` of this machine that holds the lock now (coordinator/owners.py).
+
+    The process is named by its pid, its start time (clock ticks since boot, from
+    ``/proc``; None where there is no ``/proc``) and the boot's id, so that a pid used
+    again, or a reboot, never passes for it; its command's process group likewise, by
+    the group's id (its leader's pid) and the leader's start time."""
+
+    pid: int
+    started: int | None = None
+    boot: str = ""
+    pgid: int | None = None
+    group_started: int | None = None
+    grace_s: float = 10.0  # the run's --grace: how long its group may take to stop
+    made_record: bool = False  # the record exists for this run alone (a lock id it was given)
+
+
 class LockRecord(_Model):
-    """A lock this machine took, so that ``release``/``renew`` work without ``--lock-id``."""
+    """A lock this machine took, so that ``release``/``renew`` work without ``--lock-id``.
+
+    ``runs``: the ``lock run`` processes holding it. While one of them, or its command's
+    process group, is alive, the lock is theirs: no other command uses it through this
+    record, and a release waits for the group (coordinator/api.py)."""
 
     deployment: str
     lock_id: str
@@ -142,6 +164,7 @@ class LockRecord(_Model):
     holder: str
     ttl_s: float
     acquired_at: datetime = Field(default_factory=utcnow)
+    runs: list[RunClaim] = Field(default_factory=list)
 
 
 class LockBook(_Model):

@@ -180,20 +180,51 @@ def renew(ctx: click.Context, deployment: str, lock_id: str | None, holder: str 
     is_flag=True,
     help="Exit 0 when this holder holds nothing (for cleanup steps that always run).",
 )
+@click.option(
+    "--grace",
+    default=None,
+    help="How long to wait for the command of a `lock run` of this machine that holds the lock to end "
+    "[default: that run's --grace, plus 2s].",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Release even while the command of a `lock run` of this machine that holds the lock still runs "
+    "(that `lock run` then stops its command and exits 7).",
+)
 @click.pass_context
-def release(ctx: click.Context, deployment: str, lock_id: str | None, holder: str | None, if_held: bool) -> None:
+def release(
+    ctx: click.Context,
+    deployment: str,
+    lock_id: str | None,
+    holder: str | None,
+    if_held: bool,
+    grace: str | None,
+    force: bool,
+) -> None:
     """Release the lock wherever it is still ours (never someone else's).
+
+    Without --lock-id, the lock this holder took on this machine, never one that a running
+    `lock run` holds: that lock is its process's. A lock whose `lock run` command still
+    runs on this machine (its `lock run` alive, or killed and its watchdog stopping the
+    command) is released only once the command's process group has ended: the release
+    waits up to --grace, then exits 3 unless --force.
 
     A release that reaches fewer than a majority of the clusters exits 4 and keeps the
     local record, so that running it again finishes the job.
 
     Example: coordinator lock release payments --lock-id 3f2a9c0d1e4b5a69
     """
+    from coordinator.cli.output import note
+
+    grace_s = _duration(grace, "--grace") if grace is not None else None
     c = _coordinator(ctx)
 
     async def go() -> Any:
         async with c:
-            return await c.release(deployment, lock_id, holder, if_held=if_held)
+            return await c.release(
+                deployment, lock_id, holder, if_held=if_held, force=force, grace=grace_s, on_wait=note
+            )
 
     out = run(go)
     rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(out["results"].items())]
@@ -452,11 +483,13 @@ def run_(
 
     The command runs in a process group of its own, with COORDINATOR_LOCK_ID,
     COORDINATOR_FENCING_TOKEN and COORDINATOR_DEPLOYMENT in its environment. Signals
-    sent to `lock run` go to the whole group. If the lock is lost, the group gets
-    SIGTERM, then SIGKILL after --grace, and the exit status is 7. The lock is released
-    only once no process of the group is left; if `lock run` itself is killed, a
-    watchdog stops the group. Ctrl-Z stops the group too, and the lock is checked
-    before it continues.
+    sent to `lock run` go to the whole group. If the lock is lost (taken, broken, or
+    released by someone else), the group gets SIGTERM, then SIGKILL after --grace, and
+    the exit status is 7. The lock is released only once no process of the group is
+    left; if `lock run` itself is killed, a watchdog stops the group. Ctrl-Z stops the
+    group too, and the lock is checked before it continues. The lock is this run's: other
+    commands on this machine do not take it from the local record, and a `lock release`
+    here waits for the group to end.
 
     Exit status: the command's (128+N if it was killed by signal N); 127 if it is not
     found, 126 if it cannot be run; 7 if the lock was lost.

@@ -34,12 +34,20 @@ class Renew(Members):
         is renewed. A renewal never re-takes a lease it no longer holds, and one that
         finds our lease broken or held by another lock id with a token not below ours (a take
         after this lock was granted, or an edit) has lost the lock at once
-        (``result.lost`` says why). A lease storing a newer member set is not renewed:
-        when this machine's record followed that change, the renewal counts over the new
-        members; otherwise it reaches no majority (and the lock runs out)."""
+        (``result.lost`` says why). So has one that finds so many leases no longer ours
+        (freed, deleted, broken or taken, whatever the token) that a majority is out of
+        reach for this lock id: released by someone else, the lock is over, and waiting
+        for its validity to run out would keep a holder acting while another may take it.
+        A lease that did not answer is no such evidence: it may still be ours. A lease
+        storing a newer member set is not renewed: when this machine's record followed
+        that change, the renewal counts over the new members; otherwise it reaches no
+        majority (and the lock runs out)."""
         who = holder or default_holder()
         started = boot_clock()
         lost: dict[str, str] = {}
+        # Members whose lease can never be renewed by this lock id again (a renewal never
+        # re-takes one), with what was found there.
+        gone: dict[str, str] = {}
         moved: dict[str, Membership] = {}
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
@@ -84,6 +92,10 @@ class Renew(Members):
                         lost[cluster] = f"{cluster} is held by another lock ({detail})"
                 else:
                     detail = "no longer ours (the lease was freed or deleted)"
+                gone[cluster] = {
+                    RenewVerdict.BROKEN: "broken",
+                    RenewVerdict.TAKEN: "held by another lock",
+                }.get(verdict, "released or deleted")
                 return ClusterResult(cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "lost"), detail=detail)
 
             return await self._cas(cluster, view, decide)
@@ -92,9 +104,21 @@ class Renew(Members):
             self.members,
             on_cluster,
             timeout=self.timeout,
-            until=lambda rs: bool(lost) or self.majorities.reached_by({k: r.outcome for k, r in rs.items()}),
+            until=lambda rs: (
+                bool(lost)
+                or self.majorities.impossible(gone)
+                or self.majorities.reached_by({k: r.outcome for k, r in rs.items()})
+            ),
         )
         self._raise_on_mismatch(results)
+        if not lost and self.majorities.impossible(gone):
+            # Released (by `lock release --lock-id`, by a second terminal, by the child
+            # itself), deleted, or broken and taken: no majority can be ours again.
+            found: dict[str, list[str]] = {}
+            for cluster, why in sorted(gone.items()):
+                found.setdefault(why, []).append(cluster)
+            where = "; ".join(f"{why} on {', '.join(clusters)}" for why, clusters in found.items())
+            lost["*"] = f"its leases are no longer its own on a majority ({where})"
         if moved and not lost and not _followed and self._follow_record(moved.values()):
             # This machine's record followed the change: renew over the members it names now.
             return await self.renew(lock_id, token, ttl_s, holder, _followed=True)

@@ -7,6 +7,7 @@ import os
 import secrets
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
@@ -17,6 +18,8 @@ from coordinator.membership import Check
 
 
 def default_holder() -> str:
+    """``COORDINATOR_HOLDER``, else ``user@host`` and the CI job this runs in, if any
+    (:func:`ci_job`): two jobs of one runner share the user and the host."""
     env = os.environ.get("COORDINATOR_HOLDER")
     if env:
         return env
@@ -24,7 +27,38 @@ def default_holder() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    host = socket.gethostname()
+    job = ci_job(os.environ, host)
+    return f"{user}@{host} {job}" if job else f"{user}@{host}"
+
+
+def ci_job(env: Mapping[str, str], host: str) -> str | None:
+    """The CI job this process runs in, as the CI's own environment names it, or None.
+
+    - GitHub Actions: ``GITHUB_RUN_ID``, ``GITHUB_RUN_ATTEMPT`` and ``GITHUB_JOB`` (the
+      job's id in the workflow). The legs of a matrix share all three, so
+      ``RUNNER_NAME`` is added: a runner runs one job at a time.
+    - GitLab CI: ``CI_JOB_ID``, unique to each job (and each retry) on the instance.
+    - A Kubernetes pod (Tekton, Argo Workflows, a runner in a pod): the host name, in
+      the holder already, is the pod's name unless the pod sets ``spec.hostname``;
+      ``POD_NAME``, when the pod sets it from the downward API and it differs, is added.
+    """
+
+    def word(name: str) -> str:
+        return "".join(ch for ch in env.get(name, "") if ch.isprintable() and not ch.isspace())[:64]
+
+    if run := word("GITHUB_RUN_ID"):
+        parts = [f"github-run:{run}.{word('GITHUB_RUN_ATTEMPT') or '1'}"]
+        if job := word("GITHUB_JOB"):
+            parts.append(f"job:{job}")
+        if runner := word("RUNNER_NAME"):
+            parts.append(f"runner:{runner}")
+        return " ".join(parts)
+    if job := word("CI_JOB_ID"):
+        return f"ci-job:{job}"
+    if (pod := word("POD_NAME")) and pod != host:
+        return f"pod:{pod}"
+    return None
 
 
 def new_lock_id() -> str:

@@ -39,8 +39,9 @@ What is simulated
   validity (counted on its local clock from *before* the reads) makes it a holder whose
   belief lasts until ``start + remaining_validity(ttl, 0)``; a lost attempt gives back
   what it took, as far as it reaches. Holders renew (``renew_verdict`` per reachable
-  lease; the belief is lost at once on BROKEN/TAKEN and extended, from a local time
-  before the renewal, only when q leases were renewed) and release. An administrator
+  lease; the belief is lost at once on BROKEN/TAKEN, and once so many leases are not
+  ours that q can no longer be renewed, and extended, from a local time before the
+  renewal, only when q leases were renewed) and release. An administrator
   breaks the lock (clears the holders, leaves a last-break note naming the previous lock
   id). Any contender may read and judge any lease at any time (its watches, its waiting
   attempts): that is what feeds local observation.
@@ -883,10 +884,16 @@ class LeaseModel(RuleBasedStateMachine):
         start = c.local
         reach = data.draw(st.lists(st.integers(0, self.n - 1), max_size=self.n, unique=True), label="reached")
         self._advance(data.draw(st.integers(0, 8000), label="renew delay ms") / 1000)
-        renewed, lost = [], ""
+        renewed, lost, gone = [], "", []
         for k in reach:
             view = self._read(k, data)
             action = self.RULES.renew_action(view, b.lock_id, b.token)
+            if action in ("gone", "lost"):
+                gone.append(k)
+            if action == "gone" and self.RULES.drop_on_loss and self.n - len(gone) < self.q:
+                # Freed or deleted on so many leases that no majority can be ours again.
+                lost = f"not ours on {gone}"
+                break
             if action == "renew":
                 self._commit(k, renew_body(self.n, view, b.token, b.ttl, c.wall()), FIELD_MANAGER, data)
                 renewed.append(k)
