@@ -607,17 +607,20 @@ def history_known(view: LeaseView) -> bool:
     )
 
 
-def next_token(views: list[LeaseView], state_tokens: list[int] | None, *, leases_ok: bool) -> int | None:
+def next_token(views: list[LeaseView], state_tokens: list[int], *, proven: bool) -> int | None:
     """The fencing token of a new acquisition, or None when none can be proven new yet.
 
     Every granted token T was written on a majority of leases and, before the acquisition
-    counted, recorded as the floor of a majority of state objects. The new token goes above
-    both: ``state_tokens`` are the floors and envelope tokens of a majority of state objects
-    (None: not known yet), and ``leases_ok`` says the leases read include a majority that
-    kept their history (:func:`history_known`), or every member's lease. So an edit of one
-    record (a token annotated lower, a floor removed) lowers nothing: the other still holds
-    T. Tokens another client wrote are no bound at all (``LeaseView.parse`` drops them)."""
-    if state_tokens is None or not leases_ok:
+    counted, recorded as the floor of a majority of state objects. ``proven`` says the
+    reads include one of those majorities' worth: a majority of leases that kept their
+    history (:func:`history_known`), or every member's lease (a surviving lease not read
+    may remember a token the floors do not have yet) together with the floors of a
+    majority of state objects. The token goes above everything read: the leases' tokens
+    and ``state_tokens``, the floors coordinator wrote on the state objects read. So an
+    edit of one record (a token annotated lower, a floor removed) lowers nothing while the
+    other holds T. Tokens another client wrote are no bound at all (``LeaseView.parse``
+    drops them)."""
+    if not proven:
         return None
     seen = [v.token for v in views if v.exists and not v.token_malformed]
     return max([*seen, *state_tokens, 0]) + 1

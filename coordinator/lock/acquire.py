@@ -17,16 +17,7 @@ from coordinator.errors import IdentityMismatchError, LockHeldError, NoQuorumErr
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.lease import (
-    A_TOKEN,
-    LeaseView,
-    Standing,
-    TurnClaim,
-    boot_clock,
-    history_known,
-    remaining_validity,
-    token_taken,
-)
+from coordinator.lease import A_TOKEN, LeaseView, Standing, TurnClaim, boot_clock, remaining_validity, token_taken
 from coordinator.lock.core import MAX_CAS_RETRIES
 from coordinator.lock.floor import TokenFloor, kept_set_speaks
 from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
@@ -166,17 +157,16 @@ class Acquire(TokenFloor, Turns):
 
         members_check: list[Check] = []
 
-        async def maybe_choose_token() -> None:
+        async def maybe_choose_token(final: bool = False) -> None:
+            """Choose the token once a majority was read and the reads prove one (see
+            lease.next_token), or, ``final``, with what was read by then."""
             if token_ready.is_set():
                 return
             enough = self.majorities.reached(reads)
             if not enough and reads_done < self.n:
                 return
-            # The token goes above what the leases and the state objects both record, and
-            # the state objects must speak for a majority (or every member have answered).
             evidence = self._judge_state(state_reads)
-            kept_history = self.majorities.reached(c for c, v in reads.items() if history_known(v))
-            if enough and (evidence is None or not kept_history) and reads_done < self.n:
+            if enough and not self._token_proven(reads, evidence is not None) and reads_done < self.n and not final:
                 return  # the other members' answers may still make up for it
             views = list(reads.values())
             stored = {c: self.stored_membership(v) for c, v in reads.items()}
@@ -189,8 +179,8 @@ class Acquire(TokenFloor, Turns):
                     if speaks is not None:
                         stored[c] = speaks
                 verdict = self.check_members(stored)
-            state_tokens = [t for t, _ in evidence.values()] if evidence is not None else None
-            chosen["token"] = self._token(reads, state_tokens) if enough else None
+            floors = [t for c in self._present(state_reads) if (found := state_reads[c].value) for t in found[:1]]
+            chosen["token"] = self._token(reads, floors, evidence is not None) if enough else None
             members_check.append(verdict)
             line["ahead"] = first_in_line(views, lock_id, mine)
             token_ready.set()
@@ -212,6 +202,12 @@ class Acquire(TokenFloor, Turns):
             finally:
                 reads_done += 1
             await maybe_choose_token()
+            if not token_ready.is_set():
+                # Waiting for members that may not answer: after a while, decide with what
+                # was read (a missing lease is still recorded as a tombstone then).
+                with anyio.move_on_after(self.timeout / 2):
+                    await token_ready.wait()
+                await maybe_choose_token(final=True)
             await token_ready.wait()
             if members_check and not members_check[0].ok and self.majorities.reached(reads):
                 attempt_over["membership"] = True

@@ -246,14 +246,16 @@ class EngineCore:
             ann |= {A_MEMBERS: ",".join(self.members), A_MEMBERSHIP: self.membership.dump()}
         return ann
 
-    def _token(self, reads: Mapping[str, LeaseView], state_tokens: list[int] | None) -> int | None:
-        """The new fencing token from these reads (see lease.next_token): the leases read
-        must include a majority of every group of the configuration that kept their token
-        history, or be every member's (a surviving lease that was not read may remember a
-        higher token than the state objects); ``state_tokens`` are a majority's floors."""
-        known = [c for c, v in reads.items() if history_known(v)]
-        leases_ok = self.majorities.reached(known) or all(m in reads for m in self.members)
-        return next_token(list(reads.values()), state_tokens, leases_ok=leases_ok)
+    def _token_proven(self, reads: Mapping[str, LeaseView], state_majority: bool) -> bool:
+        """Do these reads prove a new token (see lease.next_token)? "A majority" means one
+        of every group of the configuration."""
+        if self.majorities.reached(c for c, v in reads.items() if history_known(v)):
+            return True
+        return state_majority and all(m in reads for m in self.members)
+
+    def _token(self, reads: Mapping[str, LeaseView], state_tokens: list[int], state_majority: bool) -> int | None:
+        """The new fencing token from these reads (see lease.next_token)."""
+        return next_token(list(reads.values()), state_tokens, proven=self._token_proven(reads, state_majority))
 
     def _fresh_lease(self, *, vanished: bool, floor: int = 0) -> dict[str, Any]:
         """A holderless lease: free, or a tombstone for one found missing (see bodies.fresh_lease)."""

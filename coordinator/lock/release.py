@@ -156,7 +156,7 @@ class Release(Members):
                         detail="the lease had been deleted; a break cannot clear that, since its token history "
                         f"is gone: it frees itself {self.max_ttl_s:.0f}s after it was found missing",
                     )
-                if not view.held and not view.token_malformed:
+                if not view.held and not view.holder_edited and not view.token_malformed:
                     return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
                 body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
                 ann = body["metadata"]["annotations"]

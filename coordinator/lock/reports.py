@@ -53,6 +53,15 @@ def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
             "the lease was deleted, so it counts as held by an unknown holder until a maximum TTL "
             f"({max_ttl_s:.0f}s) has passed since it was found missing{tail}"
         )
+    if view.holder_edited:
+        rem = view.remaining_hint(max_ttl_s)
+        tail = f"; free in about {max(rem, 0):.0f}s" if rem is not None else ""
+        says = f" (it now says {printable(view.claimed)[:80]!r})" if view.claimed else ""
+        return (
+            f"another client edited the holder field{says}, so it counts as held by an unknown holder "
+            f"until coordinator's last write here is a TTL old{tail}; use `coordinator lock break`, not "
+            "kubectl, to free a lock"
+        )
     # Holder and lock id are text of whoever wrote the lease: escaped where they enter
     # the paragraph (errors keep their own line breaks when printed).
     who = printable(str(view.info.get("holder") or "an unknown holder"))
@@ -111,7 +120,8 @@ def acquire_report(result: AcquireResult) -> str:
             reserved.setdefault(who or "another contender", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None and (v.vanished or not v.exists or not v.held):
             lines.append(f"{name}: {r.detail}")
-            holders.setdefault("an unknown holder (deleted lease)", []).append(name)
+            why = "holder field edited" if v.exists and v.holder_edited and not v.vanished else "deleted lease"
+            holders.setdefault(f"an unknown holder ({why})", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None:
             who = v.info.get("holder") or "?"
             rem = v.remaining_s()

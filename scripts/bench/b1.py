@@ -23,17 +23,21 @@ from coordinator.lock import new_lock_id
 async def sequential_acquire_on(c: Coordinator, dep: str) -> float:
     """The baseline: the same per-cluster steps, one cluster after the other.
 
-    Per cluster: the identity-checked read of the lease; then, with the token chosen
-    from those reads, the per-cluster take (compare-and-swap write). Like a naive
-    script or Redlock's reference loop, it visits every cluster in turn.
+    Per cluster: the identity-checked read of the lease and the read of the state object
+    (its token floor); then, with the token chosen from those reads, the per-cluster take
+    (compare-and-swap write). Like a naive script or Redlock's reference loop, it visits
+    every cluster in turn.
     """
     engine = c.lock_engine(dep)
     lock_id = new_lock_id()
     t0, cpu0 = time.perf_counter(), time.process_time()
     views = {}
+    states = {}
     for name in engine.members:
         views[name] = await engine._checked_read(name)
-    token = engine._token(views, None)
+        states[name] = await engine._state_one(name)
+    floors = [found[0] for k in engine._present(states) if (found := states[k].value)]
+    token = engine._token(views, floors, engine._judge_state(states) is not None)
     if token is None:
         raise RuntimeError("sequential baseline: leases were deleted, no fencing token can be proven new")
     over = {"lost": False, "won": False, "mismatch": False, "membership": False}

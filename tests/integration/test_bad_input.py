@@ -150,7 +150,8 @@ def _lease(annotations: dict[str, str], spec: dict[str, Any] | None = None) -> A
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {"name": f"coordinator-lock-{ctx.values['dep']}", "annotations": annotations},
-            "spec": spec or {},
+            # an empty holder, as coordinator keeps it on a free lease (one removed is no evidence)
+            "spec": spec or {"holderIdentity": ""},
         }
         for i in (1, 2, 3):
             ctx.run(put_lease, ctx.env, i, body)

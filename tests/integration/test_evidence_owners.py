@@ -195,21 +195,28 @@ def test_a_token_floor_annotated_lower_on_the_state_objects_does_not_repeat_a_to
     for holder in ("first", "second"):
         _token(_acquire(dep3, holder, "--ttl", "30s"))
         assert dep3.cli("lock", "release", "web", "--holder", holder).returncode == 0
+    path = f"{configmaps_path(dep3.namespace)}/coordinator-state-web"
     for i in (1, 2, 3):
         done = kubectl(dep3.kubeconfig, i, dep3.namespace, "annotate", "--overwrite", "configmap",
                        "coordinator-state-web", "coordinator.io/token-floor=0")  # fmt: skip
         assert done.returncode == 0, done.stderr
-    # The leases keep their history (token 2); the floors say nothing now.
-    refused = _acquire(dep3, "third", "--ttl", "30s")
-    assert refused.returncode == 4, refused.stdout
-    # An operator puts a floor back under coordinator's field manager, as the docs say.
-    for i in (1, 2, 3):
-        floor = ("coordinator.io/token-floor=2", "--field-manager=coordinator")
-        done = kubectl(dep3.kubeconfig, i, dep3.namespace, "annotate", "--overwrite", "configmap",
-                       "coordinator-state-web", *floor)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    # The floors say nothing now; the leases kept their history (token 2).
     assert _token(_acquire(dep3, "third", "--ttl", "30s")) == 3
-    assert anyio.run(dep3.raw, 1, "GET", f"{configmaps_path(dep3.namespace)}/coordinator-state-web")
+    # The acquisition made the floors coordinator's again, at the new token.
+    for i in (1, 2, 3):
+        floor = anyio.run(dep3.raw, i, "GET", path)["metadata"]["annotations"]["coordinator.io/token-floor"]
+        assert floor == "3", (i, floor)
+    # Both records edited: the leases' tokens too. Nothing proves a new token but every
+    # member's lease with a majority of floors, and the floors are gone: nothing is taken.
+    assert dep3.cli("lock", "release", "web", "--holder", "third").returncode == 0
+    for i in (1, 2, 3):
+        _annotate(dep3, i, "coordinator.io/fencing-token", "0")
+        done = kubectl(dep3.kubeconfig, i, dep3.namespace, "annotate", "--overwrite", "configmap",
+                       "coordinator-state-web", "coordinator.io/token-floor=0")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    refused = _acquire(dep3, "fourth", "--ttl", "30s")
+    assert refused.returncode == 4, refused.stdout
+    assert json.loads(refused.stdout)["fencing_token"] is None
 
 
 def test_a_well_formed_envelope_another_client_wrote_is_not_the_state(dep3: Env) -> None:

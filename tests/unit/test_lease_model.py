@@ -474,7 +474,7 @@ class NewRules:
         # The attempt reads a majority; every member's lease only when the leases read
         # do not include a majority that kept their token history.
         known = sum(1 for v in views if history_known(v)) >= q
-        return next_token(views, state_tokens, leases_ok=known or len(views) == n)
+        return next_token(views, state_tokens, proven=known or len(views) == n)
 
     def renew_action(self, view: LeaseView, lock_id: str, token: int) -> str:
         verdict = renew_verdict(view, lock_id)

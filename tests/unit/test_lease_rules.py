@@ -192,17 +192,15 @@ def test_a_tombstone_blocks_for_the_maximum_ttl() -> None:
     assert stand(LeaseView.parse(longer.obj), stamp=late) is Standing.LAPSED
 
 
-def test_tokens_go_above_the_leases_and_a_majority_of_state_objects() -> None:
+def test_tokens_go_above_the_leases_and_the_state_objects_floors() -> None:
     intact = [lease(token=5), lease(token=4), lease(token=2)]
-    assert next_token(intact, [0, 3], leases_ok=True) == 6
-    assert next_token(intact, [9, 3], leases_ok=True) == 10  # a floor above every lease
-    # the state objects must always have spoken
-    assert next_token(intact, None, leases_ok=True) is None
-    # without a majority of leases that kept their history (or every member's lease read)
-    assert next_token(intact, [3, 3], leases_ok=False) is None
+    assert next_token(intact, [0, 3], proven=True) == 6
+    assert next_token(intact, [9, 3], proven=True) == 10  # a floor above every lease
+    assert next_token(intact, [], proven=True) == 6
+    assert next_token(intact, [3, 3], proven=False) is None
     # every lease deleted: only the state can tell
     gone = [LeaseView.parse(None)] * 3
-    assert next_token(gone, [3, 3], leases_ok=True) == 4
+    assert next_token(gone, [3, 3], proven=True) == 4
 
 
 def test_history_is_a_coordinator_token_on_this_very_object() -> None:
@@ -231,9 +229,9 @@ def test_a_token_another_client_wrote_is_neither_history_nor_a_bound() -> None:
     assert not token_taken(_annotated(lease(token=3), A_TOKEN, "99"), "me", 4)  # no racing attempt's
     # one such lease of three: the two others are a majority with history
     views = [lowered, lease(token=3), lease(token=2)]
-    assert next_token(views, [3, 3], leases_ok=True) == 4
+    assert next_token(views, [], proven=True) == 4
     # on every member: the leases say nothing, the state objects' floors still say 3
-    assert next_token([lowered] * 3, [3, 3], leases_ok=True) == 4
+    assert next_token([lowered] * 3, [3, 3], proven=True) == 4
 
 
 def test_an_unreadable_token_is_not_history() -> None:
