@@ -115,8 +115,9 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease coordinator.io/fencing-token",
         "the next fencing token; a take racing a concurrent attempt",
         "coordinator",
-        "another manager's, or none: the lease keeps no token history (as if deleted); the next token "
-        "comes from the leases that kept theirs and the state objects' floors, never lower",
+        "another manager's, or none: the lease keeps no token history (as if deleted) and is no bound; "
+        "the next token is proven by the leases that kept theirs, or by every lease with the state "
+        "objects' floors, and goes above all of them",
         "test_evidence_owners.py::test_kubectl_annotate_of_the_token_never_repeats_a_token",
     ),
     Evidence(
