@@ -18,7 +18,7 @@ import contextvars
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -377,7 +377,7 @@ class KubeClient:
             raise _classify_status(status, raw, doc, retry_after=_retry_after(retry_after, server_time))
         return ApiResponse(status=status, body=doc, server_time=server_time)
 
-    async def watch(self, path: str, *, query: dict[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, path: str, *, query: dict[str, Any], timeout: float) -> AsyncGenerator[dict[str, Any], None]:
         """Yield watch events (``{"type", "object"}``) for up to ``timeout`` seconds."""
         await self.open()
         params = dict(query)
