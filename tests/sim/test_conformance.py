@@ -209,10 +209,17 @@ def test_an_update_is_a_compare_and_swap_on_the_resource_version(target: Target)
         assert fields_of(created.body) == {("q", "Update"): {"f:spec": {"f:holderIdentity": {}}}}
         err = await fails(client.request("PUT", lease_path("no-such-ns", "x"), body=lease("x")))
         assert (err.kind, err.detail) == ("not-found", 'namespaces "no-such-ns" not found')
-        made = (await client.request("POST", configmaps_path(ns), body=cm("c", data={"k": "1"}))).body
-        blind = (await client.request("PUT", f"{configmaps_path(ns)}/c", body=cm("c", data={"k": "2"}))).body
-        assert rv(blind) > rv(made) and blind["metadata"]["uid"] == made["metadata"]["uid"]
-        assert blind["metadata"]["creationTimestamp"] == made["metadata"]["creationTimestamp"]
+        # The uid a body names is a precondition: no write to another object of the name,
+        # and no create in place of a missing one.
+        for name, found in (("l", first["metadata"]["uid"]), ("gone", "")):
+            other = {**lease(name), "metadata": {"name": name, "uid": "u-1", "resourceVersion": "5"}}
+            err = await fails(client.request("PUT", lease_path(ns, name), body=other))
+            said = (
+                f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": StorageError: invalid '
+                f"object, Code: 4, Key: /registry/leases/{ns}/{name}, ResourceVersion: 0, AdditionalErrorMsg: "
+                f"Precondition failed: UID in precondition: u-1, UID in object meta: {found}"
+            )
+            assert (err.kind, err.detail) == ("conflict", said.strip())  # the client drops a trailing space
 
     target.run(body)
 
@@ -570,6 +577,12 @@ def test_delete_answers_and_preconditions(target: Target) -> None:
         await client.request("POST", leases_path(ns), body=lease("l"))
         gone = (await client.request("DELETE", lease_path(ns, "l"))).body
         assert gone["details"]["group"] == "coordination.k8s.io" and gone["details"]["kind"] == "leases"
+        for name, mark in (("e", "1"), ("f", "1"), ("g", "2")):
+            await client.request("POST", configmaps_path(ns), body=cm(name, labels={"m": mark}))
+        swept = (await client.request("DELETE", configmaps_path(ns), query={"labelSelector": "m=1"})).body
+        assert swept["kind"] == "ConfigMapList" and [i["metadata"]["name"] for i in swept["items"]] == ["e", "f"]
+        left = (await client.request("GET", configmaps_path(ns), query={"labelSelector": "m"})).body
+        assert [i["metadata"]["name"] for i in left["items"]] == ["g"]
 
     target.run(body)
 
@@ -641,6 +654,10 @@ def test_lists_select_by_label_and_name_across_namespaces(target: Target) -> Non
         assert [i["metadata"]["name"] for i in notin.body["items"]] == ["b"]
         err = await fails(client.request("GET", leases_path(ns), query={"resourceVersion": "abc"}))
         assert err.status == 400 and "invalid resource version" in err.detail
+        ahead = int(mine["metadata"]["resourceVersion"]) + 10**9
+        err = await fails(client.request("GET", leases_path(ns), query={"resourceVersion": str(ahead)}))
+        assert (err.kind, err.status) == ("unreachable", 504)  # the real one waits 3 s first
+        assert err.detail.startswith(f"HTTP 504: Timeout: Too large resource version: {ahead}, current: ")
 
     target.run(body)
 

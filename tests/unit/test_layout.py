@@ -29,6 +29,7 @@ TEST_TOOLS = {
     "register_model",
     "tests",
     "scripts",
+    "sim",
 }
 
 
