@@ -22,7 +22,7 @@ from coordinator.errors import (
 )
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
-from coordinator.kube.client import Endpoint, KubeClient, KubeError, load_client_configuration
+from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.identity import (
     CONFIGMAP_UUID,
     Identity,
@@ -41,6 +41,7 @@ from coordinator.kube.resources import (
     state_name,
     state_paths,
 )
+from coordinator.kube.transport import TransportFactory
 from coordinator.lease import MAX_MAX_TTL_S
 from coordinator.outcome import Outcome
 from coordinator.records import ClusterRecord, DeploymentRecord, LocalConfig, check_dns_label
@@ -63,9 +64,12 @@ async def connect_cluster(
     identity_namespace: str = "default",
     timeout: float = 5.0,
     in_cluster: str | None = None,
+    transport_factory: TransportFactory | None = None,
 ) -> tuple[ClusterRecord, str]:
     """Prove which cluster ``context`` leads to and record it under ``name``; with
-    ``in_cluster`` (a ServiceAccount directory), the cluster the pod runs in."""
+    ``in_cluster`` (a ServiceAccount directory), the cluster the pod runs in.
+    ``transport_factory``: how clusters are reached (HTTPS with the kubeconfig's settings
+    by default, see coordinator/kube/transport.py)."""
     valid_name(name, "cluster name")
     valid_name(identity_namespace, "identity namespace")
     cfg = store.load()
@@ -79,12 +83,13 @@ async def connect_cluster(
         # Recorded for later runs from any directory: relative paths would break there.
         kubeconfig = os.pathsep.join(os.path.abspath(os.path.expanduser(p)) for p in kubeconfig.split(os.pathsep) if p)
     endpoint = Endpoint(name, context, kubeconfig, in_cluster)
-    await load_client_configuration(endpoint)  # bad kubeconfig/context -> exit 2 here
-    client = KubeClient(endpoint, timeout=timeout)
+    transport = None if transport_factory is None else transport_factory(endpoint)
+    client = KubeClient(endpoint, timeout=timeout, transport=transport)
     try:
+        await client.transport.open()  # bad kubeconfig/context -> exit 2 here
         identity = await discover_identity(client, identity_namespace)
         version = await _server_version(client)
-        twin = await _same_cluster_by_other_proof(client, identity, cfg, timeout=timeout)
+        twin = await _same_cluster_by_other_proof(client, identity, cfg, timeout=timeout, factory=transport_factory)
     except KubeError as err:
         raise _connect_error(name, context, err) from err
     finally:
@@ -129,7 +134,7 @@ class _Twin:
 
 
 async def _same_cluster_by_other_proof(
-    new: KubeClient, identity: Identity, cfg: LocalConfig, *, timeout: float
+    new: KubeClient, identity: Identity, cfg: LocalConfig, *, timeout: float, factory: TransportFactory | None
 ) -> _Twin | None:
     """A connected cluster that is the one behind ``new`` although its identity differs,
     because the two were proven by different means (the kube-system UID and an identity
@@ -140,7 +145,7 @@ async def _same_cluster_by_other_proof(
     if not others or not any(CONFIGMAP_UUID in (r.identity_source, identity.source) for r in others):
         return None
     found: list[_Twin] = []
-    clusters = ClusterSet(cfg, timeout=timeout)
+    clusters = ClusterSet(cfg, timeout=timeout, transport_factory=factory)
 
     def twin(rec: ClusterRecord, how: str, namespace: str | None, uuid: str) -> _Twin:
         return _Twin(rec, f"{how}, {namespace}/{IDENTITY_CONFIGMAP}, with the same UUID {uuid}")

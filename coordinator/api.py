@@ -33,6 +33,7 @@ from coordinator.records import DeploymentRecord, LocalConfig
 
 if TYPE_CHECKING:
     from coordinator.history import Tenure
+    from coordinator.kube.transport import TransportFactory
     from coordinator.lock import LockEngine
     from coordinator.lock.core import DeferredHistory, EngineCore
     from coordinator.models import LockRecord, RunClaim
@@ -76,11 +77,19 @@ class HeldLock:
 class Coordinator:
     """Entry point of the library: clusters, deployments, locks and state."""
 
-    def __init__(self, config: LocalConfig, *, store: ConfigStore | None = None, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: LocalConfig,
+        *,
+        store: ConfigStore | None = None,
+        timeout: float = 5.0,
+        transport_factory: TransportFactory | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.timeout = timeout
-        self.clusters = ClusterSet(config, timeout=timeout)
+        # How the clusters are reached (coordinator/kube/transport.py); HTTPS by default.
+        self.clusters = ClusterSet(config, timeout=timeout, transport_factory=transport_factory)
         # Bound on clock offsets between the API servers of one cluster (HA control planes).
         self.max_server_skew_s = DEFAULT_MAX_SERVER_SKEW_S
         self._tg: TaskGroup | None = None
@@ -89,9 +98,11 @@ class Coordinator:
         self.locks = LocalLocks(store)
 
     @classmethod
-    def from_config(cls, path: str | None = None, *, timeout: float = 5.0) -> Coordinator:
+    def from_config(
+        cls, path: str | None = None, *, timeout: float = 5.0, transport_factory: TransportFactory | None = None
+    ) -> Coordinator:
         store = ConfigStore(path)
-        return cls(store.load(), store=store, timeout=timeout)
+        return cls(store.load(), store=store, timeout=timeout, transport_factory=transport_factory)
 
     async def __aenter__(self) -> Coordinator:
         stack = contextlib.AsyncExitStack()

@@ -14,6 +14,7 @@ from coordinator.fanout import ClusterResult
 from coordinator.kube import client as kube
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.identity import read_identity
+from coordinator.kube.transport import TransportFactory
 from coordinator.outcome import Outcome
 from coordinator.records import ClusterRecord, LocalConfig
 from coordinator.text import printable
@@ -40,12 +41,19 @@ def failed(cluster: str, err: KubeError) -> ClusterResult[object]:
 
 
 class ClusterSet:
-    """Clients for the clusters in the local config, opened lazily and closed together."""
+    """Clients for the clusters in the local config, opened lazily and closed together.
 
-    def __init__(self, config: LocalConfig, *, timeout: float = 5.0) -> None:
+    ``transport_factory`` gives the transport of each cluster's client from its endpoint
+    (see coordinator/kube/transport.py); by default HTTPS with the kubeconfig's settings."""
+
+    def __init__(
+        self, config: LocalConfig, *, timeout: float = 5.0, transport_factory: TransportFactory | None = None
+    ) -> None:
         self.config = config
         self.timeout = timeout
-        kube.preload()  # before any per-cluster deadline starts counting
+        self.transport_factory = transport_factory
+        if transport_factory is None:
+            kube.preload()  # before any per-cluster deadline starts counting
         self._clients: dict[str, KubeClient] = {}
         self._verified: dict[str, anyio.Event] = {}
         self._verify_errors: dict[str, KubeError] = {}
@@ -69,7 +77,9 @@ class ClusterSet:
         found = self._clients.get(name)
         if found is None:
             rec = self.record(name)
-            found = KubeClient(Endpoint(rec.name, rec.context, rec.kubeconfig, rec.in_cluster), timeout=self.timeout)
+            endpoint = Endpoint(rec.name, rec.context, rec.kubeconfig, rec.in_cluster)
+            transport = None if self.transport_factory is None else self.transport_factory(endpoint)
+            found = KubeClient(endpoint, timeout=self.timeout, transport=transport)
             self._clients[name] = found
         return found
 

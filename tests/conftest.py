@@ -16,8 +16,10 @@ Missing binaries make these fixtures *fail*, not skip: run scripts/build-control
 
 Every test under ``tests/unit/`` is marked ``unit`` and every one under
 ``tests/integration/`` ``integration`` here, by folder (``scripts/test.sh -m unit`` runs
-the fast half). A unit test that asks for a sandbox, or a test file in neither folder,
-stops the run before anything starts.
+the fast half). ``tests/sim/`` (the in-memory API server, its conformance suite and the
+engines on it) holds both: each of its tests carries one of the two marks itself. A
+unit test that asks for a sandbox, or a test file elsewhere, stops the run before
+anything starts.
 """
 
 from __future__ import annotations
@@ -140,8 +142,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 misplaced.append(f"{item.nodeid} {why}: it belongs under tests/integration/")
         elif folder == "integration":
             item.add_marker(pytest.mark.integration)
+        elif folder == "sim":
+            unit, integration = (item.get_closest_marker(m) is not None for m in ("unit", "integration"))
+            sandboxes = _SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            if unit == integration:
+                misplaced.append(f"{item.nodeid}: a test under tests/sim/ is marked unit or integration, one of them")
+            elif unit and sandboxes:
+                misplaced.append(f"{item.nodeid} uses {', '.join(sorted(sandboxes))}: it is no unit test")
         else:
-            misplaced.append(f"{item.nodeid}: a test file goes under tests/unit/ or tests/integration/")
+            misplaced.append(f"{item.nodeid}: a test file goes under tests/unit/, tests/integration/ or tests/sim/")
     if misplaced:
         raise pytest.UsageError("\n".join(misplaced))
 

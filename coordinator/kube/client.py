@@ -1,16 +1,12 @@
 """One Kubernetes API server, reached through a kubeconfig and a context.
 
 This module (with its siblings in ``coordinator.kube``) is the only door to the API
-server: it sends the requests, applies the per-request timeout, and turns every failure
-into a :class:`KubeError` of one classified kind. Nothing here logs credentials; error
-texts carry URLs and status messages only.
-
-What it takes from kubernetes_asyncio is its public configuration API only: the
-kubeconfig loader fills a ``Configuration`` (server, TLS files, proxy, credentials, and
-the refresh hook of exec and auth-provider credentials), and ``Configuration.auth_settings()``
-gives the credentials of each request. The HTTP session is ours (aiohttp, which the
-library uses too), so no private constructor of the library is relied on, and all the
-requests of one process to one cluster share one keep-alive connection.
+server: it encodes the requests, applies the per-request timeout, retries throttled
+ones, and turns every failure into a :class:`KubeError` of one classified kind. The
+bytes go through a transport (``coordinator.kube.transport``): HTTPS with aiohttp by
+default (``coordinator.kube.wire``), so that everything above this class runs the same
+on any other. Nothing here logs credentials; error texts carry URLs and status
+messages only.
 
 Kubeconfig loading lives in ``coordinator.kube.kubeconfig`` and TLS contexts in
 ``coordinator.kube.tls``; their names are re-exported here.
@@ -22,14 +18,12 @@ import contextvars
 import json
 import logging
 import re
-import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlencode
 
 import anyio
 
@@ -59,6 +53,8 @@ from coordinator.kube.tls import (  # noqa: F401  (re-exported)
     environment_has_proxy_or_netrc,
     tls_context,
 )
+from coordinator.kube.transport import Request, Transport, TransportError, TransportFactory
+from coordinator.kube.wire import AiohttpTransport
 
 __all__ = [
     "ALREADY_EXISTS",
@@ -72,14 +68,16 @@ __all__ = [
     "THROTTLED",
     "UNREACHABLE",
     "USER_AGENT",
+    "AiohttpTransport",
     "ApiResponse",
     "Endpoint",
     "ErrorKind",
     "KubeClient",
     "KubeError",
+    "Transport",
+    "TransportFactory",
     "environment_has_proxy_or_netrc",
     "load_client_configuration",
-    "new_session",
     "preload",
     "request_events",
     "service_account_dir",
@@ -89,14 +87,9 @@ __all__ = [
 # Sent with every request, so that API audit logs can tell this tool's writes apart.
 USER_AGENT = f"coordinator/{__version__}"
 
-# Watch events carrying large objects can exceed aiohttp's default read buffer (the
-# library raises it the same way; etcd's default request limit is 1.5 MiB).
-_READ_BUFSIZE = 2**21
-
 # The client library logs some failures itself (an exec credential plugin that cannot
 # run, for one) through the root handler; they reach the user once, in our own words.
 logging.getLogger("kubernetes_asyncio").addHandler(logging.NullHandler())
-
 
 
 class ErrorKind(StrEnum):
@@ -257,41 +250,38 @@ def _log() -> Any:
 class KubeClient:
     """A lazily opened client for one cluster, reused for every request of a process.
 
-    Its requests take turns on one keep-alive connection: a second connection would
-    cost a TCP and TLS handshake (two round trips and milliseconds of CPU) to save one
-    round trip, and every cluster of a command would see two or three connections where
-    one does. A long-running watch holds a connection of its own."""
+    It sends one request at a time: over the default transport they take turns on one
+    keep-alive connection, as a second connection would cost a TCP and TLS handshake
+    (two round trips and milliseconds of CPU) to save one round trip, and every cluster
+    of a command would see two or three connections where one does. A long-running
+    watch holds a connection of its own.
 
-    def __init__(self, endpoint: Endpoint, *, timeout: float = 5.0) -> None:
+    ``transport`` carries the requests (:mod:`coordinator.kube.transport`); by default
+    HTTPS with the kubeconfig's settings for ``endpoint``."""
+
+    def __init__(self, endpoint: Endpoint, *, timeout: float = 5.0, transport: Transport | None = None) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._cfg: Any = None
-        self._session: Any = None
+        self.transport: Transport = AiohttpTransport(endpoint) if transport is None else transport
+        self._opened = False
         self._lock = anyio.Lock()
-        self._turn = anyio.Lock()  # one request at a time on the connection
+        self._turn = anyio.Lock()  # one request at a time
         self.server: str = ""
 
-    async def _client(self) -> tuple[Any, Any]:
-        """The loaded ``Configuration`` and the session; built on first use."""
+    async def open(self) -> None:
+        """Get the transport ready now (reads the kubeconfig); requests do this on first use."""
         async with self._lock:
-            if self._session is None:
+            if not self._opened:
                 try:
-                    cfg = await load_client_configuration(self.endpoint)
+                    await self.transport.open()
                 except UsageError as err:
                     raise KubeError(ERROR, err.message) from err
-                self.server = str(cfg.host)
-                self._session = new_session(cfg)
-                self._cfg = cfg
-            return self._cfg, self._session
-
-    async def open(self) -> None:
-        """Build the client now (reads the kubeconfig); requests do this on first use."""
-        await self._client()
+                self.server = self.transport.server
+                self._opened = True
 
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        self._opened = False
+        await self.transport.close()
 
     async def request(
         self,
@@ -347,51 +337,28 @@ class KubeClient:
     async def _send(
         self, method: str, path: str, query: dict[str, Any] | None, body: Any, limit: float, content_type: str
     ) -> ApiResponse:
-
-        cfg, session = await self._client()
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        await self.open()
+        headers = {"Accept": "application/json", "Content-Type": content_type, "User-Agent": USER_AGENT}
+        request = Request(method, path, _encoded_query(query), headers, _encoded_body(body))
         async with self._turn:
-            return await self._send_now(cfg, session, method, path, query, headers, body, limit)
+            return await self._send_now(request, limit)
 
-    async def _send_now(
-        self,
-        cfg: Any,
-        session: Any,
-        method: str,
-        path: str,
-        query: dict[str, Any] | None,
-        headers: dict[str, str],
-        body: Any,
-        limit: float,
-    ) -> ApiResponse:
-        import aiohttp
-
+    async def _send_now(self, request: Request, limit: float) -> ApiResponse:
         _tell("sent")
         try:
-            # aiohttp's own timeout ends the request; fail_after is the backstop for a
-            # server that accepted the connection and then stopped answering mid-stream.
+            # The transport's own timeout ends the request; fail_after is the backstop for
+            # a server that accepted the connection and then stopped answering mid-stream.
             with anyio.fail_after(limit + 0.5):
-                args = await _request_args(cfg, method, path, query, headers, body)
-                async with session.request(**args, timeout=aiohttp.ClientTimeout(total=limit)) as resp:
+                async with self.transport.send(request, timeout=limit) as reply:
                     _tell("answered")
-                    raw = await resp.read()
-                    status = resp.status
-                    date = resp.headers.get("Date")
-                    retry_after = resp.headers.get("Retry-After")
+                    raw = await reply.read()
+                    status = reply.status
+                    date = reply.header("Date")
+                    retry_after = reply.header("Retry-After")
         except TimeoutError as err:
             raise KubeError(UNREACHABLE, f"no answer within {limit:g}s") from err
-        except aiohttp.ClientConnectorCertificateError as err:
-            raise KubeError(ERROR, f"TLS certificate rejected: {err.certificate_error}") from err
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as err:
-            raise KubeError(UNREACHABLE, f"cannot connect to {self.server}: {err}") from err
-        except aiohttp.ClientError as err:
-            raise KubeError(UNREACHABLE, f"connection to {self.server} failed: {err}") from err
-        except ssl.SSLError as err:
-            raise KubeError(ERROR, f"TLS error talking to {self.server}: {err}") from err
-        except KubeError:
-            raise
-        except OSError as err:
-            raise KubeError(UNREACHABLE, f"cannot reach {self.server}: {err}") from err
+        except TransportError as err:
+            raise KubeError(UNREACHABLE if err.unreachable else ERROR, err.detail) from err
         ok = 200 <= status <= 299
         try:
             doc: Any = json.loads(raw) if raw else {}
@@ -410,92 +377,47 @@ class KubeClient:
             raise _classify_status(status, raw, doc, retry_after=_retry_after(retry_after, server_time))
         return ApiResponse(status=status, body=doc, server_time=server_time)
 
-    async def watch(self, path: str, *, query: dict[str, Any], timeout: float) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, path: str, *, query: dict[str, Any], timeout: float) -> AsyncGenerator[dict[str, Any], None]:
         """Yield watch events (``{"type", "object"}``) for up to ``timeout`` seconds."""
-        import aiohttp
-
-        cfg, session = await self._client()
+        await self.open()
         params = dict(query)
         params.update({"watch": "true", "timeoutSeconds": max(1, int(timeout))})
+        request = Request("GET", path, _encoded_query(params), {"Accept": "application/json", "User-Agent": USER_AGENT})
         try:
-            args = await _request_args(cfg, "GET", path, params, {"Accept": "application/json"}, None)
-            resp = await session.request(
-                **args, timeout=aiohttp.ClientTimeout(total=timeout + 2, sock_connect=self.timeout)
-            )
-        except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            raise KubeError(UNREACHABLE, f"watch on {self.server} failed: {err}") from err
-        try:
-            if resp.status != 200:
-                raw = await resp.read()
-                raise _classify_status(
-                    resp.status, raw, {}, retry_after=_retry_after(resp.headers.get("Retry-After"), None)
-                )
-            while True:
-                try:
-                    line = await resp.content.readline()
-                except (aiohttp.ClientError, OSError, TimeoutError) as err:
-                    raise KubeError(UNREACHABLE, f"watch on {self.server} broke: {err}") from err
-                if not line:
-                    return
-                try:
-                    event = json.loads(line)
-                except _UNREADABLE:
-                    continue
-                if isinstance(event, dict):
-                    yield event
-        finally:
-            resp.release()
+            async with self.transport.watch(request, timeout=timeout + 2, connect_timeout=self.timeout) as reply:
+                if reply.status != 200:
+                    raw = await reply.read()
+                    raise _classify_status(
+                        reply.status, raw, {}, retry_after=_retry_after(reply.header("Retry-After"), None)
+                    )
+                while True:
+                    line = await reply.readline()
+                    if not line:
+                        return
+                    try:
+                        event = json.loads(line)
+                    except _UNREADABLE:
+                        continue
+                    if isinstance(event, dict):
+                        yield event
+        except TransportError as err:
+            raise KubeError(UNREACHABLE if err.unreachable else ERROR, err.detail) from err
 
 
-def new_session(cfg: Any) -> Any:
-    """An aiohttp session for the cluster of ``cfg``, on the process's shared TLS context.
-    Call it in a running event loop."""
-    import aiohttp
-
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=cfg.connection_pool_maxsize or 100, ssl=tls_context(cfg)),
-        trust_env=environment_has_proxy_or_netrc(),
-        read_bufsize=_READ_BUFSIZE,
-        headers={"User-Agent": USER_AGENT},
-    )
-
-
-async def _request_args(
-    cfg: Any, method: str, path: str, query: dict[str, Any] | None, headers: dict[str, str], body: Any
-) -> dict[str, Any]:
-    """The arguments of ``ClientSession.request`` for one request to ``cfg.host``: URL and
-    query, the credentials of the moment (``auth_settings()`` runs the refresh hook of
-    expiring credentials, such as exec plugins and a rotated ServiceAccount token), the
-    proxy and the TLS server name of the kubeconfig, and the body as JSON."""
-    url = str(cfg.host) + path
-    if query:
-        url += "?" + urlencode([(k, _query_value(v)) for k, v in query.items()])
-    headers = dict(headers)
-    for setting in (await cfg.auth_settings()).values():
-        if setting.get("in") == "header" and setting.get("value"):
-            # A credential refreshed since the kubeconfig was checked (an exec plugin, a
-            # rotated token file) may end in a line break too: as kubectl, drop it.
-            value = header_value(str(setting["value"]))
-            if value is None:
-                raise KubeError(
-                    ERROR,
-                    "the credential of this context (from its exec plugin, auth provider or token "
-                    "file) holds a control character, which no HTTP header may carry",
-                )
-            headers[setting["key"]] = value
-    args: dict[str, Any] = {"method": method, "url": url, "headers": headers}
-    if cfg.proxy:
-        args["proxy"] = cfg.proxy
-        if cfg.proxy_headers:
-            args["proxy_headers"] = cfg.proxy_headers
-    if cfg.tls_server_name:
-        args["server_hostname"] = cfg.tls_server_name
-    if body is not None:
-        args["data"] = body if isinstance(body, bytes | str) else json.dumps(body)
-    return args
+def _encoded_query(query: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    return tuple((k, _query_value(v)) for k, v in (query or {}).items())
 
 
 def _query_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _encoded_body(body: Any) -> bytes | None:
+    """The body as sent: bytes as given, text in UTF-8, anything else as JSON."""
+    if body is None or isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    return json.dumps(body).encode()

@@ -25,7 +25,9 @@ from kubernetes_asyncio.config.kube_config import ConfigNode, KubeConfigLoader, 
 
 from coordinator.errors import UsageError
 from coordinator.kube import client as kc
+from coordinator.kube import wire
 from coordinator.kube.client import Endpoint, KubeClient, load_client_configuration
+from coordinator.kube.transport import Request
 
 # ------------------------------------------------------------------ material
 
@@ -327,7 +329,7 @@ def test_missing_ca_file_is_reported_as_before(tmp_path: Path) -> None:
 
 def test_session_uses_the_shared_context_and_the_kubeconfigs_settings(tmp_path: Path, pki: dict[str, Path]) -> None:
     """The HTTP session is ours, built from the public ``Configuration`` only: the shared
-    TLS context, the kubeconfig's proxy and TLS server name, our User-Agent."""
+    TLS context, the kubeconfig's proxy and TLS server name."""
     endpoint = _kubeconfig_with(
         tmp_path,
         {"certificate-authority-data": _b64(pki["ca"]), "tls-server-name": "kubernetes", "proxy-url": "http://p:3128"},
@@ -336,13 +338,12 @@ def test_session_uses_the_shared_context_and_the_kubeconfigs_settings(tmp_path: 
 
     async def go() -> None:
         cfg = await load_client_configuration(endpoint)
-        one, two = kc.new_session(cfg), kc.new_session(cfg)
+        one, two = wire.new_session(cfg), wire.new_session(cfg)
         try:
             assert one.connector._ssl is two.connector._ssl is kc.tls_context(cfg)
             assert one.trust_env == kc.environment_has_proxy_or_netrc()
-            assert one.headers["User-Agent"] == kc.USER_AGENT
-            assert kc.USER_AGENT.startswith("coordinator/")
-            args = await kc._request_args(cfg, "GET", "/api/v1/namespaces", {"limit": 5, "watch": True}, {}, None)
+            query = kc._encoded_query({"limit": 5, "watch": True})
+            args = await wire._request_args(cfg, Request("GET", "/api/v1/namespaces", query))
             assert args["url"] == "https://127.0.0.1:1/api/v1/namespaces?limit=5&watch=true"
             assert args["proxy"] == "http://p:3128"
             assert args["server_hostname"] == "kubernetes"
@@ -362,10 +363,11 @@ def test_request_credentials_come_from_auth_settings_each_time(tmp_path: Path, p
 
     async def go() -> None:
         cfg = await load_client_configuration(endpoint)
-        body = {"a": [1, "b"]}
-        args = await kc._request_args(cfg, "POST", "/x", None, {"Content-Type": "application/json"}, body)
+        body = kc._encoded_body({"a": [1, "b"]})
+        args = await wire._request_args(cfg, Request("POST", "/x", (), {"Content-Type": "application/json"}, body))
         assert args["headers"]["authorization"] == "Bearer first"
-        assert args["data"] == '{"a": [1, "b"]}' and args["url"] == "https://127.0.0.1:1/x"
+        assert args["headers"]["Content-Type"] == "application/json"
+        assert args["data"] == b'{"a": [1, "b"]}' and args["url"] == "https://127.0.0.1:1/x"
         assert "proxy" not in args and "server_hostname" not in args
         calls = []
 
@@ -375,7 +377,7 @@ def test_request_credentials_come_from_auth_settings_each_time(tmp_path: Path, p
 
         cfg.refresh_api_key_hook = hook
         for n in (1, 2):
-            args = await kc._request_args(cfg, "GET", "/x", None, {}, None)
+            args = await wire._request_args(cfg, Request("GET", "/x"))
             assert args["headers"]["authorization"] == f"Bearer rotated-{n}"
 
     anyio.run(go)
@@ -404,7 +406,7 @@ def test_clients_of_one_kubeconfig_share_one_context(tmp_path: Path, pki: dict[s
         try:
             for c in clients:
                 await c.open()
-            return {id(c._session.connector._ssl) for c in clients}
+            return {id(c.transport._session.connector._ssl) for c in clients}
         finally:
             for c in clients:
                 await c.close()

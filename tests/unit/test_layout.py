@@ -19,8 +19,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "coordinator"
 
 # What a user's install must not carry: the test suite's helpers and the benchmarks.
-TEST_TOOLS = {"pytest", "hypothesis", "faults", "bench", "coord_fixtures", "dateproxy", "register_model", "tests",
-              "scripts"}
+TEST_TOOLS = {
+    "pytest",
+    "hypothesis",
+    "faults",
+    "bench",
+    "coord_fixtures",
+    "dateproxy",
+    "register_model",
+    "tests",
+    "scripts",
+    "sim",
+}
 
 
 def module_name(path: Path) -> str:
@@ -182,17 +192,32 @@ def test_the_graph_reads_imports_the_way_python_runs_them(tmp_path: Path) -> Non
         "if TYPE_CHECKING:\n    from coordinator import api\n"
         "def later():\n    from coordinator import state\n"
     )
-    known = {"coordinator", "coordinator.quorum", "coordinator.kube", "coordinator.kube.client",
-             "coordinator.kube.resources", "coordinator.lease", "coordinator.sandbox", "coordinator.sandbox.pki",
-             "coordinator.text", "coordinator.api", "coordinator.state"}
+    known = {
+        "coordinator",
+        "coordinator.quorum",
+        "coordinator.kube",
+        "coordinator.kube.client",
+        "coordinator.kube.resources",
+        "coordinator.lease",
+        "coordinator.sandbox",
+        "coordinator.sandbox.pki",
+        "coordinator.text",
+        "coordinator.api",
+        "coordinator.state",
+    }
     assert imported("coordinator.m", src, known) == {
-        "coordinator.quorum", "coordinator.kube.client", "coordinator.kube.resources", "coordinator.lease",
-        "coordinator.sandbox.pki", "coordinator.text",
+        "coordinator.quorum",
+        "coordinator.kube.client",
+        "coordinator.kube.resources",
+        "coordinator.lease",
+        "coordinator.sandbox.pki",
+        "coordinator.text",
     }
     init = tmp_path / "__init__.py"
     init.write_text("from .handle import Sandbox\nfrom .. import errors\n")
     assert imported("coordinator.sandbox", init, {"coordinator.sandbox.handle", "coordinator.errors"}) == {
-        "coordinator.sandbox.handle", "coordinator.errors",
+        "coordinator.sandbox.handle",
+        "coordinator.errors",
     }
 
 
@@ -261,3 +286,26 @@ def test_the_package_has_no_test_tools_in_it() -> None:
             else:
                 continue
             assert not tops & TEST_TOOLS, f"{name} (line {node.lineno}) imports test tools: {sorted(tops & TEST_TOOLS)}"
+
+
+# ------------------------------------------------------------------ the door
+
+# Where aiohttp may be imported: the default transport (and kubeconfig.preload, which
+# imports it ahead of any deadline), and the sandbox's own HTTP proxy process. Everything
+# else reaches an API server through coordinator/kube/transport.py's protocol.
+AIOHTTP_ALLOWED = {"coordinator.kube.wire", "coordinator.kube.kubeconfig", "coordinator.sandbox.frontproxy"}
+
+
+def test_only_the_transport_imports_aiohttp() -> None:
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                tops = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            if "aiohttp" in tops and name not in AIOHTTP_ALLOWED:
+                found.append(f"{name} (line {node.lineno})")
+    assert not found, "modules that import aiohttp besides the transport: " + ", ".join(found)
