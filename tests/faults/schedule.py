@@ -42,6 +42,58 @@ if TYPE_CHECKING:
 
 
 OTHER_MANAGER = "torture-other-client"
+
+# The fields of the evidence table (docs/evidence.md) another client writes in the
+# foreign-writes kind. A well-formed member set another client wrote stops every command
+# (exit 5, documented), so member sets get only values no set parses from.
+LEASE_FIELDS = (
+    "coordinator.io/fencing-token",
+    "coordinator.io/vanished",
+    "coordinator.io/uid",
+    "coordinator.io/last-break",
+    "coordinator.io/next",
+    "coordinator.io/max-ttl",
+    "coordinator.io/membership",
+    "coordinator.io/holder",
+    "spec.holderIdentity",
+    "spec.leaseDurationSeconds",
+    "spec.renewTime",
+)
+STATE_FIELDS = ("token-floor", "coordinator.io/membership")
+# Kinds of value: numbers around what the field holds, zero, huge, nothing, text no rule
+# can read, JSON of the shapes the rules parse, another lock's id.
+FOREIGN_VALUES = ("zero", "lower", "same", "higher", "huge", "empty", "garbage", "break-note", "claim", "date", "lock")
+
+
+@dataclass
+class _ForeignPlan:
+    on_state: bool
+    field: str
+    value: str
+    force_apply: bool
+
+    def describe(self) -> str:
+        how = "server-side apply --force-conflicts" if self.force_apply else "update"
+        return f"{'state object' if self.on_state else 'Lease'} {self.field} := {self.value}, by {how}"
+
+    def render(self, current: str | None, rng: random.Random) -> str:
+        number = int(current) if current is not None and current.isdigit() and len(current) < 18 else 0
+        text = {
+            "zero": "0",
+            "lower": str(max(0, number - 1)),
+            "same": str(number),
+            "higher": str(number + 1000),
+            "huge": "9" * 30,
+            "empty": "",
+            "garbage": rng.choice(["x", "-1", "1e3", "{", "\u0000"]),
+            "break-note": '{"by":"torture","previous_lock_id":"' + (current or "").rsplit("/", 1)[-1] + '"}',
+            "claim": '{"lock":"0000000000000000","holder":"torture","since":0}',
+            "date": "2026-12-01T00:00:00Z",
+            "lock": f"torture/{rng.getrandbits(64):016x}",
+        }[self.value]
+        if self.field == "coordinator.io/membership" and text.startswith("{"):
+            return "x"
+        return text
 # Kinds that act on a holder inside its section (or on the Lease or objects it is using),
 # or that take the lock themselves: injected while the lock is blocked they wait for a
 # holder (up to 10-40 s) or find none. See Faults._pick.
@@ -94,6 +146,7 @@ class Faults:
         self.collectors: list[threading.Thread] = []
         self.count: Counter[str] = Counter()
         self.serial = 0
+        self._foreign_fields: list[tuple[bool, str]] = []  # the fields foreign-writes has yet to write
         self.episode_ended = 0.0  # when the last episode ended (machine clock)
 
     @property
@@ -272,7 +325,7 @@ class Faults:
                 self._sleep(d)
             finally:
                 self.workers.resume(worker)
-        elif kind in OTHER_CLIENT_FAULTS:
+        elif kind in OTHER_CLIENT_FAULTS or kind == "foreign-token":
             self._other_client(kind, d, room)
         elif kind in DELETION_FAULTS:
             self._delete(kind, room)
@@ -319,12 +372,14 @@ class Faults:
             self.say(f"fault: {kind} needs kubectl, which is not installed")
             return
         self._held(min(room, 10.0))
-        majority = ("strip-managed-fields", "edit-lease-duration", "foreign-writes")
+        majority = ("strip-managed-fields", "edit-lease-duration", "foreign-writes", "foreign-token")
         targets = self._majority() if kind in majority else self._minority()
         if self.rng.random() < 0.5:
             targets = self._clusters(self.rng.randint(1, self.n))
         lease = self._lease()
-        self.say(f"fault: {kind} on the Lease of {targets} for {d:.1f}s")
+        plan = self._foreign_plan(kind) if kind in ("foreign-writes", "foreign-token") else None
+        what = f" ({plan.describe()})" if plan is not None else ""
+        self.say(f"fault: {kind} on the Lease of {targets} for {d:.1f}s{what}")
         self.count[kind] += 1
         until = machine_clock() + d
         problems: list[str] = []
@@ -349,8 +404,8 @@ class Faults:
                     )
                     runs = [self._kubectl(i, "apply", "--server-side", "--field-manager=torture-apply", "-f", "-",
                                           stdin=manifest)]  # fmt: skip
-                elif kind == "foreign-writes":
-                    runs = [self._foreign_write(i, lease)]
+                elif plan is not None:
+                    runs = [self._foreign_write(i, lease, plan)]
                 elif kind == "strip-managed-fields":
                     runs = [self._kubectl(i, "patch", "lease", lease, "--type=merge",
                                           "-p", '{"metadata":{"managedFields":[{}]}}',
@@ -367,79 +422,54 @@ class Faults:
         if problems:
             self.say(f"fault: {kind}: kubectl failed {len(problems)} times, e.g. {problems[0]}")
 
-    # Values another client may write into a field a rule reads: other numbers (around the
-    # current token, zero, huge), nothing, text no rule can read, another lock's id.
-    def _foreign_value(self, current: str | None) -> str:
-        number = int(current) if current is not None and current.isdigit() and len(current) < 18 else 0
-        return self.rng.choice(
-            [
-                "0",
-                str(max(0, number - 1)),
-                str(number),
-                str(number + 1),
-                str(number + 1000),
-                "9" * 30,
-                "",
-                "-1",
-                "x",
-                "1e3",
-                '{"by":"torture","previous_lock_id":"' + (current or "") + '"}',
-                '{"lock":"0000000000000000","holder":"torture","since":0}',
-                "2026-12-01T00:00:00Z",
-                f"torture/{self.rng.getrandbits(64):016x}",
-            ]
+    def _foreign_plan(self, kind: str) -> _ForeignPlan:
+        """One episode of foreign writes: one field of the evidence table (docs/evidence.md),
+        one kind of value, one way of writing, on every target alike, so that a majority
+        of members sees the same edit. The fields come round in a shuffled cycle, so that
+        each is written within every 13 episodes."""
+        from coordinator.kube.resources import A_TOKEN_FLOOR
+
+        if kind == "foreign-token":
+            return _ForeignPlan(False, "coordinator.io/fencing-token", self.rng.choice(("zero", "lower")), False)
+        if not self._foreign_fields:
+            self._foreign_fields = [(False, f) for f in LEASE_FIELDS] + [(True, f) for f in STATE_FIELDS]
+            self.rng.shuffle(self._foreign_fields)
+        on_state, field = self._foreign_fields.pop()
+        numeric = field in ("coordinator.io/fencing-token", "token-floor", "coordinator.io/max-ttl")
+        values = ("zero", "lower", "same", "higher", "huge", "empty", "garbage") if numeric else FOREIGN_VALUES
+        return _ForeignPlan(
+            on_state=on_state,
+            field=A_TOKEN_FLOOR if field == "token-floor" else field,
+            value=self.rng.choice(values),
+            force_apply=self.rng.random() < 0.5,
         )
 
-    def _foreign_write(self, index: int, lease: str) -> subprocess.CompletedProcess[str]:
-        """One write of another field manager into one field of the evidence table
-        (docs/evidence.md), on the Lease or the state object: a plain update (kubectl
-        annotate / patch) or a server-side apply that forces the field over."""
-        from coordinator.kube.resources import A_TOKEN_FLOOR, state_name
+    def _foreign_write(self, index: int, lease: str, plan: _ForeignPlan | None) -> subprocess.CompletedProcess[str]:
+        """One write of another field manager, as ``plan`` says, on member ``index``: a
+        plain update (kubectl patch) or a server-side apply that forces the field over."""
+        from coordinator.kube.resources import state_name
 
-        on_state = self.rng.random() < 0.25
-        if on_state:
-            kind, name = "configmap", state_name(DEPLOYMENT)
-            field = self.rng.choice([("annotation", A_TOKEN_FLOOR), ("annotation", "coordinator.io/membership")])
-        else:
-            kind, name = "lease", lease
-            field = self.rng.choice(
-                [
-                    ("annotation", "coordinator.io/fencing-token"),
-                    ("annotation", "coordinator.io/vanished"),
-                    ("annotation", "coordinator.io/uid"),
-                    ("annotation", "coordinator.io/last-break"),
-                    ("annotation", "coordinator.io/next"),
-                    ("annotation", "coordinator.io/max-ttl"),
-                    ("annotation", "coordinator.io/membership"),
-                    ("annotation", "coordinator.io/holder"),
-                    ("spec", "holderIdentity"),
-                    ("spec", "leaseDurationSeconds"),
-                    ("spec", "renewTime"),
-                ]
-            )
-        path = self._lease_path() if not on_state else self._state_path()
-        obj = self.sandbox.admin(index).get(path) or {}
-        meta = obj.get("metadata") or {}
-        where, key = field
-        holder = (meta.get("annotations") or {}) if where == "annotation" else (obj.get("spec") or {})
-        current = holder.get(key)
-        value = self._foreign_value(str(current) if current is not None else None)
-        if key == "coordinator.io/membership" and value.startswith("{"):
-            value = "x"  # a well-formed set another client wrote stops commands (exit 5), as documented
+        assert plan is not None
+        kind, name = ("configmap", state_name(DEPLOYMENT)) if plan.on_state else ("lease", lease)
+        obj = self.sandbox.admin(index).get(self._state_path() if plan.on_state else self._lease_path()) or {}
+        where, key = ("spec", plan.field[5:]) if plan.field.startswith("spec.") else ("annotation", plan.field)
+        found = ((obj.get("metadata") or {}).get("annotations") or {}) if where == "annotation" else obj.get("spec")
+        current = (found or {}).get(key)
+        value = plan.render(str(current) if current is not None else None, self.rng)
         if where == "annotation":
             patch: dict[str, Any] = {"metadata": {"annotations": {key: value}}}
         elif key == "leaseDurationSeconds":
-            patch = {"spec": {key: int(value) if value.isdigit() and len(value) < 9 and int(value) > 0 else 1}}
+            patch = {"spec": {key: int(value) if value.isdigit() and 0 < len(value) < 9 and int(value) > 0 else 1}}
         elif key == "renewTime":
             patch = {"spec": {key: "2026-12-01T00:00:00.000000Z"}}
         else:
             patch = {"spec": {key: value or None}}
-        if self.rng.random() < 0.5:
+        if not plan.force_apply:
             return self._kubectl(index, "patch", kind, name, "--type=merge", "-p", json.dumps(patch),
                                  "--field-manager=torture-update")  # fmt: skip
         api = "coordination.k8s.io/v1" if kind == "lease" else "v1"
-        manifest = {"apiVersion": api, "kind": "Lease" if kind == "lease" else "ConfigMap",
-                    "metadata": {"name": name, **patch.get("metadata", {})}}  # fmt: skip
+        manifest: dict[str, Any] = {"apiVersion": api, "kind": "Lease" if kind == "lease" else "ConfigMap",
+                                    "metadata": {"name": name, **patch.get("metadata", {})}}  # fmt: skip
         if "spec" in patch:
             manifest["spec"] = {k: v for k, v in patch["spec"].items() if v is not None}
         return self._kubectl(index, "apply", "--server-side", "--force-conflicts", "--field-manager=torture-force",
