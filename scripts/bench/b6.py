@@ -32,6 +32,7 @@ async def contender_main(config: str, deployment: str, holder: str, duration: fl
     store = ConfigStore(config)
     cfg = store.load()
     wins: list[float] = []
+    tokens: list[int] = []
     released: list[float] = []
     errors: list[str] = []
     attempts = {"won": 0, "split": 0, "held": 0}
@@ -59,6 +60,7 @@ async def contender_main(config: str, deployment: str, holder: str, duration: fl
                     await anyio.sleep(0.2)
                     continue
                 wins.append(time.monotonic())
+                tokens.append(res.fencing_token or 0)
                 attempts["won"] += 1
                 try:
                     if hold > 0:
@@ -71,6 +73,7 @@ async def contender_main(config: str, deployment: str, holder: str, duration: fl
         "holder": holder,
         "start": start,
         "wins": wins,
+        "tokens": tokens,
         "released": released,
         "attempts": attempts,
         "errors": errors[:5],
@@ -175,6 +178,20 @@ def bench_b6(r: Rig, rep: Report, *, duration: float, contenders: int = 8, hold:
             median(idle),
             "-",
             None,
+        )
+    )
+    granted = sorted(t for x in results for t in x.get("tokens", []))
+    rise = (granted[-1] - granted[0]) / (len(granted) - 1) if len(granted) > 1 else 0.0
+    rep.add(
+        Row(
+            "B6.tokens",
+            "fencing tokens: how far they rise per win (attempts that lose give theirs back)",
+            f"{rise:.2f} per win ({granted[0] if granted else '-'} .. {granted[-1] if granted else '-'} over "
+            f"{len(granted)} wins)",
+            "",
+            rise,
+            "<= 3 per win",
+            rise <= 3,
         )
     )
     rep.add(
