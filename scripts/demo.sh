@@ -77,6 +77,9 @@ run coordinator sandbox resume 1 --dir "${work}/sandbox"
 run coordinator state diff payments
 run coordinator sandbox pause 2 --dir "${work}/sandbox"
 run coordinator --timeout 2s state get payments replicas
+# Carol holds eu-2 and eu-3; with eu-2 silent, eu-3 alone cannot say she holds a majority,
+# and eu-1 free cannot say she does not: unknown, never "free" (exit 4).
+expect_fail coordinator --timeout 2s lock status payments
 run coordinator sandbox resume 2 --dir "${work}/sandbox"
 run coordinator state diff payments
 
