@@ -6,8 +6,10 @@ it. The API server records, per field manager, which fields each writer set last
 of its fields (`kubectl annotate`, `kubectl edit`, a server-side apply with
 ``--force-conflicts``), and the server then hands the field to that writer's manager.
 So a field counts as coordinator's word only while a coordinator field manager
-(``coordinator`` or ``coordinator-*``) owns it. A field nobody owns (the managedFields
-stripped) has no known writer and is not coordinator's word either.
+(``coordinator`` or ``coordinator-*``) owns it. A field nobody is recorded as owning
+(managedFields stripped, or owned by ``before-first-apply``, the name the server gives
+fields it found unowned, which any client can also write under) has no known writer and
+is not coordinator's word either: every rule treats it as another client's.
 
 Pure: no I/O, no clock. ``EVIDENCE`` lists every field a rule reads, who may write it,
 what the rules do when another manager owns it or it is missing, and the test that shows
@@ -91,6 +93,34 @@ def tracked(obj: dict[str, Any]) -> bool:
     return isinstance(entries, list) and any(isinstance(e, dict) and e.get("manager") for e in entries)
 
 
+# Written by coordinator on an object whose writers the server stopped recording, together
+# with the records it starts again from (see with_records).
+A_RECORDS = "coordinator.io/records"
+
+
+def with_records(body: dict[str, Any], read: dict[str, Any] | None, nonce: str) -> dict[str, Any]:
+    """``body`` (the object to PUT in place of ``read``) so that the server records writers
+    again where it stopped (managedFields stripped): an update alone does not restart the
+    records, an update that brings managedFields does. The entry brought names only a fresh
+    nonce annotation, so the write then owns exactly the fields it changes, under its own
+    field manager and with the server's time stamp; fields it leaves as they were keep no
+    known writer. Nothing is claimed for coordinator that coordinator does not write."""
+    if read is None or tracked(read):
+        return body
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), A_RECORDS: nonce}
+    meta["managedFields"] = [
+        {
+            "manager": FIELD_MANAGER + "-records",
+            "operation": "Update",
+            "apiVersion": str(read.get("apiVersion") or body.get("apiVersion") or "v1"),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + A_RECORDS: {}}}},
+        }
+    ]
+    return {**body, "metadata": meta}
+
+
 @dataclass(frozen=True)
 class Evidence:
     """One row of the evidence table."""
@@ -107,7 +137,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease spec.holderIdentity",
         "who holds a lease; a renewal's 'still ours'",
         "coordinator (takes), coordinator-release (releases and breaks write it empty)",
-        "another manager's, or none (stripped, removed): held by an unknown holder until "
+        "another manager's, or none (removed, stripped, before-first-apply): held by an unknown holder until "
         "coordinator's own write stamp, or local observation, shows a TTL passed; never ours, never free",
         "test_evidence_owners.py::test_a_holder_edited_by_another_client_is_neither_free_nor_ours",
     ),
@@ -145,7 +175,8 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease coordinator.io/vanished",
         "a tombstone: held by an unknown holder for a maximum TTL",
         "coordinator",
-        "another manager's: not a tombstone (the mark neither lengthens a lock nor says a lease was deleted)",
+        "another manager's, or none: not a tombstone (the mark neither lengthens a lock nor says a lease was "
+        "deleted)",
         "test_evidence_owners.py::test_a_planted_vanished_mark_does_not_keep_a_dead_holders_lock",
     ),
     Evidence(
@@ -160,7 +191,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease coordinator.io/last-break",
         "a renewal learns its lock was broken",
         "coordinator-release (lock break)",
-        "another manager's: ignored (a renewal then judges the holder field alone)",
+        "another manager's, or none: ignored (a renewal then judges the holder field alone)",
         "test_evidence_owners.py::test_a_planted_break_note_does_not_end_a_live_lock",
     ),
     Evidence(
@@ -174,7 +205,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease coordinator.io/next",
         "whose turn is next",
         "coordinator-line",
-        "another manager's: ignored (claims only ever delay a take)",
+        "another manager's, or none: ignored (claims only ever delay a take)",
         "test_evidence_owners.py::test_a_planted_claim_does_not_reserve_the_next_turn",
     ),
     Evidence(
@@ -202,15 +233,15 @@ EVIDENCE: tuple[Evidence, ...] = (
         "State object data envelope.json",
         "the replicated state (reads, confirmations, repair)",
         "coordinator",
-        "another manager's, however well-formed: the replica is corrupt (never returned, never counted); "
-        "the next write replaces it",
+        "another manager's, or none, however well-formed: the replica is corrupt (never returned, copied or "
+        "counted); the next write replaces it",
         "test_evidence_owners.py::test_a_well_formed_envelope_another_client_wrote_is_not_the_state",
     ),
     Evidence(
         "State object coordinator.io/state-promise",
         "the newest stamp a replica promised (writes below it are refused)",
         "coordinator",
-        "another manager's: the replica is corrupt until a write replaces it",
+        "another manager's, or none: the replica is corrupt until a write replaces it",
         "test_register.py::test_an_envelope_or_promise_another_client_wrote_is_corrupt",
     ),
     Evidence(

@@ -157,14 +157,17 @@ def _cluster_row(name: str, view: LeaseView | None, max_ttl_s: float) -> tuple[F
     """The row, the live lock id (if held), and its remaining seconds (if known)."""
     if view is None:
         return FleetCluster(name, "missing", detail="no lease of this deployment was listed here"), None, None
-    if view.vanished and not view.held:
-        return FleetCluster(name, "held", detail="the lease was deleted: held by an unknown holder"), None, None
+    if view.unknown_holder:
+        why = "the lease was deleted" if view.vanished else "another client edited the holder field"
+        if view.expired(max_ttl_s):
+            return FleetCluster(name, "expired", detail=why), None, None
+        return FleetCluster(name, "held", detail=f"{why}: held by an unknown holder"), None, None
     if not view.held:
         return FleetCluster(name, "free"), None, None
     who = view.info.get("holder") or None
     if view.expired(max_ttl_s):
         return FleetCluster(name, "expired", who, view.lock_id), None, None
-    return FleetCluster(name, "held", who, view.lock_id), view.lock_id, view.remaining_s()
+    return FleetCluster(name, "held", who, view.lock_id), view.lock_id, view.remaining_hint(max_ttl_s)
 
 
 def build_fleet(config: LocalConfig, listed: dict[str, ClusterResult[list[LeaseView]]]) -> Fleet:

@@ -52,6 +52,7 @@ What this module promises, and what it does not:
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -59,6 +60,7 @@ from typing import Any, TypeAlias, assert_never
 
 from coordinator import cas
 from coordinator.clusters import ClusterSet, failed
+from coordinator.evidence import with_records
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -472,6 +474,7 @@ class HistoryStore:
             if copy[0] is None:
                 await client.request("POST", configmaps_path(self.namespace), body=body, query=query)
             else:
+                body = with_records(body, copy[0], secrets.token_hex(6))
                 await client.request("PUT", self.path, body=body, query=query)
             return count
 

@@ -224,16 +224,14 @@ def _max_ttl_note(obj: dict[str, Any], raw: Any) -> int | None:
 
 
 def _holder_edited(obj: dict[str, Any], claimed: str | None) -> bool:
-    """Was the holder field removed or rewritten by another client? Coordinator writes it
-    on every take and release (empty when free), so a holder field another manager owns,
-    or an empty one no coordinator manager owns, was not coordinator's word: a `kubectl
-    edit` that "frees" a lease, or names another lock id. Where the server records no
-    writer (managedFields stripped), a holder the field names is believed; an empty one is
-    not: a lease that only looks free blocks until watched unchanged for a whole TTL."""
-    who = writer(obj, ("spec", "holderIdentity"))
-    if who is Writer.OURS:
-        return False
-    return who is Writer.OTHER or claimed is None
+    """Is the holder field not coordinator's word? Coordinator writes it on every take and
+    release (empty when free), so a holder field no coordinator manager owns was written or
+    removed by another client (a `kubectl edit` that "frees" a lease, or names another lock
+    id), or by nobody the server recorded (managedFields stripped, or a field given to the
+    server's before-first-apply manager, a name any client may use). Such a lease blocks
+    for a holder nobody can name until coordinator's own last write there, or local
+    observation, shows a TTL passed; and it is no holder's own."""
+    return writer(obj, ("spec", "holderIdentity")) is not Writer.OURS
 
 
 @dataclass
@@ -267,7 +265,8 @@ class LeaseView:
     max_ttl_note: int | None = None  # believed only when a coordinator field manager wrote it
     break_note: dict[str, Any] | None = None
     uid: str | None = None
-    uid_note: str | None = None
+    uid_note: str | None = None  # the uid note, where coordinator wrote it
+    uid_claim: str | None = None  # the uid note whoever wrote it (see names_itself)
     created: datetime | None = None  # the server's creationTimestamp
 
     @classmethod
@@ -279,7 +278,7 @@ class LeaseView:
         ann = meta.get("annotations") or {}
         token, malformed = 0, False
         token_writer = writer(obj, annotation(A_TOKEN)) if A_TOKEN in ann else Writer.UNKNOWN
-        raw = ann.get(A_TOKEN) if token_writer is not Writer.OTHER else None
+        raw = ann.get(A_TOKEN) if token_writer is Writer.OURS else None
         if raw is not None:
             try:
                 token = int(raw)
@@ -290,7 +289,7 @@ class LeaseView:
         edited = _holder_edited(obj, claimed)
         ttl = spec.get("leaseDurationSeconds")
         note: dict[str, Any] | None = None
-        if isinstance(ann.get(A_LAST_BREAK), str) and writer(obj, annotation(A_LAST_BREAK)) is not Writer.OTHER:
+        if isinstance(ann.get(A_LAST_BREAK), str) and writer(obj, annotation(A_LAST_BREAK)) is Writer.OURS:
             try:
                 loaded = json.loads(ann[A_LAST_BREAK])
                 note = loaded if isinstance(loaded, dict) else None
@@ -316,17 +315,18 @@ class LeaseView:
             released=manager_time(obj, RELEASE_MANAGER),
             resource_version=meta.get("resourceVersion"),
             next_claim=(
-                TurnClaim.parse(ann.get(A_NEXT)) if writer(obj, annotation(A_NEXT)) is not Writer.OTHER else None
+                TurnClaim.parse(ann.get(A_NEXT)) if writer(obj, annotation(A_NEXT)) is Writer.OURS else None
             ),
-            vanished=A_VANISHED in ann and writer(obj, annotation(A_VANISHED)) is not Writer.OTHER,
+            vanished=A_VANISHED in ann and writer(obj, annotation(A_VANISHED)) is Writer.OURS,
             max_ttl_note=_max_ttl_note(obj, ann.get(A_MAX_TTL)),
             break_note=note,
             uid=meta.get("uid") or None,
             uid_note=(
                 ann.get(A_UID)
-                if isinstance(ann.get(A_UID), str) and writer(obj, annotation(A_UID)) is not Writer.OTHER
+                if isinstance(ann.get(A_UID), str) and writer(obj, annotation(A_UID)) is Writer.OURS
                 else None
             ),
+            uid_claim=ann.get(A_UID) if isinstance(ann.get(A_UID), str) else None,
             created=parse_time(meta.get("creationTimestamp")),
         )
 
@@ -339,6 +339,15 @@ class LeaseView:
         """Was this very object last written by coordinator (its uid annotation names
         it)? A copy recreated from a backup names the object it was copied from."""
         return self.exists and self.uid is not None and self.uid_note == self.uid
+
+    @property
+    def names_itself(self) -> bool:
+        """Does the uid note name this very object, whoever wrote the note? Weaker than
+        :attr:`verified` (after managedFields were stripped the note has no known writer,
+        and any client could have written it): a member change uses it only to take a
+        stripped lease's set for a step of its own when the set *equals* that step, which
+        grants nothing coordinator would not have written itself."""
+        return self.exists and self.uid is not None and self.uid_claim == self.uid
 
     @property
     def blocking(self) -> bool:
@@ -591,7 +600,7 @@ def token_taken(view: LeaseView, lock_id: str, token: int) -> bool:
     """Has ``token`` (or a later one) already been used on this lease by another lock
     id? Then an attempt with ``token`` must not take it: two attempts that read the same
     leases choose the same token, and a lease freed by the first keeps its token."""
-    return view.lock_id != lock_id and view.token_writer is not Writer.OTHER and view.token >= token
+    return view.lock_id != lock_id and view.token_writer is Writer.OURS and view.token >= token
 
 
 def history_known(view: LeaseView) -> bool:

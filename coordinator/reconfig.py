@@ -339,7 +339,7 @@ def _of_this_change(stored: Stored) -> TypeGuard[Membership]:
 def _of_this_change_on(stored: Stored, view: LeaseView | None) -> TypeGuard[Membership]:
     """``_of_this_change`` on ``view``: a stripped set counts only on a lease coordinator
     made (it names its own uid), not on one another client created and then stripped."""
-    return _of_this_change(stored) and (stored.written_by_us or (view is not None and view.verified))
+    return _of_this_change(stored) and (stored.written_by_us or (view is not None and view.names_itself))
 
 
 def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
@@ -466,7 +466,7 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
         k
         for k, r in results.items()
         if r.ok and k not in foreign and (v := views.get(k)) is not None and v.exists and not v.vanished
-        and not v.verified and not allowed(k, r.value)
+        and not v.names_itself and not allowed(k, r.value)
     )  # fmt: skip
     if not foreign and not unowned:
         return

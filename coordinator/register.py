@@ -319,12 +319,19 @@ def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, de
         return Replica(cluster, exists=False)
     rep = Replica(cluster, exists=True, obj=obj)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    for path, what in ((("data", DATA_KEY), f"its {DATA_KEY}"), (annotation(PROMISE_ANNOTATION), "its promise")):
-        if writer(obj, path) is Writer.OTHER:
-            # Evidence has an owner (coordinator/evidence.py): another client's envelope or
-            # promise is not a replica's word, however well-formed; a write replaces it.
-            who = printable(", ".join(owners(obj, path)))[:80]
-            rep.corrupt = f"{what} was written by another client ({who}), not by coordinator"
+    present = ((obj.get("data") or {}).get(DATA_KEY) is not None, PROMISE_ANNOTATION in annotations)
+    for path, what, there in (
+        (("data", DATA_KEY), f"its {DATA_KEY}", present[0]),
+        (annotation(PROMISE_ANNOTATION), "its promise", present[1]),
+    ):
+        if there and writer(obj, path) is not Writer.OURS:
+            # Evidence has an owner (coordinator/evidence.py): an envelope or a promise that
+            # no coordinator field manager owns is not a replica's word, however
+            # well-formed (another client wrote it, or nobody the server recorded: the
+            # managedFields stripped); a write replaces it.
+            named = [m for m in owners(obj, path) if m]
+            who = f"by another client ({printable(', '.join(named))[:80]})" if named else "with no recorded writer"
+            rep.corrupt = f"{what} was written {who}, not by coordinator"
             return rep
     promise_text = annotations.get(PROMISE_ANNOTATION)
     if promise_text is not None:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from faults.checkers import Operation
+from served import served
 
 from coordinator import register as reg
 from coordinator.register import Delivery, Kind, Replica, Stamp
@@ -98,12 +99,12 @@ class Lane:
         if request.method == "GET":
             if status is None:
                 return self.finish(Delivery.REFUSED)  # the write before it was refused (409)
-            self.rep = reg.decode_replica(str(self.index), obj, STORAGE)
+            self.rep = reg.decode_replica(str(self.index), served(obj), STORAGE)
             return self.start()
         if status is None:
             return self.finish(Delivery.UNANSWERED)
         if status == 200:
-            self.rep = reg.decode_replica(str(self.index), obj, STORAGE)
+            self.rep = reg.decode_replica(str(self.index), served(obj), STORAGE)
             return self.finish(Delivery.CONFIRMED)
         if status == 409:
             return self.op.send(Request(self, self.index, "GET"))
@@ -143,7 +144,7 @@ class Op:
     def respond(self, request: Request, status: int | None, obj: dict[str, Any] | None) -> None:
         if not self.reading or self.abandoned:
             return
-        self.answers[request.server] = reg.decode_replica(str(request.server), obj, STORAGE) if status else None
+        self.answers[request.server] = reg.decode_replica(str(request.server), served(obj), STORAGE) if status else None
         self.read_answer()
 
     def read_answer(self) -> None:
@@ -314,7 +315,7 @@ class Sim:
         return self.clock
 
     def stored(self, obj: dict[str, Any]) -> None:
-        rep = reg.decode_replica("x", obj, STORAGE)
+        rep = reg.decode_replica("x", served(obj), STORAGE)
         assert rep.corrupt is None, rep.corrupt
         if rep.envelope is not None:
             seen = self.documents.setdefault(rep.stamp, rep.envelope.checksum)

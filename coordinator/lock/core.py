@@ -15,6 +15,7 @@ from anyio.abc import TaskGroup
 from coordinator import quorum
 from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import IdentityMismatchError
+from coordinator.evidence import with_records
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -318,6 +319,7 @@ class EngineCore:
         client = self.clusters.client(cluster)
         query = {"fieldManager": manager}
         if view.exists:
+            body = with_records(body, view.obj, secrets.token_hex(6))
             resp = await client.request("PUT", self.path, body=body, query=query)
         else:
             resp = await client.request("POST", leases_path(self.dep.namespace), body=body, query=query)

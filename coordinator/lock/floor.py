@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any, assert_never
 
@@ -16,6 +17,7 @@ import anyio
 from coordinator import cas
 from coordinator.clusters import failed
 from coordinator.errors import CoordinatorError, NoQuorumError
+from coordinator.evidence import with_records
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -298,6 +300,7 @@ class TokenFloor(Release):
             if obj is None:
                 await client.request("POST", collection, body=body, query=query)
             else:
+                body = with_records(body, obj, secrets.token_hex(6))
                 await client.request("PUT", path, body=body, query=query)  # resourceVersion: CAS
             return token
 

@@ -71,6 +71,11 @@ class Renew(Members):
                         detail=f"not renewed: it stores member set epoch {newer.epoch}, this machine counts "
                         f"with epoch {self.membership.epoch}",
                     )
+                if verdict is RenewVerdict.RENEW and (view.token > token or view.token_writer is not Writer.OURS):
+                    # Our lock id, but a higher token, or one coordinator did not write:
+                    # something else wrote here since; a renewal never writes its token over
+                    # a later one. (A lower one is an earlier attempt of this same acquire's.)
+                    verdict = RenewVerdict.GONE
                 if verdict is RenewVerdict.RENEW:
                     body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
                     return body, "renewed", ""

@@ -61,7 +61,7 @@ class Status(Members):
             else:
                 st = "held"
                 live[name] = v.lock_id
-                rem = v.remaining_s()
+                rem = v.remaining_hint(self.max_ttl_s) if v.held else None
                 if rem is not None:
                     remaining[name] = rem
             rows.append(
@@ -75,7 +75,7 @@ class Status(Members):
                     ttl_s=v.ttl_s,
                     transitions=v.transitions,
                     token=v.token if v.exists else None,
-                    remaining_s=v.remaining_s() if st == "held" else None,
+                    remaining_s=v.remaining_hint(self.max_ttl_s) if st == "held" and v.held else None,
                     info=v.info,
                     error="fencing-token annotation is malformed" if v.token_malformed else note,
                 )

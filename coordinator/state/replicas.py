@@ -4,6 +4,7 @@ of one replica, and the checks every read and write makes on what was read."""
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any, assert_never
 from coordinator import cas, quorum
 from coordinator.clusters import ClusterSet
 from coordinator.errors import IdentityMismatchError, NoQuorumError, StateConflictError
+from coordinator.evidence import with_records
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -100,6 +102,7 @@ class Replicas:
         client = self.clusters.client(rep.cluster)
         query = {"fieldManager": FIELD_MANAGER}
         if rep.exists:
+            body = with_records(body, rep.obj, secrets.token_hex(6))
             resp = await client.request("PUT", self.path, body=body, query=query)
         else:
             resp = await client.request("POST", self.collection, body=body, query=query)

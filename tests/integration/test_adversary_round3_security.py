@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
+from served import served
 
 # The fixture `throttled` of test_throttling: a minted user with exactly the printed rights,
 # and an admission webhook that can answer 429 (registered under its own name).
@@ -240,7 +241,7 @@ def test_a_corrupt_replica_reason_is_one_line() -> None:
 
     env = json.loads(genesis_text("web"))
     env.update(version=5, token=1, data={}, checksum=checksum({}), member_ids={f"x\n{FORGED}": 1})
-    rep = decode_replica("c1", {"data": {"envelope.json": json.dumps(env)}}, "configmap", deployment="web")
+    rep = decode_replica("c1", served({"data": {"envelope.json": json.dumps(env)}}), "configmap", deployment="web")
     assert rep.corrupt is not None and "\n" not in rep.corrupt, rep.corrupt
 
 
@@ -311,7 +312,7 @@ def test_a_planted_deep_but_valid_envelope_can_still_be_printed() -> None:
     data = {"k": json.loads("[" * 600 + "]" * 600)}
     env = json.loads(genesis_text("web"))
     env.update(version=5, token=1, data=data, checksum=checksum(data))
-    rep = decode_replica("c1", {"data": {"envelope.json": json.dumps(env)}}, "configmap", deployment="web")
+    rep = decode_replica("c1", served({"data": {"envelope.json": json.dumps(env)}}), "configmap", deployment="web")
     assert rep.envelope is None and rep.corrupt is not None and "nested more than 100 levels" in rep.corrupt
 
 
@@ -330,7 +331,7 @@ def test_what_input_takes_a_replica_holds_and_prints_and_no_more(depth: int) -> 
     data = {"k": value}  # `depth` levels: the mapping, depth - 2 lists, the number
     env = json.loads(genesis_text("web"))
     env.update(version=5, token=1, data=data, checksum=checksum(data))
-    rep = decode_replica("c1", {"data": {"envelope.json": json.dumps(env)}}, "configmap", deployment="web")
+    rep = decode_replica("c1", served({"data": {"envelope.json": json.dumps(env)}}), "configmap", deployment="web")
     if depth <= 100:
         assert parse_document(json.dumps(data), "f") == data
         assert rep.envelope is not None and rep.envelope.data == data, rep.corrupt

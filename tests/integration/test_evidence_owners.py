@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from coord_fixtures import Env, make_env
 from faults.kubectl import kubectl
 
@@ -245,3 +247,113 @@ def test_a_well_formed_envelope_another_client_wrote_is_not_the_state(dep3: Env)
     # The holder's next write replaces them; the state is the holder's again.
     assert dep3.cli("state", "set", "web", "replicas:=4", env=env).returncode == 0
     assert dep3.cli("state", "get", "web", "replicas").stdout.strip() == "4"
+
+
+# Found by an outside pass with only the safety argument and the evidence table in hand:
+# a field no coordinator field manager owns was believed where nobody was recorded as its
+# writer — written under the server's own manager name `before-first-apply`, or written
+# and then stripped of managedFields in a second request.
+
+HIDE = ("before-first-apply", "strip")
+
+
+def _hidden_patch(env: Env, index: int, kind: str, name: str, patch: dict[str, Any], how: str) -> None:
+    """Another client's merge patch whose writer the server then names nobody."""
+    if how == "before-first-apply":
+        named = "--field-manager=before-first-apply"
+        _k(env, index, "patch", kind, name, "--type=merge", named, "-p", json.dumps(patch))
+    else:
+        _k(env, index, "patch", kind, name, "--type=merge", "-p", json.dumps(patch))
+        _k(env, index, "patch", kind, name, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
+
+
+@pytest.mark.parametrize("how", HIDE)
+def test_a_forged_envelope_with_no_recorded_writer_is_not_the_state(dep3: Env, how: str) -> None:
+    from coordinator.register import checksum
+
+    assert _acquire(dep3, "alice", "--ttl", "30s").returncode == 0
+    env = {"COORDINATOR_HOLDER": "alice"}
+    assert dep3.cli("state", "set", "web", "app=good", env=env).returncode == 0
+    path = f"{configmaps_path(dep3.namespace)}/coordinator-state-web"
+    obj = anyio.run(dep3.raw, 1, "GET", path)
+    doc = json.loads(obj["data"]["envelope.json"])
+    doc["data"], doc["version"] = {"app": "FORGED"}, doc["version"] + 1
+    doc["checksum"] = checksum(doc["data"])
+    _hidden_patch(dep3, 1, "configmap", "coordinator-state-web", {"data": {"envelope.json": json.dumps(doc)}}, how)
+    got = dep3.cli("state", "get", "web", "app")
+    assert got.returncode == 0 and got.stdout.strip() == "good", got.stdout + got.stderr
+    # and the read did not copy it anywhere
+    for i in (2, 3):
+        other = json.loads(anyio.run(dep3.raw, i, "GET", path)["data"]["envelope.json"])
+        assert other["data"] == {"app": "good"}, (i, other["data"])
+
+
+@pytest.mark.parametrize("how", HIDE)
+def test_a_holder_field_with_no_recorded_writer_naming_a_waiter_lets_no_one_in(
+    sandbox3: Any, tmp_path: Path, how: str
+) -> None:
+    # alice holds; bob waits (his lock id is public in his turn claim); another client names
+    # bob the holder of c1 and c2 in a way the server records no writer for. (A maximum TTL
+    # of 10 s: a stripped lease lapses only by local observation of that long.)
+    dep3 = make_env(sandbox3, tmp_path, max_ttl_s=10)
+    alice = _acquire(dep3, "alice", "--ttl", "10s")
+    assert alice.returncode == 0, alice.stderr
+    bob = dep3.popen("-o", "json", "lock", "acquire", "web", "--holder", "bob", "--ttl", "10s", "--wait", "60s",
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        claim = None
+        for _ in range(100):
+            raw = _lease(dep3, 1)["metadata"].get("annotations", {}).get("coordinator.io/next")
+            if raw:
+                claim = json.loads(raw)["lock"]
+                break
+            time.sleep(0.2)
+        assert claim, "bob never claimed his turn"
+        for i in (1, 2):
+            _hidden_patch(dep3, i, "lease", LEASE, {"spec": {"holderIdentity": f"bob/{claim}"}}, how)
+        time.sleep(3)
+        # bob did not enter on that: alice's lock is still live (or at most it is unknown)
+        assert bob.poll() is None, "bob entered while alice's lock was live"
+        st = json.loads(dep3.cli("-o", "json", "lock", "status", "web").stdout)
+        assert st["lock_id"] != claim, st
+    finally:
+        out, _ = bob.communicate(timeout=120)
+    # once alice's TTL has passed, bob gets it with a token above hers
+    assert bob.returncode == 0, out
+    assert json.loads(out)["fencing_token"] > json.loads(alice.stdout)["fencing_token"]
+
+
+@pytest.mark.parametrize("how", HIDE)
+def test_a_token_or_mark_with_no_recorded_writer_is_no_bound_and_no_tombstone(
+    sandbox3: Any, tmp_path: Path, how: str
+) -> None:
+    dep3 = make_env(sandbox3, tmp_path, max_ttl_s=20)
+    first = _token(_acquire(dep3, "first", "--ttl", "5s"))
+    for i in (1, 2, 3):
+        _hidden_patch(dep3, i, "lease", LEASE, {"metadata": {"annotations": {
+            "coordinator.io/fencing-token": "9223372036854775807", "coordinator.io/vanished": "2026-12-01T00:00:00Z",
+        }}}, how)  # fmt: skip
+    # first's lock lapses (by its own TTL; stripped, by observation of the 20 s maximum),
+    # the mark makes no tombstone of it, and the next token is not pushed past 2^63 by
+    # numbers nobody is recorded writing
+    second = _acquire(dep3, "second", "--ttl", "5s", "--wait", "60s")
+    token = _token(second)
+    assert first < token < 1000, token
+
+
+def test_after_managed_fields_are_stripped_coordinator_writes_are_evidence_again(sandbox3: Any, tmp_path: Path) -> None:
+    # Stripped, the server records no writer of any later update; coordinator's next write
+    # of each lease brings the records back, so the next holder's leases are its own again.
+    env = make_env(sandbox3, tmp_path, max_ttl_s=10)
+    assert _acquire(env, "alice", "--ttl", "5s").returncode == 0
+    for i in (1, 2, 3):
+        _k(env, i, "patch", "lease", LEASE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
+    bob = _acquire(env, "bob", "--ttl", "10s", "--wait", "60s")
+    assert bob.returncode == 0, bob.stderr
+    lock_id = json.loads(bob.stdout)["lock_id"]
+    for i in (1, 2, 3):
+        managers = {e["manager"] for e in _lease(env, i)["metadata"].get("managedFields") or []}
+        assert "coordinator" in managers, (i, managers)
+    renewed = env.cli("lock", "renew", "web", "--lock-id", lock_id)
+    assert renewed.returncode == 0, renewed.stderr
+    assert env.cli("lock", "release", "web", "--lock-id", lock_id).returncode == 0

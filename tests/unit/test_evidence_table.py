@@ -46,3 +46,18 @@ def test_writer_of_a_field() -> None:
     assert writer(_obj(("coordinator", {"f:spec": {}})), path) is Writer.UNKNOWN  # nobody owns it
     assert writer(_obj(("coordinatorx", holder)), path) is Writer.OTHER  # not a coordinator manager
     assert owners({"metadata": {"managedFields": "garbage"}}, path) == ()
+
+
+def test_with_records_restarts_the_records_of_a_stripped_object_and_claims_only_a_nonce() -> None:
+    from coordinator.evidence import A_RECORDS, with_records
+
+    tracked = {"apiVersion": "v1", "metadata": {"managedFields": [{"manager": "coordinator", "fieldsV1": {}}]}}
+    body = {"apiVersion": "v1", "metadata": {"annotations": {"a": "1"}}, "data": {"k": "v"}}
+    assert with_records(body, tracked, "n") is body  # recorded already: unchanged
+    stripped = {"apiVersion": "coordination.k8s.io/v1", "metadata": {}}
+    out = with_records(body, stripped, "n1")
+    assert out["metadata"]["annotations"] == {"a": "1", A_RECORDS: "n1"}
+    (entry,) = out["metadata"]["managedFields"]
+    assert entry["apiVersion"] == "coordination.k8s.io/v1" and entry["manager"].startswith("coordinator-")
+    assert entry["fieldsV1"] == {"f:metadata": {"f:annotations": {"f:" + A_RECORDS: {}}}}
+    assert body["metadata"] == {"annotations": {"a": "1"}}  # the caller's body is left alone

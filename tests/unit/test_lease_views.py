@@ -24,6 +24,7 @@ from coordinator.lease import (
     A_VANISHED,
     DEFAULT_MAX_TTL_S,
     HANDOFF_GRACE_S,
+    LINE_MANAGER,
     RELEASE_MANAGER,
     LeaseView,
     TurnClaim,
@@ -70,6 +71,13 @@ def view(
     if released_at is not None:
         fields.append({"manager": RELEASE_MANAGER, "operation": "Update", "time": _stamp(released_at),
                        "fieldsV1": {"f:metadata": {"f:annotations": {}}}})
+    if annotations:  # written by coordinator (claims by the line's own manager), as the engine does
+        line = {k for k in annotations if k == A_NEXT}
+        mine = {k for k in annotations if k not in line}
+        for manager, keys in (("coordinator", mine), (LINE_MANAGER, line)):
+            if keys:
+                fields.append({"manager": manager, "operation": "Update",
+                               "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + k: {} for k in keys}}}})
     ann: dict[str, str] = dict(annotations or {})
     if token is not None:
         ann[A_TOKEN] = token

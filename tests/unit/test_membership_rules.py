@@ -192,6 +192,7 @@ def test_stored_in_lease_ignores_missing_leases_and_tombstones() -> None:
     assert stored_in_lease(LeaseView.parse(None)) is None
     stone = lease_obj(LOCAL.dump(), "coordinator")
     stone["metadata"]["annotations"][A_VANISHED] = "2026-12-01T12:00:00Z"
+    stone["metadata"]["managedFields"][0]["fieldsV1"]["f:metadata"]["f:annotations"]["f:" + A_VANISHED] = {}
     assert stored_in_lease(LeaseView.parse(stone)) is None
     assert stored_in_lease(LeaseView.parse(lease_obj(LOCAL.dump(), "coordinator"))) == LOCAL
     assert stored_in_lease(LeaseView.parse(lease_obj(None))) is LEGACY

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from served import served
 
 from coordinator import register as reg
 from coordinator.errors import UsageError
@@ -53,7 +54,7 @@ def replica(
         assert stamp is not None
         _env, text = envelope(data, stamp)
         obj = reg.build_object(
-            reg.decode_replica(cluster, obj, storage),
+            reg.decode_replica(cluster, served(obj), storage),
             name="s",
             deployment="d",
             storage=storage,
@@ -64,7 +65,7 @@ def replica(
             obj["metadata"]["annotations"].pop(reg.PROMISE_ANNOTATION)
     if obj is not None:
         obj["metadata"]["resourceVersion"] = "1"
-    return reg.decode_replica(cluster, obj, storage)
+    return reg.decode_replica(cluster, served(obj), storage)
 
 
 # ------------------------------------------------------------------ stamps
@@ -122,14 +123,14 @@ def test_an_envelope_written_for_another_deployment_is_corrupt_for_this_one() ->
         member_ids={}, namespace="ns", storage="configmap", keys=["image"], deployment="mine",
     )  # fmt: skip
     obj = {"metadata": {}, "data": {reg.DATA_KEY: text}}
-    assert reg.decode_replica("c1", obj, "configmap", deployment="mine").corrupt is None
-    copied = reg.decode_replica("c1", obj, "configmap", deployment="theirs")
+    assert reg.decode_replica("c1", served(obj), "configmap", deployment="mine").corrupt is None
+    copied = reg.decode_replica("c1", served(obj), "configmap", deployment="theirs")
     assert copied.envelope is None and copied.corrupt is not None and "'mine'" in copied.corrupt
     # envelopes from before the field existed (no deployment) are still read
     legacy = {"metadata": {}, "data": {reg.DATA_KEY: json.dumps(_legacy({"a": 1}))}}
-    assert reg.decode_replica("c1", legacy, "configmap", deployment="theirs").envelope is not None
+    assert reg.decode_replica("c1", served(legacy), "configmap", deployment="theirs").envelope is not None
     genesis = {"metadata": {}, "data": {reg.DATA_KEY: reg.genesis_text("mine")}}
-    assert reg.decode_replica("c1", genesis, "configmap", deployment="theirs").corrupt is not None
+    assert reg.decode_replica("c1", served(genesis), "configmap", deployment="theirs").corrupt is not None
 
 
 def _legacy(data: dict[str, Any], *, token: int = 1, version: int = 2, schema: int | None = 1) -> dict[str, Any]:
@@ -149,7 +150,7 @@ def _legacy(data: dict[str, Any], *, token: int = 1, version: int = 2, schema: i
 
 
 def _decode_doc(doc: dict[str, Any], cluster: str = "c1") -> Replica:
-    return reg.decode_replica(cluster, {"metadata": {}, "data": {reg.DATA_KEY: json.dumps(doc)}}, "configmap")
+    return reg.decode_replica(cluster, served({"metadata": {}, "data": {reg.DATA_KEY: json.dumps(doc)}}), "configmap")
 
 
 def test_schema_0_and_1_envelopes_are_migrated_with_a_write_id_from_their_checksum() -> None:
@@ -185,7 +186,7 @@ def test_decode_classifies_what_cannot_be_trusted() -> None:
         "secret": ({"data": {reg.DATA_KEY: "%%%"}}, "base64"),
     }
     for name, (obj, words) in cases.items():
-        rep = reg.decode_replica("c1", obj, "secret" if name == "secret" else "configmap")
+        rep = reg.decode_replica("c1", served(obj), "secret" if name == "secret" else "configmap")
         assert rep.corrupt and words in rep.corrupt, (name, rep.corrupt)
         assert rep.envelope is None
     newer = _decode_doc(_legacy({}, schema=STATE_SCHEMA + 1))
@@ -203,11 +204,11 @@ def test_a_promise_without_data_is_neither_corrupt_nor_a_value() -> None:
         raw = obj["data"][reg.DATA_KEY]
         doc = json.loads(base64.b64decode(raw) if storage == "secret" else raw)
         assert doc["token"] == 0 and doc["version"] == 0 and doc["data"] == {}
-        rep = reg.decode_replica("c1", obj, storage)
+        rep = reg.decode_replica("c1", served(obj), storage)
         assert rep.exists and rep.envelope is None and rep.corrupt is None and rep.promise == S1
     # so an object without an envelope was edited by hand, promise or not: it is corrupt
     bare = {"metadata": {"annotations": {reg.PROMISE_ANNOTATION: str(S1)}}, "data": {"other": "x"}}
-    assert reg.DATA_KEY in (reg.decode_replica("c1", bare, "configmap").corrupt or "")
+    assert reg.DATA_KEY in (reg.decode_replica("c1", served(bare), "configmap").corrupt or "")
 
 
 def test_build_object_keeps_foreign_metadata_and_touches_data_only_when_writing() -> None:
@@ -284,7 +285,7 @@ def test_judge(held: Stamp | None, promised: Stamp | None, kind: Kind, stamp: St
 
 
 def test_judge_corrupt_and_newer_schema() -> None:
-    corrupt = reg.decode_replica("c1", {"data": {reg.DATA_KEY: "{nope"}}, "configmap")
+    corrupt = reg.decode_replica("c1", served({"data": {reg.DATA_KEY: "{nope"}}), "configmap")
     assert reg.judge(corrupt, S1, Kind.WRITE).accept  # a writer saved it to a file first
     assert reg.judge(corrupt, S1, Kind.PROMISE).accept
     refused = reg.judge(corrupt, S1, Kind.REPAIR)
@@ -371,7 +372,7 @@ def test_choose_refuses_different_data_under_one_stamp() -> None:
 
 def test_choose_leaves_corrupt_ones_out() -> None:
     reps = {
-        "c1": reg.decode_replica("c1", {"data": {reg.DATA_KEY: "{nope"}}, "configmap"),
+        "c1": reg.decode_replica("c1", served({"data": {reg.DATA_KEY: "{nope"}}), "configmap"),
         "c2": replica("c2", {"v": 1}, S1),
     }
     choice = reg.choose(reps, 1)
@@ -430,8 +431,15 @@ def test_an_envelope_or_promise_another_client_wrote_is_corrupt() -> None:
     data = {"f:data": {"f:" + reg.DATA_KEY: {}}}
     promise = {"f:metadata": {"f:annotations": {"f:" + reg.PROMISE_ANNOTATION: {}}}}
     assert reg.decode_replica("c1", owned_by("coordinator", data | promise), "configmap").corrupt is None
-    for fields in (data, promise):
-        rep = reg.decode_replica("c1", owned_by("kubectl-edit", fields), "configmap")
+    for theirs, ours in ((data, promise), (promise, data)):
+        obj2 = owned_by("kubectl-edit", theirs)
+        obj2["metadata"]["managedFields"].append({"manager": "coordinator", "fieldsV1": ours})
+        rep = reg.decode_replica("c1", obj2, "configmap")
         assert "written by another client (kubectl-edit)" in (rep.corrupt or ""), rep.corrupt
-    # no recorded writer at all (stripped): nothing to tell, it is read as it is
-    assert reg.decode_replica("c1", owned_by("", {}), "configmap").corrupt is None
+    # no recorded writer at all (managedFields stripped), or the server's before-first-apply
+    # (a name any client may write under): not coordinator's word either
+    bare = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
+    stripped = reg.decode_replica("c1", bare, "configmap")
+    assert "with no recorded writer" in (stripped.corrupt or ""), stripped.corrupt
+    bfa = reg.decode_replica("c1", owned_by("before-first-apply", data | promise), "configmap")
+    assert "before-first-apply" in (bfa.corrupt or ""), bfa.corrupt

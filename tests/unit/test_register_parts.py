@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from served import served
 
 from coordinator import register as reg
 from coordinator.errors import UsageError
@@ -41,7 +42,7 @@ def _envelope(data: dict[str, Any], stamp: Stamp) -> tuple[StateEnvelope, str]:
 
 def _decode(text: str, storage: str = "configmap", **meta: Any) -> Replica:
     value = base64.b64encode(text.encode()).decode() if storage == "secret" else text
-    return reg.decode_replica("c1", {"metadata": dict(meta), "data": {reg.DATA_KEY: value}}, storage)
+    return reg.decode_replica("c1", served({"metadata": dict(meta), "data": {reg.DATA_KEY: value}}), storage)
 
 
 # ------------------------------------------------------------------ legacy write ids

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from served import served
 
 from coordinator.config import ConfigStore
 from coordinator.durations import format_duration, parse_duration
@@ -126,16 +127,18 @@ def _envelope_text(payload: dict[str, object], **over: object) -> str:
 
 
 def test_decode_replica_classifies_garbage() -> None:
-    good = decode_replica("a", {"data": {"envelope.json": _envelope_text({"x": 1})}}, "configmap")
+    good = decode_replica("a", served({"data": {"envelope.json": _envelope_text({"x": 1})}}), "configmap")
     assert good.envelope is not None and good.envelope.order() == (2, 3)
-    assert decode_replica("a", {"data": {"envelope.json": "{not json"}}, "configmap").corrupt
+    assert decode_replica("a", served({"data": {"envelope.json": "{not json"}}), "configmap").corrupt
     assert "checksum" in (
-        decode_replica("a", {"data": {"envelope.json": _envelope_text({"x": 1}, data={"x": 2})}}, "configmap").corrupt
+        decode_replica(
+            "a", served({"data": {"envelope.json": _envelope_text({"x": 1}, data={"x": 2})}}), "configmap"
+        ).corrupt
         or ""
     )
-    assert decode_replica("a", {"data": {"envelope.json": '{"version": 1}'}}, "configmap").corrupt
-    assert decode_replica("a", {"data": {}}, "configmap").corrupt
-    newer = decode_replica("a", {"data": {"envelope.json": _envelope_text({}, schema=7)}}, "configmap")
+    assert decode_replica("a", served({"data": {"envelope.json": '{"version": 1}'}}), "configmap").corrupt
+    assert decode_replica("a", served({"data": {}}), "configmap").corrupt
+    newer = decode_replica("a", served({"data": {"envelope.json": _envelope_text({}, schema=7)}}), "configmap")
     assert newer.newer_schema == 7 and newer.envelope is None
     assert not decode_replica("a", None, "configmap").exists
 
@@ -156,7 +159,7 @@ def test_old_schema_is_migrated() -> None:
             ],
         }
     )
-    rep = decode_replica("a", {"data": {"envelope.json": text}}, "configmap")
+    rep = decode_replica("a", served({"data": {"envelope.json": text}}), "configmap")
     assert isinstance(rep.envelope, StateEnvelope)
     assert rep.envelope.schema_ == 2 and rep.envelope.history[0].keys == []
 
@@ -179,24 +182,19 @@ def _lease_view(*, holder: str | None, claim: str | None, written_s_ago: float, 
     now = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
     written = now - timedelta(seconds=written_s_ago)
     ann = {A_NEXT: claim} if claim is not None else {}
-    spec: dict[str, object] = {"leaseDurationSeconds": ttl}
-    if holder:
-        spec["holderIdentity"] = holder
-    obj = {
-        "metadata": {
-            "annotations": ann,
-            "resourceVersion": "7",
-            "managedFields": [
-                {
-                    # a free lease was last written by its holder's release
-                    "manager": "coordinator" if holder else "coordinator-release",
-                    "time": written.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "fieldsV1": {"f:spec": {"f:leaseDurationSeconds": {}}},
-                }
-            ],
-        },
-        "spec": spec,
-    }
+    spec: dict[str, object] = {"leaseDurationSeconds": ttl, "holderIdentity": holder or ""}
+    entries: list[dict[str, object]] = [
+        {
+            # a free lease was last written by its holder's release
+            "manager": "coordinator" if holder else "coordinator-release",
+            "time": written.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "fieldsV1": {"f:spec": {"f:leaseDurationSeconds": {}, "f:holderIdentity": {}}},
+        }
+    ]
+    if claim is not None:  # a waiter's claim, under the line's own field manager
+        owned = {"f:metadata": {"f:annotations": {"f:" + A_NEXT: {}}}}
+        entries.append({"manager": "coordinator-line", "fieldsV1": owned})
+    obj = {"metadata": {"annotations": ann, "resourceVersion": "7", "managedFields": entries}, "spec": spec}
     return LeaseView.parse(obj, now)
 
 
