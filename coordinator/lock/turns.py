@@ -1,7 +1,7 @@
 """Taking turns: the waiter who began waiting first gets the lock next.
 
-Claims of the next turn are written on leases held by others, and lease watches wake a
-waiting contender when a lease is freed."""
+Waiters list their claims on leases held by others (and refresh them while they wait),
+and lease watches wake a waiting contender when a lease is freed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import leases_path
 from coordinator.lease import A_VANISHED, LINE_MANAGER, LeaseView, TurnClaim, lock_id_of
-from coordinator.lock.bodies import with_claim
+from coordinator.lock.bodies import with_line
 from coordinator.lock.core import EngineCore
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision
 from coordinator.logs import get_logger
@@ -39,24 +39,26 @@ class Turns(EngineCore):
     """Claims of the next turn and the lease watches of a waiting acquisition."""
 
     async def _claim_turns(self, result: AcquireResult, mine: TurnClaim, ours: set[str]) -> None:
-        """Claim the next turn on every cluster where the lease is held by another and
-        no earlier waiter has claimed it; the clusters where the claim may be ours are
+        """Take (or keep) our place in line on every cluster where the lease is held by
+        another: list our claim, or refresh it when its server stamp has aged, so that
+        it is not taken for a dead waiter's. The clusters where the claim may stand are
         added to ``ours``. Best effort: a claim that cannot be written only costs this
         waiter its place. (Later changes are followed by the lease watches.)"""
         lock_id = mine.lock_id
 
         def decide(cluster: str, view: LeaseView) -> Decision:
-            current = view.live_claim
             if not view.live_for_other(lock_id):
                 # free or expired: the next attempt decides, no claim needed
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "not held"))
-            if current is not None and current.lock_id == lock_id:
-                ours.add(cluster)
-                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "claimed already"))
-            if current is not None and view.claim_fresh() and current <= mine:
-                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "someone waited longer"))
+            line = view.line_joined(mine)
+            if line is None:
+                listed = any(c.lock_id == lock_id for c in view.line)
+                if listed:
+                    ours.add(cluster)
+                detail = "claimed already" if listed else "the line is full of earlier waiters"
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, detail))
             ours.add(cluster)  # before the write: one cut short may still have landed
-            return with_claim(view.obj, mine), "claimed", ""
+            return with_line(view.obj, view, line), "claimed", ""
 
         async def one(cluster: str, view: LeaseView) -> None:
             r = await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
@@ -71,29 +73,31 @@ class Turns(EngineCore):
                         tg.start_soon(one, cluster, view)
 
     async def _claim_from_event(self, cluster: str, obj: dict[str, Any], wake: Wake) -> None:
+        """List our claim where an event shows the lease held by another and we are not
+        listed (the event has no server time: refreshes are left to the wait loop)."""
         mine = wake.mine
         if mine is None:
             return
         view = LeaseView.parse(obj, None)
-        live = view.live_claim
-        if live is not None and live <= mine:
-            return  # ours already, or someone has waited longer
+        line = view.line_joined(mine)
+        if line is None:
+            return  # listed already, or the line is full of earlier waiters
         try:
             await self.clusters.check_identity(cluster)  # proven once per process: no request
         except KubeError:
             return  # nothing is written to a cluster whose identity is not proven
         wake.claimed.add(cluster)
         try:
-            await self._write(cluster, view, with_claim(obj, mine), manager=LINE_MANAGER)
+            await self._write(cluster, view, with_line(obj, view, line), manager=LINE_MANAGER)
         except KubeError as err:
             if err.kind != kube.CONFLICT:
                 log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
 
     async def _withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
         def decide(cluster: str, view: LeaseView) -> Decision:
-            if view.next_claim is None or view.next_claim.lock_id != lock_id:
+            if all(c.lock_id != lock_id for c in view.line):
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "no claim of ours"))
-            return with_claim(view.obj, None), "withdrawn", ""
+            return with_line(view.obj, view, view.line_without(lock_id)), "withdrawn", ""
 
         async def one(cluster: str) -> None:
             with anyio.move_on_after(self.timeout), contextlib.suppress(KubeError):
