@@ -43,8 +43,12 @@ CLAIM_REFRESH_S = 3.0
 # rounds of its wait loop (each at most 3 s and a request) plus CLAIM_REFRESH_S old, and
 # one-second stamps cost two more.
 CLAIM_STALE_S = 15.0
-# The most waiters a lease lists (the earliest ones): the annotation stays small.
+# The most waiters a lease lists (the earliest ones), and what one entry may hold: the
+# annotation stays small (a few KiB) next to the 256 KiB all of a lease's annotations
+# share, whatever holder names and lock ids waiters bring.
 LINE_CAP = 32
+HOLDER_CHARS = 120
+LOCK_ID_CHARS = 128
 # The last second a datetime holds (9999-12-31T23:59:59Z): a claim dated later is no date.
 LAST_EPOCH_S = 253_402_300_799
 # What reading a claim written by anyone may raise (see coordinator.lease.UNREADABLE).
@@ -89,11 +93,13 @@ class TurnClaim:
             claim = cls(int(since), str(doc["lock"]), str(doc.get("holder") or ""), None if seen is None else int(seen))
         except _UNREADABLE:
             return None
+        if not 0 < len(claim.lock_id) <= LOCK_ID_CHARS:
+            return None
         stamps = [claim.since] if claim.seen is None else [claim.since, claim.seen]
         return claim if all(0 <= t <= LAST_EPOCH_S for t in stamps) else None
 
     def document(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"lock": self.lock_id, "holder": self.holder, "since": self.since}
+        doc: dict[str, Any] = {"lock": self.lock_id, "holder": self.holder[:HOLDER_CHARS], "since": self.since}
         if self.seen is not None:
             doc["seen"] = self.seen
         return doc
@@ -182,6 +188,8 @@ def joined(view: LeaseView, mine: TurnClaim) -> Line | None:
     None when there is nothing to write: ``mine`` is listed and was refreshed less than
     CLAIM_REFRESH_S ago (or, without a Date, is listed at all) or the lease carries no
     newer stamp, or the line is full of waiters who began earlier."""
+    if not 0 < len(mine.lock_id) <= LOCK_ID_CHARS:
+        return None  # a lock id no line lists: this waiter does without a place
     now = view.server_now.timestamp() if view.server_now is not None else None
     listed = next((c for c in view.line if c.lock_id == mine.lock_id), None)
     if listed is not None and (now is None or now - listed.refreshed < CLAIM_REFRESH_S):

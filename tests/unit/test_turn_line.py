@@ -16,7 +16,9 @@ from coordinator.turnline import (
     CLAIM_REFRESH_S,
     CLAIM_STALE_S,
     HANDOFF_GRACE_S,
+    HOLDER_CHARS,
     LINE_CAP,
+    LOCK_ID_CHARS,
     TurnClaim,
     dump_line,
     parse_line,
@@ -87,6 +89,16 @@ def test_a_line_is_sorted_deduplicated_and_capped() -> None:
 )
 def test_an_unreadable_line_lists_nobody(raw: Any) -> None:
     assert parse_line(raw) == ()
+
+
+def test_an_entry_stays_small_whatever_its_waiter_brings() -> None:
+    long_holder = TurnClaim(S0, "w", "h" * 10_000, S0)
+    assert len(long_holder.dump()) < HOLDER_CHARS + 100
+    assert parse_line(dump_line((long_holder,))) == (long_holder,)
+    long_id = TurnClaim(S0, "x" * (LOCK_ID_CHARS + 1), "h", S0)
+    assert parse_line(dump_line((long_id,))) == ()
+    assert parse_line(json.dumps({"lock": "", "since": S0})) == ()
+    assert lease(()).line_joined(long_id) is None  # such a waiter takes no place
 
 
 def test_malformed_entries_are_ignored_and_the_others_kept() -> None:
