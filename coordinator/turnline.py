@@ -5,13 +5,16 @@ with them): no I/O, no clock; the server times come with the lease as read.
 
 A waiting contender lists a claim in the lease's ``coordinator.io/next`` annotation: when
 it began waiting (the median of the servers' ``Date`` at its first read), its lock id,
-and ``seen``, a server stamp it refreshes while it waits. A refresh writes the newest
-time the server stamped on the lease (its managedFields), which is at or after the
-waiter's own previous refresh: a live waiter's stamp therefore trails the server's clock
-by about one round of its wait loop, never by a client's clock. A claim not refreshed
-for CLAIM_STALE_S is dead: its waiter is gone, and it loses its place. The waiters are
-listed in line order, the next one at the top of the annotation, those after it under
-``after`` (at most LINE_CAP of them).
+and ``seen``, a server stamp it refreshes while it waits, every ``every`` seconds: 3 s
+while it is among the first FRONT live waiters, 15 s behind them, so that a long line
+costs the lease a few writes a second at most (each one a compare-and-swap the holder's
+own writes may have to repeat). A refresh writes the newest time the server stamped on
+the lease (its managedFields), which is at or after the waiter's own previous refresh: a
+live waiter's stamp therefore trails the server's clock by about one interval and one
+round of its wait loop, never by a client's clock. A claim not refreshed within twice
+its interval and STALE_SLACK_S (15 s for the first waiters) is dead: its waiter is gone,
+and it loses its place. The waiters are listed in line order, the next one at the top of
+the annotation, those after it under ``after`` (at most LINE_CAP of them).
 
 While the lease is live, the turn is the first listed waiter still alive. From the moment
 it is freed (the release stamp) or lapses, the waiters alive then get turns one after the
@@ -37,12 +40,18 @@ if TYPE_CHECKING:
 # longest, by the server's clock, before anyone else may take it; each waiter after it
 # gets a turn as long once the one before it has let its own pass.
 HANDOFF_GRACE_S = 2.0
-# A waiter refreshes its claim when the stamp it carries is this old (by the Date hint).
+# A waiter refreshes its claim when the stamp it carries is this old (by the Date hint):
+# the first FRONT live waiters often, since one of them goes next, the others seldom.
+FRONT = 4
 CLAIM_REFRESH_S = 3.0
-# A claim not refreshed for this long is dead. A live waiter's stamp is at most about two
-# rounds of its wait loop (each at most 3 s and a request) plus CLAIM_REFRESH_S old, and
-# one-second stamps cost two more.
-CLAIM_STALE_S = 15.0
+BACK_REFRESH_S = 15.0
+# A claim is dead once its stamp is older than twice its interval and this: the stamp a
+# refresh writes may be one interval and one round of the wait loop old already (a round
+# is at most 3 s and a request), and one-second stamps cost two more.
+STALE_SLACK_S = 9.0
+CLAIM_STALE_S = 2 * CLAIM_REFRESH_S + STALE_SLACK_S  # 15 s for the first waiters
+# The longest interval a claim may name (anyone may write the annotation).
+MAX_EVERY_S = 60.0
 # The most waiters a lease lists (the earliest ones), and what one entry may hold: the
 # annotation stays small (a few KiB) next to the 256 KiB all of a lease's annotations
 # share, whatever holder names and lock ids waiters bring.
@@ -61,14 +70,16 @@ class TurnClaim:
 
     Waiters order themselves by when they began waiting, as that cluster's server saw
     it (the ``Date`` of their first read), ties broken by lock id; the oldest claim
-    wins. ``seen`` is the server stamp the waiter refreshes while it waits (None: the
-    claim carries none, and only the lease's own times bound it).
+    wins. ``seen`` is the server stamp the waiter refreshes while it waits, every
+    ``every`` seconds (None: the claim carries none, and only the lease's own times
+    bound it).
     """
 
     since: int
     lock_id: str
     holder: str = field(default="", compare=False)
     seen: int | None = field(default=None, compare=False)
+    every: float | None = field(default=None, compare=False)
 
     @classmethod
     def parse(cls, raw: Any) -> TurnClaim | None:
@@ -87,11 +98,19 @@ class TurnClaim:
         if not isinstance(doc, dict):
             return None
         try:
-            since, seen = doc["since"], doc.get("seen")
-            if any(isinstance(t, float) and not math.isfinite(t) for t in (since, seen)):
+            since, seen, every = doc["since"], doc.get("seen"), doc.get("every")
+            if any(isinstance(t, float) and not math.isfinite(t) for t in (since, seen, every)):
                 return None
-            claim = cls(int(since), str(doc["lock"]), str(doc.get("holder") or ""), None if seen is None else int(seen))
+            claim = cls(
+                int(since),
+                str(doc["lock"]),
+                str(doc.get("holder") or ""),
+                None if seen is None else int(seen),
+                None if every is None else float(every),
+            )
         except _UNREADABLE:
+            return None
+        if claim.every is not None and not 0 < claim.every <= MAX_EVERY_S:
             return None
         if not 0 < len(claim.lock_id) <= LOCK_ID_CHARS:
             return None
@@ -102,6 +121,8 @@ class TurnClaim:
         doc: dict[str, Any] = {"lock": self.lock_id, "holder": self.holder[:HOLDER_CHARS], "since": self.since}
         if self.seen is not None:
             doc["seen"] = self.seen
+        if self.every is not None:
+            doc["every"] = self.every
         return doc
 
     def dump(self) -> str:
@@ -112,14 +133,20 @@ class TurnClaim:
         return self.since if self.seen is None else max(self.since, self.seen)
 
     def alive(self, now: float) -> bool:
-        """Refreshed within CLAIM_STALE_S of ``now`` (a server time), either way: a stamp
-        far in the future is no refresh either. A claim without a stamp counts as alive:
-        the lease's own times bound it (it binds while the lease is live, and for one
-        turn after; the take that follows drops it)."""
-        return self.seen is None or abs(now - self.refreshed) <= CLAIM_STALE_S
+        """Refreshed within twice its interval and STALE_SLACK_S of ``now`` (a server
+        time), either way: a stamp far in the future is no refresh either. A claim
+        without a stamp counts as alive: the lease's own times bound it (it binds while
+        the lease is live, and for one turn after; the take that follows drops it)."""
+        every = CLAIM_REFRESH_S if self.every is None else self.every
+        return self.seen is None or abs(now - self.refreshed) <= 2 * every + STALE_SLACK_S
 
 
 Line = tuple[TurnClaim, ...]
+
+
+def same_line(a: Line, b: Line) -> bool:
+    """The same waiters with the same stamps (claims compare by place in line only)."""
+    return a == b and all((x.seen, x.every) == (y.seen, y.every) for x, y in zip(a, b, strict=True))
 
 
 def parse_line(raw: Any) -> Line:
@@ -185,24 +212,25 @@ def turns(view: LeaseView) -> tuple[list[TurnClaim], int, float | None]:
 def joined(view: LeaseView, mine: TurnClaim) -> Line | None:
     """The line of ``view`` with ``mine`` listed in its place and refreshed, as the waiter
     writes it on a lease held by another; dead claims and the holder's own are dropped.
-    None when there is nothing to write: ``mine`` is listed and was refreshed less than
-    CLAIM_REFRESH_S ago (or, without a Date, is listed at all) or the lease carries no
-    newer stamp, or the line is full of waiters who began earlier."""
+    None when there is nothing to write: ``mine`` is listed and its stamp is younger than
+    its interval (or, without a Date, is listed at all) or the lease carries no newer
+    stamp, or the line is full of waiters who began earlier."""
     if not 0 < len(mine.lock_id) <= LOCK_ID_CHARS:
         return None  # a lock id no line lists: this waiter does without a place
     now = view.server_now.timestamp() if view.server_now is not None else None
+    others = [c for c in view.line if c.lock_id not in (mine.lock_id, view.lock_id) and (now is None or c.alive(now))]
+    every = CLAIM_REFRESH_S if sum(1 for c in others if c < mine) < FRONT else BACK_REFRESH_S
     listed = next((c for c in view.line if c.lock_id == mine.lock_id), None)
-    if listed is not None and (now is None or now - listed.refreshed < CLAIM_REFRESH_S):
+    if listed is not None and (now is None or now - listed.refreshed < every):
         return None
     latest = latest_write(view.obj)
     stamps = [mine.since, listed.seen if listed else None, int(latest.timestamp()) if latest else None]
     seen = max(t for t in stamps if t is not None)
     if now is not None:
         seen = min(seen, int(now))  # a stamp ahead of the server's own Date is no refresh
-    fresh = TurnClaim(mine.since, mine.lock_id, mine.holder, seen)
-    kept = [c for c in view.line if c.lock_id not in (mine.lock_id, view.lock_id) and (now is None or c.alive(now))]
-    line = tuple(sorted([*kept, fresh])[:LINE_CAP])
-    if fresh not in line or (line == view.line and [c.seen for c in line] == [c.seen for c in view.line]):
+    fresh = TurnClaim(mine.since, mine.lock_id, mine.holder, seen, every)
+    line = tuple(sorted([*others, fresh])[:LINE_CAP])
+    if fresh not in line or same_line(line, view.line):
         return None  # no room, or no newer stamp to refresh with
     return line
 

@@ -27,7 +27,7 @@ from coordinator.lease import (
 )
 from coordinator.lock.results import utc_now
 from coordinator.membership import A_MEMBERSHIP
-from coordinator.turnline import Line, dump_line
+from coordinator.turnline import Line, dump_line, same_line
 
 
 def fresh_lease(
@@ -141,7 +141,7 @@ def with_annotation(obj: dict[str, Any], key: str, value: str) -> dict[str, Any]
 def _set_line(ann: dict[str, str], view: LeaseView, line: Line) -> None:
     """Write ``line`` into the annotations ``ann`` of ``view``'s lease where it differs
     from what the lease lists (an unreadable annotation lists nobody, and goes)."""
-    if line and line == view.line and [c.seen for c in line] == [c.seen for c in view.line]:
+    if line and same_line(line, view.line):
         return
     if line:
         ann[A_NEXT] = dump_line(line)

@@ -6,7 +6,6 @@ and lease watches wake a waiting contender when a lease is freed."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import anyio
 
@@ -43,7 +42,7 @@ class Turns(EngineCore):
         another: list our claim, or refresh it when its server stamp has aged, so that
         it is not taken for a dead waiter's. The clusters where the claim may stand are
         added to ``ours``. Best effort: a claim that cannot be written only costs this
-        waiter its place. (Later changes are followed by the lease watches.)"""
+        waiter its place until the next round of the wait loop."""
         lock_id = mine.lock_id
 
         def decide(cluster: str, view: LeaseView) -> Decision:
@@ -61,9 +60,18 @@ class Turns(EngineCore):
             return with_line(view.obj, view, line), "claimed", ""
 
         async def one(cluster: str, view: LeaseView) -> None:
-            r = await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
-            if not r.ok:
-                log.debug("could not claim the next turn", cluster=cluster, detail=r.detail)
+            # One write, on the lease as this attempt read it. A lost race is not retried
+            # (the next round of the wait loop comes soon): the holder's own writes
+            # (renewals, the release) are compare-and-swaps too, and waiters that swarm
+            # back after every 409 would keep them losing.
+            decision = decide(cluster, view)
+            if isinstance(decision, ClusterResult):
+                return
+            try:
+                await self._write(cluster, view, decision[0], manager=LINE_MANAGER)
+            except KubeError as err:
+                if err.kind != kube.CONFLICT:
+                    log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
 
         with anyio.move_on_after(self.timeout):
             async with anyio.create_task_group() as tg:
@@ -71,27 +79,6 @@ class Turns(EngineCore):
                     view = r.value.view if r.value else None
                     if view is not None and r.outcome is Outcome.HELD_BY_OTHER:
                         tg.start_soon(one, cluster, view)
-
-    async def _claim_from_event(self, cluster: str, obj: dict[str, Any], wake: Wake) -> None:
-        """List our claim where an event shows the lease held by another and we are not
-        listed (the event has no server time: refreshes are left to the wait loop)."""
-        mine = wake.mine
-        if mine is None:
-            return
-        view = LeaseView.parse(obj, None)
-        line = view.line_joined(mine)
-        if line is None:
-            return  # listed already, or the line is full of earlier waiters
-        try:
-            await self.clusters.check_identity(cluster)  # proven once per process: no request
-        except KubeError:
-            return  # nothing is written to a cluster whose identity is not proven
-        wake.claimed.add(cluster)
-        try:
-            await self._write(cluster, view, with_line(obj, view, line), manager=LINE_MANAGER)
-        except KubeError as err:
-            if err.kind != kube.CONFLICT:
-                log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
 
     async def _withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
         def decide(cluster: str, view: LeaseView) -> Decision:
@@ -109,16 +96,15 @@ class Turns(EngineCore):
                 tg.start_soon(one, cluster)
 
     async def _watch_leases(self, cluster: str, wake: Wake, seen: dict[str, str | None], lock_id: str) -> None:
-        """Wake the waiting contender when this cluster's lease is freed or deleted; claim
-        the next turn when the lease is held by another and its claim (if any) is younger
-        than ours.
+        """Wake the waiting contender when this cluster's lease is freed or deleted.
 
         A change of holder, or a renewal, does not make the lock available; an expiry is
         waited for by time. Our own writes (their resourceVersions are in ``seen``) are
         ignored, so a contender does not wake itself up by releasing a partial attempt.
-        Claims are written straight from the event (its resourceVersion makes the write
-        a compare-and-swap); a lost race needs no retry, since the winning write is the
-        next event.
+        Claims are not written from events: every write of the lease is an event for
+        every waiter, and waiters answering events with writes set off one another, in
+        the middle of the holder's compare-and-swaps (a release, a renewal). The wait
+        loop lists and refreshes our claim each round instead.
         """
         client = self.clusters.client(cluster)
         query = {"fieldSelector": f"metadata.name={self.name}"}
@@ -138,8 +124,6 @@ class Turns(EngineCore):
                             ahead = LeaseView.parse(obj, None).claim_ahead(lock_id, wake.mine) if freed else None
                             wake.behind = ahead is not None
                         wake.event.set()
-                    elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):
-                        await self._claim_from_event(cluster, obj, wake)
                 delay = 0.5
             except KubeError as err:
                 log.debug("lease watch interrupted", cluster=cluster, detail=err.detail)

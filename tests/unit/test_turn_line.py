@@ -13,12 +13,15 @@ import pytest
 
 from coordinator.lease import A_NEXT, FIELD_MANAGER, RELEASE_MANAGER, LeaseView
 from coordinator.turnline import (
+    BACK_REFRESH_S,
     CLAIM_REFRESH_S,
     CLAIM_STALE_S,
+    FRONT,
     HANDOFF_GRACE_S,
     HOLDER_CHARS,
     LINE_CAP,
     LOCK_ID_CHARS,
+    STALE_SLACK_S,
     TurnClaim,
     dump_line,
     parse_line,
@@ -110,6 +113,8 @@ def test_malformed_entries_are_ignored_and_the_others_kept() -> None:
         {"lock": "nan", "since": 1, "seen": float("inf")},
         {"lock": "late", "since": 1, "seen": 10**20},
         {"lock": "neg", "since": 1, "seen": -1},
+        {"lock": "never", "since": 1, "seen": 1, "every": 3600},
+        {"lock": "zero", "since": 1, "seen": 1, "every": 0},
         {"lock": "word", "since": 1, "seen": "soon"},
     ]
     raw = json.dumps({"lock": "top", "since": "never", "after": [*junk, good.document()]})
@@ -204,11 +209,29 @@ def test_a_waiter_joins_in_its_place_and_refreshes_only_when_its_stamp_aged() ->
 
 def test_a_refresh_never_goes_back_and_never_runs_ahead_of_the_date() -> None:
     mine = TurnClaim(S0 - 10, "w", "W")
-    stale = lease((TurnClaim(S0 - 10, "w", "W", S0 - 4),), own_at=T0 - timedelta(seconds=8))
+    stale = lease((TurnClaim(S0 - 10, "w", "W", S0 - 4, CLAIM_REFRESH_S),), own_at=T0 - timedelta(seconds=8))
     assert stale.line_joined(mine) is None  # an older server stamp is no refresh
     ahead = lease((TurnClaim(S0 - 10, "w", "W", S0 - 4),), own_at=T0 + timedelta(seconds=30))
     joined = ahead.line_joined(mine)
     assert joined is not None and joined[0].seen == S0
+
+
+def test_waiters_behind_the_first_few_refresh_seldom_and_are_judged_by_their_interval() -> None:
+    front = tuple(claim(f"f{i}", S0 - 100 + i, S0 - 1) for i in range(FRONT))
+    back = TurnClaim(S0 - 50, "back", "B")
+    joined = lease(front).line_joined(back)
+    assert joined is not None and joined[-1].every == BACK_REFRESH_S
+    listed = TurnClaim(S0 - 50, "back", "B", S0 - int(BACK_REFRESH_S) + 1, BACK_REFRESH_S)
+    assert lease((*front, listed)).line_joined(back) is None  # not due yet
+    # alive for twice its interval and the slack, by its own interval
+    assert listed.alive(S0 + 2 * BACK_REFRESH_S + STALE_SLACK_S - BACK_REFRESH_S)
+    assert not listed.alive(listed.refreshed + 2 * BACK_REFRESH_S + STALE_SLACK_S + 1)
+    # promoted to the front (the first waiter left): still alive, and due for a refresh at
+    # the front's interval
+    promoted = lease((*front[1:], listed))
+    assert promoted.live_claim == front[1]
+    again = promoted.line_joined(back)
+    assert again is not None and again[-1].every == CLAIM_REFRESH_S
 
 
 def test_a_full_line_of_earlier_waiters_takes_nobody_later() -> None:
@@ -250,3 +273,4 @@ def test_a_release_drops_only_the_holders_own_claim() -> None:
         ttl_s=30,
     )
     assert kept["metadata"]["annotations"][A_NEXT] == dump_line((w2,))
+
