@@ -20,6 +20,9 @@ import anyio
 import pytest
 
 from coordinator.api import Coordinator
+from coordinator.kube.resources import lease_path
+from coordinator.lease import A_NEXT, LINE_MANAGER, TurnClaim, lock_id_of
+from coordinator.lock.core import EngineCore
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +223,51 @@ def test_status_names_the_live_next_waiter_once_the_dead_ones_claim_lapsed(dep3:
     assert before is not None and before["holder"] == "doomed", before
     assert after is not None and after["holder"] == "w1", after
     assert order == ["w1", "w2"], order
+
+
+def test_claims_written_during_a_release_do_not_make_it_fail(dep3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six times in a row, a waiter's claim lands on one member's lease between the
+    holder's read of it and the release decided on that read, so that six release writes
+    lose their race: the release still frees the lease (a race lost to the line alone
+    costs no attempt)."""
+    path = lease_path(dep3.namespace, f"coordinator-lock-{dep3.deployment}")
+    claimed: list[str] = []
+    target: list[str] = []  # the member whose release is raced: the first one read as ours
+    real_read = EngineCore._read
+    lock: dict[str, str] = {}
+
+    async def read_then_claim(self: EngineCore, cluster: str) -> Any:
+        view = await real_read(self, cluster)
+        if not target and view.lock_id == lock["id"]:
+            target.append(cluster)
+        if target == [cluster] and view.lock_id == lock["id"] and len(claimed) < 6:
+            name = f"w{len(claimed) + 1}"
+            claimed.append(name)
+            client = dep3.client(int(cluster.removeprefix("c")))
+            try:
+                lease = (await client.request("GET", path)).body
+                ann = lease["metadata"].setdefault("annotations", {})
+                since = int(time.time()) - 10 + len(claimed)
+                ann[A_NEXT] = TurnClaim(since, f"lock-{name}", name, since).dump()
+                await client.request("PUT", path, body=lease, query={"fieldManager": LINE_MANAGER})
+            finally:
+                await client.close()
+        return view
+
+    async def scenario() -> tuple[Any, str | None, list[str]]:
+        async with dep3.api() as c:
+            held = await c.acquire("web", ttl=HOLD_TTL, holder="holder")
+            lock["id"] = held.lock_id
+            monkeypatch.setattr(EngineCore, "_read", read_then_claim)
+            try:
+                out = await c.release("web", held.lock_id)
+            finally:
+                monkeypatch.setattr(EngineCore, "_read", real_read)
+            assert target, out
+            lease = await dep3.raw(int(target[0].removeprefix("c")), "GET", path)
+            return out["results"][target[0]], lock_id_of(lease["spec"].get("holderIdentity")), claimed
+
+    raced, holder, seen = anyio.run(scenario)
+    assert raced.ok and raced.extra.get("ours"), (raced.outcome, raced.detail, seen)
+    assert holder is None
+    assert seen == ["w1", "w2", "w3", "w4", "w5", "w6"], seen

@@ -274,3 +274,27 @@ def test_a_release_drops_only_the_holders_own_claim() -> None:
     )
     assert kept["metadata"]["annotations"][A_NEXT] == dump_line((w2,))
 
+
+def test_a_race_lost_to_the_line_alone_is_told_from_any_other() -> None:
+    from copy import deepcopy
+
+    from coordinator.lock.core import only_the_line_moved
+
+    before = lease((claim("w1", S0 - 40, S0 - 2),))
+
+    def changed(edit: Any) -> LeaseView:
+        obj = deepcopy(before.obj)
+        edit(obj)
+        return LeaseView.parse(obj, T0)
+
+    def line_moved(obj: dict[str, Any]) -> None:
+        obj["metadata"]["annotations"][A_NEXT] = dump_line((claim("w1", S0 - 40, S0), claim("w2", S0 - 1, S0)))
+        obj["metadata"]["resourceVersion"] = "8"
+        obj["metadata"]["managedFields"].append({"manager": "coordinator-line", "time": _stamp(T0)})
+
+    assert only_the_line_moved(before, changed(line_moved))
+    assert only_the_line_moved(before, changed(lambda o: o["metadata"]["annotations"].pop(A_NEXT)))
+    assert not only_the_line_moved(before, changed(lambda o: o["spec"].update(renewTime="2026-12-01T12:00:01Z")))
+    assert not only_the_line_moved(before, changed(lambda o: o["spec"].pop("holderIdentity")))
+    assert not only_the_line_moved(before, changed(lambda o: o["metadata"]["annotations"].update(x="y")))
+    assert not only_the_line_moved(before, LeaseView.parse(None))
