@@ -116,6 +116,8 @@ async def compare_and_swap(
     attempts: int = ATTEMPTS,
     reread_last: bool = False,
     retry: Callable[[Obj, KubeError], Awaitable[bool]] = lost_race,
+    harmless: Callable[[Obj, Obj], bool] | None = None,
+    harmless_extra: int = 0,
 ) -> Written[Obj, W] | Decided[D] | ReadFailed | WriteFailed[Obj] | Raced[Obj]:
     """Decide on the object and write the decision, re-reading after each lost race.
 
@@ -125,13 +127,17 @@ async def compare_and_swap(
     fail. ``retry`` says whether a failed write is worth another round (by default a
     409; it may also repair what made the write fail, and may raise). After the last
     lost race the object is read once more only when ``reread_last`` is set, so that
-    :class:`Raced` carries what the server holds now.
+    :class:`Raced` carries what the server holds now. A race lost to a change that
+    ``harmless(before, after)`` accepts (another writer's change of something the
+    caller does not own, made often) does not use up an attempt, ``harmless_extra``
+    times at most.
     """
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
     obj: Obj | _Unread = current
-    last: Obj | _Unread = UNREAD
-    for attempt in range(attempts):
+    lost = 0
+    spare = harmless_extra if harmless is not None else 0
+    while True:
         if isinstance(obj, _Unread):
             try:
                 obj = await read()
@@ -145,12 +151,16 @@ async def compare_and_swap(
         except KubeError as err:
             if not await retry(obj, err):
                 return WriteFailed(err, obj)
-        last = obj
-        obj = UNREAD
-        if attempt == attempts - 1 and reread_last:
-            try:
-                last = await read()
-            except KubeError as err:
-                return ReadFailed(err)
-    assert not isinstance(last, _Unread)  # the loop ran and every round lost the race
-    return Raced(last)
+        lost += 1
+        before: Obj = obj
+        if lost >= attempts and not spare and not reread_last:
+            return Raced(before)
+        try:
+            obj = await read()
+        except KubeError as err:
+            return ReadFailed(err)
+        if harmless is not None and spare and harmless(before, obj):
+            spare -= 1
+            lost -= 1
+        if lost >= attempts:
+            return Raced(obj)

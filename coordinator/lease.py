@@ -35,7 +35,6 @@ has passed since it was recorded, by the same stamps.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,6 +44,9 @@ from typing import Any
 from coordinator.evidence import Writer, annotation, writer
 from coordinator.kube.resources import ANNOTATION_PREFIX, FIELD_MANAGER, parse_time
 from coordinator.membership import annotation_writers, is_ours
+from coordinator.turnline import HANDOFF_GRACE_S as HANDOFF_GRACE_S
+from coordinator.turnline import Line, after_take, joined, parse_line, turns
+from coordinator.turnline import TurnClaim as TurnClaim
 
 A_HOLDER = ANNOTATION_PREFIX + "holder"
 A_HOST = ANNOTATION_PREFIX + "host"
@@ -82,11 +84,6 @@ DRIFT_FACTOR = 0.01
 TIMESTAMP_SLACK_S = 2.0
 DEFAULT_MAX_SERVER_SKEW_S = 5.0
 DEFAULT_MAX_TTL_S = 600.0
-# How long a freed (or lapsed) lease stays reserved for the contender that has waited
-# longest, by the server's clock, before anyone else may take it.
-HANDOFF_GRACE_S = 2.0
-# The last second a datetime holds (9999-12-31T23:59:59Z): a claim dated later is no date.
-LAST_EPOCH_S = 253_402_300_799
 # The longest maximum TTL a deployment may have (`deployment create --max-ttl`), and so the
 # largest `coordinator.io/max-ttl` note a lease may carry. A note above it is not believed
 # even where a coordinator field manager wrote it: anyone who names that manager
@@ -151,37 +148,6 @@ def lock_id_of(identity: Any) -> str | None:
     if not isinstance(identity, str) or not identity:
         return None
     return identity.rsplit("/", 1)[-1] or None
-
-
-@dataclass(frozen=True, order=True)
-class TurnClaim:
-    """A waiting contender's claim on the next turn of one cluster's lease.
-
-    Waiters order themselves by when they began waiting, as that cluster's server saw
-    it (the ``Date`` of their first read), ties broken by lock id; the oldest claim
-    wins. Claims only ever delay a take, so they cannot break mutual exclusion.
-    """
-
-    since: int
-    lock_id: str
-    holder: str = field(default="", compare=False)
-
-    @classmethod
-    def parse(cls, raw: Any) -> TurnClaim | None:
-        if not isinstance(raw, str):
-            return None
-        try:
-            doc = json.loads(raw)
-            since = doc["since"]
-            if isinstance(since, float) and not math.isfinite(since):
-                return None
-            claim = cls(int(since), str(doc["lock"]), str(doc.get("holder") or ""))
-        except UNREADABLE:
-            return None  # malformed: ignored, and overwritten by the next claim
-        return claim if 0 <= claim.since <= LAST_EPOCH_S else None
-
-    def dump(self) -> str:
-        return json.dumps({"lock": self.lock_id, "holder": self.holder, "since": self.since}, separators=(",", ":"))
 
 
 def manager_time(obj: dict[str, Any], manager: str) -> datetime | None:
@@ -260,7 +226,7 @@ class LeaseView:
     own_write: datetime | None = None  # the server's stamp on our field manager's last write
     released: datetime | None = None  # the server's stamp on the last release by a holder
     resource_version: str | None = None
-    next_claim: TurnClaim | None = None
+    line: Line = ()  # the waiters listed for their turns, in line order
     vanished: bool = False  # a tombstone: the lease was found deleted
     max_ttl_note: int | None = None  # believed only when a coordinator field manager wrote it
     break_note: dict[str, Any] | None = None
@@ -314,9 +280,7 @@ class LeaseView:
             own_write=manager_time(obj, FIELD_MANAGER),
             released=manager_time(obj, RELEASE_MANAGER),
             resource_version=meta.get("resourceVersion"),
-            next_claim=(
-                TurnClaim.parse(ann.get(A_NEXT)) if writer(obj, annotation(A_NEXT)) is Writer.OURS else None
-            ),
+            line=parse_line(ann.get(A_NEXT)) if writer(obj, annotation(A_NEXT)) is Writer.OURS else (),
             vanished=A_VANISHED in ann and writer(obj, annotation(A_VANISHED)) is Writer.OURS,
             max_ttl_note=_max_ttl_note(obj, ann.get(A_MAX_TTL)),
             break_note=note,
@@ -407,20 +371,22 @@ class LeaseView:
         return self.blocking and self.lock_id != lock_id and self.expired() is not True
 
     @property
+    def next_claim(self) -> TurnClaim | None:
+        """The first waiter listed, whatever its standing."""
+        return self.line[0] if self.line else None
+
+    @property
     def live_claim(self) -> TurnClaim | None:
-        """The next-turn claim, unless it is the current holder's own (spent by holding)."""
-        claim = self.next_claim
-        return claim if claim is not None and claim.lock_id != self.lock_id else None
+        """The claim whose turn it is, or was last (bound or not: :meth:`claim_fresh`)."""
+        order, k, _ = turns(self)
+        return order[k] if order else None
 
     def reserved_left_s(self) -> float | None:
-        """Seconds until a next-turn claim stops binding: while the lease is live, and
-        for HANDOFF_GRACE_S after it was freed or lapsed (by the Date hint)."""
-        if self.held:
-            rem = self.remaining_s()
-            return None if rem is None else rem + HANDOFF_GRACE_S
-        if self.released is None or self.server_now is None:
-            return None
-        return HANDOFF_GRACE_S - (self.server_now - self.released).total_seconds()
+        """Seconds until the turn of :attr:`live_claim` stops binding: while the lease is
+        live, and for HANDOFF_GRACE_S after it was freed or lapsed (by the Date hint) —
+        or after the turns of the waiters listed before it (coordinator.turnline)."""
+        order, _, left = turns(self)
+        return left if order else None
 
     def claim_fresh(self) -> bool:
         left = self.reserved_left_s() if self.live_claim is not None else None
@@ -443,6 +409,17 @@ class LeaseView:
 
     def reserved_for_other(self, lock_id: str, mine: TurnClaim | None = None) -> bool:
         return self.lock_id != lock_id and self.binding_claim(lock_id, mine) is not None
+
+    # -- the line as a write leaves it (coordinator.turnline)
+
+    def line_joined(self, mine: TurnClaim) -> Line | None:
+        return joined(self, mine)
+
+    def line_without(self, lock_id: str | None) -> Line:
+        return tuple(c for c in self.line if c.lock_id != lock_id)
+
+    def line_after_take(self) -> Line:
+        return after_take(self)
 
 
 # ------------------------------------------------------------------ the rules

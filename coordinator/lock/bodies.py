@@ -23,11 +23,11 @@ from coordinator.lease import (
     A_VANISHED,
     HOLDER_ANNOTATIONS,
     LeaseView,
-    TurnClaim,
     holder_identity,
 )
 from coordinator.lock.results import utc_now
 from coordinator.membership import A_MEMBERSHIP
+from coordinator.turnline import Line, dump_line, same_line
 
 
 def fresh_lease(
@@ -81,8 +81,8 @@ def lease_body(
     if lock_id is None:  # release: clear the holder, keep the object and the token
         for key in HOLDER_ANNOTATIONS:
             ann.pop(key, None)
-        if not keep_claim and view.held and view.live_claim is None:
-            ann.pop(A_NEXT, None)  # the holder's own claim, used up by its turn
+        if not keep_claim and view.held:
+            _set_line(ann, view, view.line_without(view.lock_id))  # the holder's own claim, used up by its turn
         if not keep_claim:
             # A real release; a failed attempt giving back what it took leaves the
             # stamp alone, so that it does not keep the next turn reserved.
@@ -104,9 +104,8 @@ def lease_body(
         spec["renewTime"] = now
         ann.pop(A_VANISHED, None)  # a tombstone taken: its history starts at our token
         ann.pop(A_RELEASED, None)
-        if view.next_claim is not None and (view.live_claim is None or not view.claim_fresh()):
-            # the previous holder's own claim (used up), or one whose turn has passed
-            ann.pop(A_NEXT, None)
+        # the previous holder's own claim (used up), and those whose turn has passed
+        _set_line(ann, view, view.line_after_take())
         ann.update(
             {
                 A_HOLDER: holder or "",
@@ -143,14 +142,24 @@ def with_annotation(obj: dict[str, Any], key: str, value: str) -> dict[str, Any]
     return body
 
 
-def with_claim(obj: dict[str, Any], claim: TurnClaim | None) -> dict[str, Any]:
-    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) with ``claim``, or
-    without any claim for None."""
+def _set_line(ann: dict[str, str], view: LeaseView, line: Line) -> None:
+    """Write ``line`` into the annotations ``ann`` of ``view``'s lease where it differs
+    from what the lease lists (an unreadable annotation lists nobody, and goes)."""
+    if line and same_line(line, view.line):
+        return
+    if line:
+        ann[A_NEXT] = dump_line(line)
+    else:
+        ann.pop(A_NEXT, None)
+
+
+def with_line(obj: dict[str, Any], view: LeaseView, line: Line) -> dict[str, Any]:
+    """The lease ``obj`` (resourceVersion kept: a compare-and-swap) listing ``line``
+    (no annotation for an empty line); ``view`` is ``obj`` parsed."""
     body = {k: v for k, v in obj.items() if k != "status"}
     meta = dict(body.get("metadata") or {})
-    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != A_NEXT}
-    if claim is not None:
-        ann[A_NEXT] = claim.dump()
+    ann = dict(meta.get("annotations") or {})
+    _set_line(ann, view, line)
     meta["annotations"] = ann
     body["metadata"] = meta
     return body

@@ -41,7 +41,7 @@ def reserved_detail(claim: TurnClaim) -> str:
     who = printable(claim.holder or "another contender")
     return (
         f"free, but the next turn is {who}'s (lock {printable(claim.lock_id)}), who has waited longer; "
-        f"it lapses if not taken within {HANDOFF_GRACE_S:.0f}s of the release"
+        f"the turn passes to the next waiter if it is not taken within {HANDOFF_GRACE_S:.0f}s"
     )
 
 

@@ -1,12 +1,11 @@
 """Taking turns: the waiter who began waiting first gets the lock next.
 
-Claims of the next turn are written on leases held by others, and lease watches wake a
-waiting contender when a lease is freed."""
+Waiters list their claims on leases held by others (and refresh them while they wait),
+and lease watches wake a waiting contender when a lease is freed."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import anyio
 
@@ -15,7 +14,7 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import leases_path
 from coordinator.lease import A_VANISHED, LINE_MANAGER, LeaseView, TurnClaim, lock_id_of
-from coordinator.lock.bodies import with_claim
+from coordinator.lock.bodies import with_line
 from coordinator.lock.core import EngineCore
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision
 from coordinator.logs import get_logger
@@ -39,29 +38,40 @@ class Turns(EngineCore):
     """Claims of the next turn and the lease watches of a waiting acquisition."""
 
     async def _claim_turns(self, result: AcquireResult, mine: TurnClaim, ours: set[str]) -> None:
-        """Claim the next turn on every cluster where the lease is held by another and
-        no earlier waiter has claimed it; the clusters where the claim may be ours are
+        """Take (or keep) our place in line on every cluster where the lease is held by
+        another: list our claim, or refresh it when its server stamp has aged, so that
+        it is not taken for a dead waiter's. The clusters where the claim may stand are
         added to ``ours``. Best effort: a claim that cannot be written only costs this
-        waiter its place. (Later changes are followed by the lease watches.)"""
+        waiter its place until the next round of the wait loop."""
         lock_id = mine.lock_id
 
         def decide(cluster: str, view: LeaseView) -> Decision:
-            current = view.live_claim
             if not view.live_for_other(lock_id):
                 # free or expired: the next attempt decides, no claim needed
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "not held"))
-            if current is not None and current.lock_id == lock_id:
-                ours.add(cluster)
-                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "claimed already"))
-            if current is not None and view.claim_fresh() and current <= mine:
-                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "someone waited longer"))
+            line = view.line_joined(mine)
+            if line is None:
+                listed = any(c.lock_id == lock_id for c in view.line)
+                if listed:
+                    ours.add(cluster)
+                detail = "claimed already" if listed else "the line is full of earlier waiters"
+                return ClusterResult(cluster, Outcome.OK, ClusterLease(view, detail))
             ours.add(cluster)  # before the write: one cut short may still have landed
-            return with_claim(view.obj, mine), "claimed", ""
+            return with_line(view.obj, view, line), "claimed", ""
 
         async def one(cluster: str, view: LeaseView) -> None:
-            r = await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
-            if not r.ok:
-                log.debug("could not claim the next turn", cluster=cluster, detail=r.detail)
+            # One write, on the lease as this attempt read it. A lost race is not retried
+            # (the next round of the wait loop comes soon): the holder's own writes
+            # (renewals, the release) are compare-and-swaps too, and waiters that swarm
+            # back after every 409 would keep them losing.
+            decision = decide(cluster, view)
+            if isinstance(decision, ClusterResult):
+                return
+            try:
+                await self._write(cluster, view, decision[0], manager=LINE_MANAGER)
+            except KubeError as err:
+                if err.kind != kube.CONFLICT:
+                    log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
 
         with anyio.move_on_after(self.timeout):
             async with anyio.create_task_group() as tg:
@@ -70,30 +80,11 @@ class Turns(EngineCore):
                     if view is not None and r.outcome is Outcome.HELD_BY_OTHER:
                         tg.start_soon(one, cluster, view)
 
-    async def _claim_from_event(self, cluster: str, obj: dict[str, Any], wake: Wake) -> None:
-        mine = wake.mine
-        if mine is None:
-            return
-        view = LeaseView.parse(obj, None)
-        live = view.live_claim
-        if live is not None and live <= mine:
-            return  # ours already, or someone has waited longer
-        try:
-            await self.clusters.check_identity(cluster)  # proven once per process: no request
-        except KubeError:
-            return  # nothing is written to a cluster whose identity is not proven
-        wake.claimed.add(cluster)
-        try:
-            await self._write(cluster, view, with_claim(obj, mine), manager=LINE_MANAGER)
-        except KubeError as err:
-            if err.kind != kube.CONFLICT:
-                log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
-
     async def _withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
         def decide(cluster: str, view: LeaseView) -> Decision:
-            if view.next_claim is None or view.next_claim.lock_id != lock_id:
+            if all(c.lock_id != lock_id for c in view.line):
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "no claim of ours"))
-            return with_claim(view.obj, None), "withdrawn", ""
+            return with_line(view.obj, view, view.line_without(lock_id)), "withdrawn", ""
 
         async def one(cluster: str) -> None:
             with anyio.move_on_after(self.timeout), contextlib.suppress(KubeError):
@@ -105,16 +96,15 @@ class Turns(EngineCore):
                 tg.start_soon(one, cluster)
 
     async def _watch_leases(self, cluster: str, wake: Wake, seen: dict[str, str | None], lock_id: str) -> None:
-        """Wake the waiting contender when this cluster's lease is freed or deleted; claim
-        the next turn when the lease is held by another and its claim (if any) is younger
-        than ours.
+        """Wake the waiting contender when this cluster's lease is freed or deleted.
 
         A change of holder, or a renewal, does not make the lock available; an expiry is
         waited for by time. Our own writes (their resourceVersions are in ``seen``) are
         ignored, so a contender does not wake itself up by releasing a partial attempt.
-        Claims are written straight from the event (its resourceVersion makes the write
-        a compare-and-swap); a lost race needs no retry, since the winning write is the
-        next event.
+        Claims are not written from events: every write of the lease is an event for
+        every waiter, and waiters answering events with writes set off one another, in
+        the middle of the holder's compare-and-swaps (a release, a renewal). The wait
+        loop lists and refreshes our claim each round instead.
         """
         client = self.clusters.client(cluster)
         query = {"fieldSelector": f"metadata.name={self.name}"}
@@ -134,8 +124,6 @@ class Turns(EngineCore):
                             ahead = LeaseView.parse(obj, None).claim_ahead(lock_id, wake.mine) if freed else None
                             wake.behind = ahead is not None
                         wake.event.set()
-                    elif holder_id and holder_id != lock_id and event.get("type") in ("ADDED", "MODIFIED"):
-                        await self._claim_from_event(cluster, obj, wake)
                 delay = 0.5
             except KubeError as err:
                 log.debug("lease watch interrupted", cluster=cluster, detail=err.detail)

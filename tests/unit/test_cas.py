@@ -159,3 +159,43 @@ def test_already_exists_counts_as_a_lost_race() -> None:
 def test_attempts_must_allow_one_write() -> None:
     with pytest.raises(ValueError):
         run(Store(), attempts=0)
+
+
+class Churn(Store):
+    """A store whose concurrent writes may touch only what the caller does not care
+    about (the version moves, the value stays): ``harmless`` such races, then ``races``."""
+
+    def __init__(self, *, harmless: int, races: int = 0) -> None:
+        super().__init__(0, races=races)
+        self.harmless = harmless
+
+    async def write(self, seen: tuple[int, int], body: int) -> int:
+        if self.harmless:
+            self.harmless -= 1
+            self.writes += 1
+            self.version += 1  # another writer's change of something else
+            raise KubeError(kube.CONFLICT, "the object has been modified", status=409)
+        return await super().write(seen, body)
+
+
+def same_value(before: tuple[int, int], after: tuple[int, int]) -> bool:
+    return before[0] == after[0]
+
+
+def test_races_lost_to_harmless_changes_do_not_use_up_the_attempts() -> None:
+    store = Churn(harmless=6)
+    result = run(store, attempts=2, harmless=same_value, harmless_extra=8)
+    assert isinstance(result, cas.Written) and store.value == 1 and store.writes == 7
+
+
+def test_harmless_races_are_spared_only_so_often() -> None:
+    store = Churn(harmless=20)
+    result = run(store, attempts=2, harmless=same_value, harmless_extra=3)
+    assert isinstance(result, cas.Raced) and store.writes == 5 and store.value == 0
+
+
+def test_a_race_that_changed_what_the_caller_decides_on_still_counts() -> None:
+    store = Churn(harmless=0, races=3)
+    result = run(store, attempts=2, harmless=same_value, harmless_extra=8)
+    assert isinstance(result, cas.Raced) and store.writes == 2
+    assert result.current == (200, 3)  # the object as last read
