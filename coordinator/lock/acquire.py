@@ -436,7 +436,10 @@ class Acquire(TokenFloor, Turns):
         report = acquire_report(result)
         if self._mismatch(result):
             raise IdentityMismatchError(report, payload=result)
-        if result.membership is not None and not result.membership.ok:
+        # Too few members answered to confirm the member set: that is the attempt's own
+        # story of who did not answer (below), told cluster by cluster.
+        unanswered = result.membership is not None and result.membership.verdict is Verdict.UNOBSERVABLE
+        if result.membership is not None and not result.membership.ok and not unanswered:
             err = self.membership_error(result.membership)
             err.payload = result
             raise err
