@@ -310,11 +310,19 @@ def nested_deeper(value: Any, limit: int) -> bool:
     return False
 
 
-def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, deployment: str | None = None) -> Replica:
+def decode_replica(
+    cluster: str,
+    obj: dict[str, Any] | None,
+    storage: str,
+    *,
+    deployment: str | None = None,
+    from_file: bool = False,
+) -> Replica:
     """Judge one object as read: absent, corrupt (why), newer schema, or a valid envelope
     (migrated, checksum verified), with the promise it carries. With ``deployment``, an
     envelope written for another deployment (an object copied under this one's name) is
-    corrupt."""
+    corrupt. ``from_file``: the text came from a backup file the user hands over, which
+    has no recorded writers; its checksum is all there is to check."""
     if not obj:
         return Replica(cluster, exists=False)
     rep = Replica(cluster, exists=True, obj=obj)
@@ -324,7 +332,7 @@ def decode_replica(cluster: str, obj: dict[str, Any] | None, storage: str, *, de
         (("data", DATA_KEY), f"its {DATA_KEY}", present[0]),
         (annotation(PROMISE_ANNOTATION), "its promise", present[1]),
     ):
-        if there and writer(obj, path) is not Writer.OURS:
+        if there and not from_file and writer(obj, path) is not Writer.OURS:
             # Evidence has an owner (coordinator/evidence.py): an envelope or a promise that
             # no coordinator field manager owns is not a replica's word, however
             # well-formed (another client wrote it, or nobody the server recorded: the

@@ -146,6 +146,9 @@ class LockStatus:
     possible: list[PossibleHolder] = field(default_factory=list)  # with "unknown"
     possible_unseen: bool = False  # with "unknown": a holder nobody saw may hold it
     unobserved: list[str] = field(default_factory=list)  # members whose lease was not read
+    # members read but blocking for a holder nobody can name (a deleted lease, a holder
+    # field another client wrote): with ``unobserved``, where an unseen holder may be
+    unnamed: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -118,4 +118,5 @@ class Status(Members):
             else [],
             possible_unseen=possible.unseen and not winner,
             unobserved=unobserved,
+            unnamed=unknown,
         )

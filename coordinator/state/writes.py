@@ -348,7 +348,7 @@ def load_backup(path: Path) -> StateEnvelope:
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"Cannot read the backup file {path}: {err}.") from err
-    rep = decode_replica("file", {"data": {DATA_KEY: text}}, "configmap")
+    rep = decode_replica("file", {"data": {DATA_KEY: text}}, "configmap", from_file=True)
     if rep.newer_schema:
         raise StateConflictError(
             f"The backup {path} has envelope schema {rep.newer_schema}, newer than this coordinator "

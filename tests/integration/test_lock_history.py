@@ -13,6 +13,7 @@ import anyio
 import pytest
 from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl as run_kubectl
+from served import served
 
 from coordinator import history
 from coordinator.cli.history import select
@@ -138,7 +139,7 @@ def test_a_take_over_records_the_lapsed_holder_as_expired_seen_by_the_taker() ->
         "metadata": {"annotations": {"coordinator.io/holder": "crasher", "coordinator.io/fencing-token": "7"}},
         "spec": {"holderIdentity": "crasher/ffff0000ffff0000", "leaseDurationSeconds": 2},
     }
-    view = LeaseView.parse(lapsed_lease)
+    view = LeaseView.parse(served(lapsed_lease))
     assert view.lock_id == "ffff0000ffff0000"
     events = take_events(
         "aaaa", holder="taker", host="h", pid="1", reason="r", token=8, lapsed={"c2": view, "c1": view}
