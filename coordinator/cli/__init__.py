@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         if verbose:
             _print_traceback()
         # The paragraph carries what the clusters said: escaped, but its own lines kept.
-        click.echo(f"Error: {printable(err.message, keep_newlines=True)}", err=True)
+        _error(printable(err.message, keep_newlines=True))
         sys.exit(int(err.exit_code))
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
             err.show()
         else:
             # One paragraph like every other error (click's own: usage, blank line, error).
-            click.echo(f"Error: {printable(_usage_paragraph(err))}", err=True)
+            _error(printable(_usage_paragraph(err)))
         sys.exit(int(ExitCode.USAGE))
     except click.ClickException as err:
         err.show()
@@ -420,6 +420,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _end_quietly()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _error(text: str) -> None:
+    """``Error: TEXT`` on stderr, wrapped at word boundaries to a terminal's width."""
+    from coordinator.cli.output import paragraph, terminal_width
+
+    click.echo(paragraph(f"Error: {text}", terminal_width(sys.stderr)), err=True)
 
 
 def _end_quietly() -> None:

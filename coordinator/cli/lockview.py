@@ -124,11 +124,8 @@ def wait_reporter() -> Any:
             if w.holders
             else f"not taken yet ({', '.join(w.other_outcomes) or 'no answer'})"
         )
-        exp = (
-            f"; its lease expires in {format_duration(w.expires_in_s)} unless renewed"
-            if w.expires_in_s is not None
-            else ""
-        )
+        # Short, the most telling first: on a terminal it is cut to one line of its width.
+        exp = f", expires in {format_duration(w.expires_in_s)}" if w.expires_in_s is not None else ""
         line = f"waiting for {result.deployment}: {who}{exp}; giving up in {format_duration(left)}"
         now = time.monotonic()
         if tty:
@@ -238,18 +235,19 @@ def fleet_text(fleet: Any) -> None:
     held = sum(1 for e in fleet.deployments if e.status == "held")
     say(f"{len(fleet.deployments)} deployment(s), {held} locked.")
     table(
-        ["deployment", "namespace", "status", "holder", "reason", "since", "expires", "next in line", "unseen"],
+        # Free text (the reason) last: on a terminal a line is cut at its width.
+        ["deployment", "namespace", "status", "holder", "expires", "next in line", "unseen", "since", "reason"],
         [
             [
                 e.deployment + ("" if e.imported else " *"),
                 e.namespace,
                 e.status,
                 e.holder or _maybe(e),
-                e.reason or "-",
-                when(e.since) if e.since else "-",
                 f"in {format_duration(e.expires_in_s)}" if e.expires_in_s is not None else "-",
                 (e.next_in_line.holder or e.next_in_line.lock_id) if e.next_in_line else "-",
                 ", ".join(e.unseen) or "-",
+                when(e.since) if e.since else "-",
+                e.reason or "-",
             ]
             for e in fleet.deployments
         ],

@@ -9,6 +9,7 @@ from coordinator.fanout import ANSWERED, NOT_WAITED_FOR, ClusterResult
 from coordinator.lease import DEFAULT_MAX_TTL_S, HANDOFF_GRACE_S, LeaseView, TurnClaim
 from coordinator.lock.results import AcquireResult, ClusterLease
 from coordinator.outcome import Outcome
+from coordinator.quorum import majority_expiry
 from coordinator.text import printable
 
 
@@ -76,6 +77,16 @@ def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
     return f"held by {who} (lock {lock}){tail}"
 
 
+def lock_expiry(remaining: list[float], members: int) -> float | None:
+    """When a lock seen on these leases stops holding: with a majority of ``members``, when
+    it no longer has one (as `lock status` counts it); on fewer, when its last lease here
+    runs out. Never below zero."""
+    if not remaining:
+        return None
+    end = majority_expiry(remaining, members)
+    return max(0.0, end if end is not None else max(remaining))
+
+
 def summarize(results: dict[str, ClusterResult[ClusterLease]]) -> str:
     return ", ".join(f"{k}: {r.outcome}" for k, r in sorted(results.items()))
 
@@ -103,42 +114,61 @@ def acquire_report(result: AcquireResult) -> str:
 
     n = len(result.members)
     got = [k for k, r in result.results.items() if r.ok]
-    lines = []
+    # Clusters that say the same are one line: "c1, c2, c3: held by alice (...)". A lease
+    # held by a named holder is keyed by who holds it, its lock and since when; the line
+    # then gives the latest renewal and the lock's expiry over those clusters.
+    said: dict[tuple[str, ...], list[str]] = {}
+    leases: dict[tuple[str, ...], list[LeaseView]] = {}
     holders: dict[str, list[str]] = {}
     reserved: dict[str, list[str]] = {}
     unseen: list[str] = []
     for name in result.members:
         r = result.results.get(name)
         if r is None:
-            lines.append(f"{name}: {NOT_WAITED_FOR}")
+            said.setdefault(("line", NOT_WAITED_FOR), []).append(name)
             continue
         v = r.value.view if r.value else None
         if r.outcome is Outcome.HELD_BY_OTHER and r.value is not None and r.value.action == "reserved":
-            lines.append(f"{name}: {r.detail}")
+            said.setdefault(("line", r.detail), []).append(name)
             claim = r.extra.get("next")
             who = claim.holder if isinstance(claim, TurnClaim) else ""
             reserved.setdefault(who or "another contender", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None and (v.vanished or not v.exists or not v.held):
-            lines.append(f"{name}: {r.detail}")
+            said.setdefault(("line", r.detail), []).append(name)
             why = "holder field edited" if v.exists and v.holder_edited and not v.vanished else "deleted lease"
             holders.setdefault(f"an unknown holder ({why})", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None:
             who = v.info.get("holder") or "?"
-            rem = v.remaining_s()
-            until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
-            host = v.info.get("host") or "?"
-            pid = v.info.get("pid") or "?"
-            why = v.info.get("reason") or "no reason given"
-            lines.append(
-                f"{name}: held by {who} (host {host}, pid {pid}, lock {v.lock_id}, "
-                f"reason: {why}) since {_fmt_time(v.acquired_at)}, renewed "
-                f"{_fmt_time(v.renewed_at)}, {until}"
+            held: tuple[str, ...] = (
+                "held",
+                who,
+                v.info.get("host") or "?",
+                v.info.get("pid") or "?",
+                str(v.lock_id),
+                v.info.get("reason") or "no reason given",
+                _fmt_time(v.acquired_at),
             )
+            said.setdefault(held, []).append(name)
+            leases.setdefault(held, []).append(v)
             holders.setdefault(who, []).append(name)
         else:
-            lines.append(f"{name}: {r.outcome} — {r.detail}")
+            said.setdefault(("line", f"{r.outcome} — {r.detail}"), []).append(name)
             if not r.outcome.observable and not r.extra.get(ANSWERED):
                 unseen.append(name)
+    lines = []
+    for said_key, names in said.items():
+        if said_key[0] != "held":
+            lines.append(f"{', '.join(names)}: {said_key[1]}")
+            continue
+        _, who, host, pid, lock, why, since = said_key
+        views = leases[said_key]
+        renewed = max((v.renewed_at for v in views if v.renewed_at is not None), default=None)
+        rem = lock_expiry([x for v in views if (x := v.remaining_s()) is not None], n)
+        until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
+        lines.append(
+            f"{', '.join(names)}: held by {who} (host {host}, pid {pid}, lock {lock}, reason: {why}) "
+            f"since {since}, renewed {_fmt_time(renewed)}, {until}"
+        )
     head = (
         f"Could not lock deployment {result.deployment!r}: a majority of {result.quorum} of "
         f"{n} clusters is needed, this attempt got {len(got)}"
