@@ -310,6 +310,50 @@ async def cluster_info(
     return info
 
 
+@dataclass
+class MemberOf:
+    """A deployment an unreachable cluster is a member of, and whether the other members
+    that answer still make a majority of it (of every group, during a member change)."""
+
+    deployment: str
+    namespace: str
+    members: list[str]
+    quorum: str  # "2 of 3"; "2 of 3 and 3 of 4" during a member change (old set, new set)
+    answering: list[str]  # the other members that answered now
+    majority_without: bool
+
+
+async def deployments_without(clusters: ClusterSet, config: LocalConfig, name: str) -> list[MemberOf]:
+    """The deployments ``name`` is a member of, each with the other members that answer a
+    request now (one ``GET /version`` per cluster, at once) and whether they make a
+    majority without ``name``. A member that answers with 403 answers."""
+    from coordinator.quorum import Majorities, quorum_size
+
+    deps = [d for d in config.deployments.values() if name in d.clusters or name in (d.joint or [])]
+    others = sorted({m for d in deps for m in [*d.clusters, *(d.joint or [])] if m != name})
+
+    async def probe(member: str) -> ClusterResult[None]:
+        try:
+            await clusters.client(member).request("GET", "/version")
+        except KubeError as err:
+            if err.kind != kube.FORBIDDEN:
+                return failed(member, err)  # type: ignore[return-value]
+        return ClusterResult(member, Outcome.OK)
+
+    known = [m for m in others if m in config.clusters]
+    answers = await fan_out(known, probe, timeout=clusters.timeout) if known else {}
+    up = {m for m, r in answers.items() if r.ok}
+    found = []
+    for d in sorted(deps, key=lambda d: d.name):
+        majorities = Majorities([d.clusters, *([d.joint] if d.joint else [])])
+        answering = [m for m in majorities.members if m in up]
+        quorum = " and ".join(f"{quorum_size(len(g))} of {len(g)}" for g in majorities.groups)
+        found.append(
+            MemberOf(d.name, d.namespace, list(majorities.members), quorum, answering, majorities.reached(answering))
+        )
+    return found
+
+
 async def _can_i(
     client: KubeClient, verb: str, group: str, resource: str, namespace: str, resource_name: str | None = None
 ) -> bool | None:

@@ -438,8 +438,13 @@ class Coordinator:
 
         return await self._engine(deployment, Status).status()
 
-    async def break_lock(self, deployment: str, *, by: str | None = None, reason: str = "") -> dict[str, Any]:
-        results = await self.lock_engine(deployment).break_lock(by=by or default_holder(), reason=reason)
+    async def break_lock(
+        self, deployment: str, *, by: str | None = None, reason: str = "", lock_id: str | None = None
+    ) -> dict[str, Any]:
+        """Clear the lock whatever its holder; with ``lock_id``, only the leases that lock
+        holds (others are answered ``held-by-other``; see :func:`coordinator.verdicts.break_verdict`)."""
+        engine = self.lock_engine(deployment)
+        results = await engine.break_lock(by=by or default_holder(), reason=reason, lock_id=lock_id)
         return dict(results)
 
     async def lock_history(self, deployment: str) -> tuple[list[Tenure], dict[str, Any]]:

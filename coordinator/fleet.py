@@ -47,6 +47,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import UNREADABLE, LeaseView, TurnClaim, pid_of
+from coordinator.lock.results import renewed_ago
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.outcome import Outcome
@@ -84,7 +85,9 @@ class FleetEntry:
     reason: str | None = None
     host: str | None = None
     pid: str | None = None
+    command: str | None = None
     since: datetime | None = None
+    renewed_ago_s: float | None = None  # the latest take or renewal of the holder's leases
     expires_in_s: float | None = None
     next_in_line: TurnClaim | None = None
     unseen: list[str] = field(default_factory=list)
@@ -273,7 +276,12 @@ def _entry(
         entry.reason = view.info.get("reason") or None
         entry.host = view.info.get("host") or None
         entry.pid = view.info.get("pid") or None
+        entry.command = view.info.get("command") or None
         entry.since = view.acquired_at
+        entry.renewed_ago_s = min(
+            (a for c, lid in live.items() if lid == winner and (a := renewed_ago(leases[c])) is not None),
+            default=None,
+        )
         mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
         expiry = majorities.expiry(mine)
         entry.expires_in_s = round(expiry, 1) if expiry is not None else None
@@ -327,7 +335,9 @@ def fleet_document(fleet: Fleet, to_claim: Callable[[Any], Any]) -> dict[str, An
                 "reason": e.reason,
                 "host": e.host,
                 "pid": pid_of(e.pid),
+                "command": e.command,
                 "since": e.since,
+                "renewed_ago_s": e.renewed_ago_s,
                 "expires_in_s": e.expires_in_s,
                 "next_in_line": to_claim(e.next_in_line),
                 "quorum": e.quorum,

@@ -396,11 +396,23 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
 @click.argument("deployment")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--reason", default="", help="Why (kept in the audit note on the leases).")
+@click.option(
+    "--lock-id",
+    default=None,
+    help="Break only this lock (as shown by `lock status`): if another lock holds the deployment by the "
+    "time the break runs, it is left alone and the command exits 3.",
+)
 @click.pass_context
-def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
+def break_(ctx: click.Context, deployment: str, yes: bool, reason: str, lock_id: str | None) -> None:
     """Clear the lock whatever its holder (admin override, like terraform force-unlock).
 
-    Example: coordinator lock break payments --yes --reason "holder's CI runner died"
+    With --lock-id, only the leases of that lock are cleared: a lock taken since you looked
+    (the holder renewed and another took over, say) is never broken by mistake.
+
+    \b
+    Examples:
+      coordinator lock break payments --yes --reason "holder's CI runner died"
+      coordinator lock break payments --lock-id 3f2a9c0d1e4b5a69 --yes
     """
     if not yes and not sys.stdin.isatty():
         from coordinator.errors import UsageError
@@ -423,24 +435,33 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
         # The holder is the lease's text: a title-setting or line-rewriting sequence in it
         # would change the question the user answers.
         who = printable(st.holder) if st.holder else "nobody (by majority)"
-        click.confirm(f"Break the lock of {deployment!r}, held by {who}? The holder is not told.", abort=True)
+        what = f"lock {printable(lock_id)} of {deployment!r}" if lock_id else f"the lock of {deployment!r}"
+        held = f"held by {who}" + (f" (lock {st.lock_id})" if lock_id and st.lock_id else "")
+        click.confirm(f"Break {what}, {held}? The holder is not told.", abort=True)
         c = _coordinator(ctx)
 
     async def go() -> Any:
         async with c:
-            return await c.break_lock(deployment, reason=reason)
+            return await c.break_lock(deployment, reason=reason, lock_id=lock_id)
 
     results = run(go)
     rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(results.items())]
-
-    def text() -> None:
-        say(f"Broke the lock of {deployment}; an audit note is on each lease.")
-        table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
-
-    emit(ctx, {"deployment": deployment, "clusters": rows}, text)
     from coordinator.verdicts import break_verdict
 
-    if (problem := break_verdict(deployment, results).problem()) is not None:
+    verdict = break_verdict(deployment, results, lock_id)
+
+    def text() -> None:
+        if lock_id is None:
+            say(f"Broke the lock of {deployment}; an audit note is on each lease.")
+        elif verdict.broken:
+            say(f"Broke lock {lock_id} of {deployment} on {', '.join(verdict.broken)}; an audit note is on each.")
+        else:
+            say(f"Lock {lock_id} holds no lease of {deployment}; nothing was broken.")
+        table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
+
+    doc = {"deployment": deployment, "lock_id": lock_id, "broken": verdict.broken, "clusters": rows}
+    emit(ctx, doc, text)
+    if (problem := verdict.problem()) is not None:
         raise problem
 
 

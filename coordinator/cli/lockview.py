@@ -151,6 +151,8 @@ def status_document(st: Any) -> dict[str, Any]:
         "reason": (st.info.get("reason") or None) if st.held_by_majority else None,
         "host": (st.info.get("host") or None) if st.held_by_majority else None,
         "pid": pid_field(st.info) if st.held_by_majority else None,
+        "command": (st.info.get("command") or None) if st.held_by_majority else None,
+        "renewed_ago_s": st.renewed_ago_s,
         "next_in_line": claim_document(st.next_in_line),
         # held, unknown (someone may hold it: the members seen do not decide), partly-held, free
         "status": st.verdict,
@@ -172,6 +174,8 @@ def status_document(st: Any) -> dict[str, Any]:
                 "reason": (r.info.get("reason") or None) if r.lock_id else None,
                 "host": (r.info.get("host") or None) if r.lock_id else None,
                 "pid": pid_field(r.info) if r.lock_id else None,
+                "command": (r.info.get("command") or None) if r.lock_id else None,
+                "renewed_ago_s": r.renewed_ago_s,
                 "expires_in_s": round(r.remaining_s, 1) if r.remaining_s is not None else None,
             }
             for r in st.clusters
@@ -190,6 +194,10 @@ def status_text(st: Any) -> None:
             f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, reason: {info.get('reason') or '-'}); "
             f"majority held for {format_duration(st.expires_in_s or 0)} more unless renewed."
         )
+        # What a break decision needs: is the holder still renewing, and what is it running?
+        taken = next((r.acquired_at for r in st.clusters if r.lock_id == st.lock_id and r.acquired_at), None)
+        renewed = f"last renewed {ago(st.renewed_ago_s)}" if st.renewed_ago_s is not None else "renewal time unknown"
+        say(f"Taken {when(taken)}, {renewed}; command: {info.get('command') or '-'}")
     elif st.verdict == "unknown":
         verdict = status_verdict(st)
         missing = ", ".join(f"{name} ({status})" for name, status in verdict.unobserved)
@@ -205,19 +213,30 @@ def status_text(st: Any) -> None:
     if st.next_in_line is not None:
         say(f"Next in line: {st.next_in_line.holder or '?'} (lock {st.next_in_line.lock_id}), waiting longest.")
     table(
-        ["cluster", "status", "holder", "since", "ttl", "detail"],
+        ["cluster", "status", "holder", "renewed", "expires", "ttl", "since", "detail"],
         [
             [
                 r.name,
                 r.status,
                 r.holder or "-",
-                when(r.acquired_at) if r.acquired_at else "-",
+                ago(r.renewed_ago_s) if r.renewed_ago_s is not None else "-",
+                f"in {format_duration(r.remaining_s)}" if r.remaining_s is not None else "-",
                 f"{r.ttl_s}s" if r.ttl_s and r.status != "free" else "-",
-                r.error or (f"expires in {format_duration(r.remaining_s)}" if r.remaining_s is not None else ""),
+                when(r.acquired_at) if r.acquired_at else "-",
+                r.error or "",
             ]
             for r in st.clusters
         ],
     )
+
+
+def ago(seconds: float) -> str:
+    """``12s ago``, ``4m10s ago``: how long ago, in whole seconds (the stamps it comes from
+    have no finer resolution)."""
+    from coordinator.durations import format_duration
+
+    whole = round(max(seconds, 0.0))
+    return f"{whole}s ago" if whole < 60 else f"{format_duration(whole)} ago"
 
 
 def _maybe(entry: Any) -> str:
@@ -236,7 +255,18 @@ def fleet_text(fleet: Any) -> None:
     say(f"{len(fleet.deployments)} deployment(s), {held} locked.")
     table(
         # Free text (the reason) last: on a terminal a line is cut at its width.
-        ["deployment", "namespace", "status", "holder", "expires", "next in line", "unseen", "since", "reason"],
+        [
+            "deployment",
+            "namespace",
+            "status",
+            "holder",
+            "expires",
+            "renewed",
+            "next in line",
+            "unseen",
+            "since",
+            "reason",
+        ],
         [
             [
                 e.deployment + ("" if e.imported else " *"),
@@ -244,6 +274,7 @@ def fleet_text(fleet: Any) -> None:
                 e.status,
                 e.holder or _maybe(e),
                 f"in {format_duration(e.expires_in_s)}" if e.expires_in_s is not None else "-",
+                ago(e.renewed_ago_s) if e.renewed_ago_s is not None else "-",
                 (e.next_in_line.holder or e.next_in_line.lock_id) if e.next_in_line else "-",
                 ", ".join(e.unseen) or "-",
                 when(e.since) if e.since else "-",

@@ -125,6 +125,9 @@ class ClusterStatus:
     token: int | None = None
     remaining_s: float | None = None
     info: dict[str, str] = field(default_factory=dict)
+    # Seconds since coordinator last wrote this lease (taken or renewed), by the server's
+    # own clock: its stamp on the write and its Date on the read (each to the second).
+    renewed_ago_s: float | None = None
 
 
 @dataclass
@@ -146,6 +149,8 @@ class LockStatus:
     possible: list[PossibleHolder] = field(default_factory=list)  # with "unknown"
     possible_unseen: bool = False  # with "unknown": a holder nobody saw may hold it
     unobserved: list[str] = field(default_factory=list)  # members whose lease was not read
+    # With a majority holder: the latest renewal of its leases (a sign of life), in seconds.
+    renewed_ago_s: float | None = None
 
 
 @dataclass
@@ -156,6 +161,15 @@ class PossibleHolder:
     lock_id: str
     holder: str | None
     clusters: list[str]
+
+
+def renewed_ago(view: LeaseView) -> float | None:
+    """Seconds since coordinator's last take or renewal of ``view``, by the server's clock
+    (its stamp on that write and the ``Date`` of the read, both to the second); never
+    below zero. None when either is missing."""
+    if view.own_write is None or view.server_now is None:
+        return None
+    return max(0.0, round((view.server_now - view.own_write).total_seconds(), 1))
 
 
 def current_command() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coordinator.lease import TurnClaim
 from coordinator.lock.members import Members
-from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder
+from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder, renewed_ago
 from coordinator.outcome import Outcome
 
 
@@ -77,17 +77,22 @@ class Status(Members):
                     token=v.token if v.exists else None,
                     remaining_s=v.remaining_s() if st == "held" else None,
                     info=v.info,
+                    renewed_ago_s=renewed_ago(v) if v.held else None,
                     error="fencing-token annotation is malformed" if v.token_malformed else note,
                 )
             )
         winner = self.majorities.holder(live)
         holder_row = next((row for row in rows if winner and row.lock_id == winner), None)
         expires = None
+        renewed: float | None = None
         possible = self.majorities.possible_holders(live, [*unobserved, *unknown])
         if winner:
             mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
             expires = self.majorities.expiry(mine)
             verdict = "held"
+            renewed = min(
+                (r.renewed_ago_s for r in rows if r.lock_id == winner and r.renewed_ago_s is not None), default=None
+            )
         elif possible:
             verdict = "unknown"
         else:
@@ -118,4 +123,5 @@ class Status(Members):
             else [],
             possible_unseen=possible.unseen and not winner,
             unobserved=unobserved,
+            renewed_ago_s=renewed,
         )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.errors import ExitCode, NoQuorumError
+from coordinator.errors import ExitCode, LockHeldError, NoQuorumError
 from coordinator.outcome import Outcome
 from coordinator.verdicts import (
     break_verdict,
@@ -137,6 +137,30 @@ def test_break_on_a_minority_is_exit_4() -> None:
     err = break_verdict("pay", {"a": Answer(Outcome.OK), "b": Answer(Outcome.UNREACHABLE)}).problem()
     assert isinstance(err, NoQuorumError)
     assert err.message.startswith("The lock of 'pay' was cleared on only 1 of 2 clusters;")
+
+
+@dataclass
+class Action:
+    action: str
+
+
+def test_break_by_lock_id_that_cleared_a_leftover_still_reports_the_other_lock_with_exit_3() -> None:
+    """--lock-id A: A's lease on c1 is cleared, B holds c2 and c3 and is left alone."""
+    answers = {
+        "c1": Answer(Outcome.OK, "cleared holder A", Action("broken")),
+        "c2": Answer(Outcome.HELD_BY_OTHER, "held by bob (lock B)", Action("other")),
+        "c3": Answer(Outcome.HELD_BY_OTHER, "held by bob (lock B)", Action("other")),
+    }
+    v = break_verdict("pay", answers, "A")
+    assert v.broken == ["c1"]
+    err = v.problem()
+    assert isinstance(err, LockHeldError) and err.exit_code is ExitCode.HELD
+    assert err.message.startswith(
+        "Lock A was cleared on c1, and another lock was left alone (c2, c3: held by bob (lock B))."
+    ), err.message
+    # Without --lock-id nobody is "another lock": a lease the break could not clear is
+    # counted against its majority, as always.
+    assert isinstance(break_verdict("pay", answers).problem(), NoQuorumError)
 
 
 # ------------------------------------------------------------------ lock history
