@@ -241,6 +241,10 @@ def release(
     emit(ctx, doc, text)
 
 
+# What moves with the clock alone: a --watch prints a round when anything else changes.
+MOVING = ("expires_in_s", "renewed_ago_s")
+
+
 def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
     from coordinator.fleet import fleet_document, survey
 
@@ -281,7 +285,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
                 doc = doc_of(fleet)
                 stable = {
                     **doc,
-                    "deployments": [{k: v for k, v in d.items() if k != "expires_in_s"} for d in doc["deployments"]],
+                    "deployments": [{k: v for k, v in d.items() if k not in MOVING} for d in doc["deployments"]],
                 }
                 key = dump_document(stable, "json")
                 if key != last:
@@ -380,8 +384,8 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
             st = await c.status(deployment)
             doc = status_document(st)
             key = dump_document(
-                {k: v for k, v in doc.items() if k != "expires_in_s"}
-                | {"clusters": [{k: v for k, v in r.items() if k != "expires_in_s"} for r in doc["clusters"]]},
+                {k: v for k, v in doc.items() if k not in MOVING}
+                | {"clusters": [{k: v for k, v in r.items() if k not in MOVING} for r in doc["clusters"]]},
                 "json",
             )
             if key != last:

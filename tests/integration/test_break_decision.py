@@ -98,3 +98,27 @@ def test_cluster_info_of_an_unreachable_member_says_what_it_means_for_each_deplo
     assert "c2 does not answer. Without it, web cannot reach a majority" in text.stdout, text.stdout
     row = next(line.split() for line in text.stdout.splitlines() if line.startswith("web "))
     assert row == ["web", dep3.namespace, "2", "of", "3", "c1", "NO"], row
+
+
+@pytest.mark.parametrize("target", [["web"], ["--all"]])
+def test_a_watch_prints_no_round_for_the_clock_alone(dep3: Env, target: list[str]) -> None:
+    """The "renewed N s ago" and "expires in" figures move every second: a round is printed when
+    something else changes, not every --interval."""
+    import signal
+    import subprocess
+
+    _take(dep3, "alice")
+    watch = dep3.popen(
+        "-o", "json", "lock", "status", *target, "--watch", "--interval", "0.3s",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert watch.stdout is not None
+        first = json.loads(watch.stdout.readline())  # the first round: the view is up
+        assert first, first
+        time.sleep(4)
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err
+    assert out.count("\n") == 0, f"{out.count(chr(10))} more rounds while nothing changed: {out[:500]}"
