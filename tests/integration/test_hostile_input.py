@@ -75,8 +75,9 @@ def test_lock_status_escapes_what_the_clusters_say_and_json_keeps_it_exact(dep3:
     assert text.returncode == 0, text.stderr
     _clean(text.stdout)
     assert printable(HOLDER) in text.stdout and "\\rOK: nothing to see\\nc9" in text.stdout
-    # one summary line, the table header, three rows
-    assert len(text.stdout.splitlines()) == 5, text.stdout
+    # one summary line, the line with the holder's command (escaped), the table header, three rows
+    assert len(text.stdout.splitlines()) == 6, text.stdout
+    assert f"command: {printable(COMMAND)}" in text.stdout.splitlines()[1], text.stdout
 
     doc = json.loads(dep3.cli("-o", "json", "lock", "status", "web").stdout)
     assert doc["holder"] == HOLDER and {c["holder"] for c in doc["clusters"]} == {HOLDER}
