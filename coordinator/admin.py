@@ -19,6 +19,8 @@ from coordinator.errors import (
     NoQuorumError,
     StateConflictError,
     UsageError,
+    unknown_cluster,
+    unknown_deployment,
 )
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -79,6 +81,12 @@ async def connect_cluster(
             f"{cfg.clusters[name].context!r}). Pick another name, or run `coordinator cluster "
             f"disconnect {name}` first."
         )
+    if not kubeconfig and in_cluster is None:
+        # The kubeconfig this connection is proven through (KUBECONFIG, or kubectl's default)
+        # is recorded, so that later commands reach the cluster the same way from a shell
+        # without that KUBECONFIG. Files of a KUBECONFIG list that do not exist are left out.
+        listed = Endpoint(name, context).kubeconfig_paths().split(os.pathsep)
+        kubeconfig = os.pathsep.join(p for p in listed if p and os.path.isfile(os.path.expanduser(p))) or None
     if kubeconfig:
         # Recorded for later runs from any directory: relative paths would break there.
         kubeconfig = os.pathsep.join(os.path.abspath(os.path.expanduser(p)) for p in kubeconfig.split(os.pathsep) if p)
@@ -375,7 +383,7 @@ async def _can_i(
 def disconnect_cluster(store: ConfigStore, name: str, *, force: bool) -> list[str]:
     with store.edit() as cfg:
         if name not in cfg.clusters:
-            raise UsageError(f"Unknown cluster {name!r}; `coordinator cluster list` shows the connected ones.")
+            raise unknown_cluster(name, cfg.clusters, store.path)
         users = sorted(d.name for d in cfg.deployments.values() if name in d.clusters)
         if users and not force:
             raise UsageError(
@@ -600,7 +608,7 @@ async def _seed_state(
 def delete_deployment_record(store: ConfigStore, name: str) -> DeploymentRecord:
     with store.edit() as cfg:
         if name not in cfg.deployments:
-            raise UsageError(f"Unknown deployment {name!r}; `coordinator deployment list` shows them.")
+            raise unknown_deployment(name, cfg.deployments, store.path)
         return cfg.deployments.pop(name)
 
 

@@ -25,6 +25,7 @@ from coordinator.errors import (
     NoQuorumError,
     StateConflictError,
     UsageError,
+    unknown_deployment,
 )
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
 from coordinator.locallocks import LocalLocks
@@ -89,7 +90,12 @@ class Coordinator:
         self.store = store
         self.timeout = timeout
         # How the clusters are reached (coordinator/kube/transport.py); HTTPS by default.
-        self.clusters = ClusterSet(config, timeout=timeout, transport_factory=transport_factory)
+        self.clusters = ClusterSet(
+            config,
+            timeout=timeout,
+            transport_factory=transport_factory,
+            config_path=store.path if store is not None else None,
+        )
         # Bound on clock offsets between the API servers of one cluster (HA control planes).
         self.max_server_skew_s = DEFAULT_MAX_SERVER_SKEW_S
         self._tg: TaskGroup | None = None
@@ -134,12 +140,8 @@ class Coordinator:
         try:
             return self.config.deployments[name]
         except KeyError:
-            known = ", ".join(sorted(self.config.deployments)) or "none"
-            raise UsageError(
-                f"Unknown deployment {name!r} (known: {known}). Create it with `coordinator "
-                f"deployment create {name} --namespace NS --cluster A --cluster B ...`, or "
-                f"rebuild it from the clusters with `coordinator deployment import {name} --cluster A`."
-            ) from None
+            path = self.store.path if self.store is not None else None
+            raise unknown_deployment(name, self.config.deployments, path) from None
 
     def lock_engine(self, deployment: str) -> LockEngine:
         from coordinator.lock.engine import LockEngine

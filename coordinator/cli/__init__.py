@@ -51,7 +51,25 @@ def _is_closed_stdout(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno == errno.EPIPE
 
 
-class LazyGroup(click.Group):
+class _Suggesting:
+    """Mixed into a group's class: an unknown command gets "Did you mean ...?" from the
+    group's own names (click suggests only from the commands it has loaded, and the
+    top-level groups are loaded only when used)."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        group: click.Group = self  # type: ignore[assignment]
+        name = click.utils.make_str(args[0]) if args else ""
+        if name and not name.startswith("-") and not ctx.resilient_parsing and group.get_command(ctx, name) is None:
+            from coordinator.errors import did_you_mean
+
+            raise click.UsageError(f"No such command {name!r}.{did_you_mean(name, group.list_commands(ctx))}", ctx)
+        resolved: tuple[str | None, click.Command | None, list[str]] = super().resolve_command(ctx, args)  # type: ignore[misc]
+        return resolved
+
+
+class LazyGroup(_Suggesting, click.Group):
     # A closed stdout is caught here, before click's own handler turns it into exit 1:
     # in parsing (the root's --help) and in running the command.
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
@@ -190,7 +208,8 @@ _HELP_CLASSES: dict[type, type] = {}
 def _with_globals_help(command: click.Command) -> None:
     cls = type(command)
     if cls not in _HELP_CLASSES:
-        _HELP_CLASSES[cls] = type(cls.__name__, (_GlobalsHelp, cls), {})
+        mixins = (_GlobalsHelp, _Suggesting) if issubclass(cls, click.Group) else (_GlobalsHelp,)
+        _HELP_CLASSES[cls] = type(cls.__name__, (*mixins, cls), {})
     command.__class__ = _HELP_CLASSES[cls]
 
 
@@ -205,9 +224,10 @@ def _merge_globals(values: dict[str, Any]) -> None:
     if values.get("global_config") is not None:
         app.config_path = values["global_config"]
     if values.get("global_timeout") is not None:
-        from coordinator.durations import parse_duration
+        from coordinator.durations import TIMEOUT_MIN, parse_duration
 
-        app.timeout = parse_duration(values["global_timeout"], what="--timeout")
+        least, why = TIMEOUT_MIN
+        app.timeout = parse_duration(values["global_timeout"], what="--timeout", at_least=least, why=why)
     logging_changed = False
     if values.get("global_verbosity"):
         app.verbosity += values["global_verbosity"]
@@ -299,7 +319,7 @@ def cli(
 
     Shell completion (bash): eval "$(_COORDINATOR_COMPLETE=bash_source coordinator)"
     """
-    from coordinator.durations import parse_duration
+    from coordinator.durations import TIMEOUT_MIN, parse_duration
     from coordinator.logs import configure_logging
 
     app = App(
@@ -309,7 +329,8 @@ def cli(
         verbosity=verbosity,
     )
     if timeout is not None:
-        app.timeout = parse_duration(timeout, what="--timeout")
+        least, why = TIMEOUT_MIN
+        app.timeout = parse_duration(timeout, what="--timeout", at_least=least, why=why)
     configure_logging(log_format=log_format, verbosity=verbosity)
     ctx.obj = app
 
@@ -349,7 +370,9 @@ _NO_ARGS_IS_HELP: tuple[type[Exception], ...] = tuple(
 
 def _usage_paragraph(err: click.UsageError) -> str:
     """What was wrong with the command line, then how the command is used."""
-    text = " ".join(err.format_message().split()).rstrip(".") + "."
+    text = " ".join(err.format_message().split())
+    if not text.endswith((".", "?", "!")):
+        text += "."
     if err.ctx is not None:
         usage = " ".join(err.ctx.get_usage().split())
         text += f" {usage} (see `{err.ctx.command_path} --help`)."

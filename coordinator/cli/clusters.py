@@ -178,7 +178,7 @@ def info(
         names = sorted(d.name for d in cfg.deployments.values() if name in d.clusters and d.namespace == namespace)
 
     async def go():  # type: ignore[no-untyped-def]
-        cs = ClusterSet(cfg, timeout=app.timeout)
+        cs = ClusterSet(cfg, timeout=app.timeout, config_path=_store(ctx).path)
         try:
             got = await cluster_info(cs, name, namespace, storages, names)
             # Unreachable: what that means for each deployment it is a member of.
@@ -328,8 +328,9 @@ def restored(ctx: click.Context, name: str, yes: bool) -> None:
     app = app_of(ctx)
     cfg = _store(ctx).load()
     if name not in cfg.clusters:
-        known = ", ".join(sorted(cfg.clusters)) or "none"
-        raise UsageError(f"Unknown cluster {name!r} (connected clusters: {known}).")
+        from coordinator.errors import unknown_cluster
+
+        raise unknown_cluster(name, cfg.clusters, _store(ctx).path)
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(

@@ -30,10 +30,14 @@ def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
     return Coordinator.from_config(app.config_path, timeout=app.timeout)
 
 
-def _duration(value: str, what: str) -> float:
+def _duration(value: str, what: str, least: tuple[float, str] | None = None) -> float:
+    """``value`` in seconds; with ``least`` (the shortest that makes sense, and what a
+    shorter one would do), anything shorter is refused (exit 2)."""
     from coordinator.durations import parse_duration
 
-    return parse_duration(value, what=what)
+    if least is None:
+        return parse_duration(value, what=what)
+    return parse_duration(value, what=what, at_least=least[0], why=least[1])
 
 
 def default_ttl(ctx: click.Context, ttl_s: float, c: Any, deployment: str) -> float:
@@ -102,9 +106,10 @@ def acquire(
 
     Example: coordinator lock acquire payments --ttl 3m --wait 5m --reason "release 1.2"
     """
+    from coordinator.durations import TTL_MIN
     from coordinator.errors import CoordinatorError
 
-    ttl_s, wait_s = _duration(ttl, "--ttl"), _duration(wait, "--wait")
+    ttl_s, wait_s = _duration(ttl, "--ttl", TTL_MIN), _duration(wait, "--wait")
     c = _coordinator(ctx)
     ttl_s = default_ttl(ctx, ttl_s, c, deployment)
     c.max_server_skew_s = _duration(max_server_skew, "--max-server-skew")
@@ -160,7 +165,9 @@ def renew(ctx: click.Context, deployment: str, lock_id: str | None, holder: str 
 
     Example: coordinator lock renew payments
     """
-    ttl_s = _duration(ttl, "--ttl") if ttl else None
+    from coordinator.durations import TTL_MIN
+
+    ttl_s = _duration(ttl, "--ttl", TTL_MIN) if ttl else None
     c = _coordinator(ctx)
 
     async def go() -> Any:
@@ -250,6 +257,10 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
 
     c = _coordinator(ctx)
     fmt = app_of(ctx).output
+    from coordinator.errors import missing_config
+
+    if c.store is not None and (missing := missing_config(c.store.path, "No lock to show")) is not None:
+        raise missing
 
     def doc_of(fleet: Any) -> dict[str, Any]:
         return fleet_document(fleet, claim_document)
@@ -351,7 +362,9 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
       coordinator lock status payments -o json
       coordinator lock status            # the fleet: what is locked, anywhere?
     """
-    every = _duration(interval, "--interval")
+    from coordinator.durations import INTERVAL_MIN
+
+    every = _duration(interval, "--interval", INTERVAL_MIN)
     if deployment is None or all_:
         if deployment is not None:
             from coordinator.errors import UsageError
@@ -523,6 +536,7 @@ def run_(
     """
     from click.core import ParameterSource
 
+    from coordinator.durations import TTL_MIN
     from coordinator.lockrun import RunOptions, run_locked
 
     if lock_id and ctx.get_parameter_source("lock_id") is ParameterSource.ENVIRONMENT:
@@ -543,7 +557,7 @@ def run_(
     opts = RunOptions(
         deployment=deployment,
         command=list(command),
-        ttl_s=default_ttl(ctx, _duration(ttl, "--ttl"), c, deployment) if ttl_given or not lock_id else None,
+        ttl_s=default_ttl(ctx, _duration(ttl, "--ttl", TTL_MIN), c, deployment) if ttl_given or not lock_id else None,
         wait_s=wait_s,
         reason=reason,
         holder=holder,

@@ -176,6 +176,22 @@ def acquire_report(result: AcquireResult) -> str:
         + ". "
     )
     advice = []
+    if result.holder in holders:
+        # The asker holds it already (under another lock id): not a lock to wait for or
+        # to ask anyone about, but one to work under by its id, or to release.
+        ids = sorted(
+            {v.lock_id for vs in leases.values() for v in vs if v.lock_id and v.info.get("holder") == result.holder}
+        )
+        lid = ids[0] if len(ids) == 1 else "LOCK_ID"
+        dep = result.deployment
+        advice.append(
+            f"{result.holder} already holds this lock (lock {', '.join(ids) or '?'}, on "
+            f"{', '.join(holders[result.holder])}): take it once and work under it by its lock id, e.g. "
+            f"`coordinator state set {dep} KEY=VALUE --lock-id {lid}` or `coordinator lock run {dep} --lock-id "
+            f"{lid} -- CMD`, renew it with `coordinator lock renew {dep} --lock-id {lid}`, and release it with "
+            f"`coordinator lock release {dep} --lock-id {lid}` (also if it is a leftover of a process that is gone)."
+        )
+        holders = {h: cs for h, cs in holders.items() if h != result.holder}
     if holders:
         who = ", ".join(f"{h} on {', '.join(cs)}" for h, cs in holders.items())
         views = [r.value.view for r in result.results.values() if r.value and r.value.view]
