@@ -47,7 +47,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import UNREADABLE, LeaseView, TurnClaim, pid_of
-from coordinator.lock.results import renewed_ago
+from coordinator.lock.results import lease_expiry_s, renewed_ago
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.outcome import Outcome
@@ -172,7 +172,7 @@ def _cluster_row(name: str, view: LeaseView | None, max_ttl_s: float) -> tuple[F
     who = view.info.get("holder") or None
     if view.expired(max_ttl_s):
         return FleetCluster(name, "expired", who, view.lock_id), None, None
-    return FleetCluster(name, "held", who, view.lock_id), view.lock_id, view.remaining_s()
+    return FleetCluster(name, "held", who, view.lock_id), view.lock_id, lease_expiry_s(view, max_ttl_s)
 
 
 def build_fleet(config: LocalConfig, listed: dict[str, ClusterResult[list[LeaseView]]]) -> Fleet:

@@ -8,7 +8,7 @@ command's ``--help`` does not pay for the engines.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -301,19 +301,30 @@ class Waiting:
     other_outcomes: list[str] = field(default_factory=list)  # the other answers' outcomes
 
 
-def waiting(results: Mapping[str, Any]) -> Waiting:
-    """From an attempt's results (``ClusterResult`` whose value has the lease ``view``)."""
+def waiting(results: Mapping[str, Any], expiry: Callable[[Any], float | None] | None = None) -> Waiting:
+    """From an attempt's results (``ClusterResult`` whose value has the lease ``view``);
+    ``expiry``: a lease's expiry figure (``lock.results.lease_expiry_s`` of a held lease)."""
     from coordinator.text import printable
+
+    if expiry is None:
+        from coordinator.lock.results import lease_expiry_s
+
+        def expiry(view: Any) -> float | None:
+            return lease_expiry_s(view) if view.held else None
 
     def holder_of(view: Any) -> str:
         if view.vanished:
             return "an unknown holder (deleted lease)"
+        claim = getattr(view, "live_claim", None)
+        if not getattr(view, "held", True) and claim is not None:
+            # Free, and handed to the contender that has waited longest: name that one.
+            return f"{printable(claim.holder or '') or 'another contender'} (next in line)"
         return printable(view.info.get("holder") or "") or "an unnamed holder"
 
     refused = [
         r.value.view for r in results.values() if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view
     ]
-    remaining = [rem for view in refused if (rem := view.remaining_s()) is not None]
+    remaining = [rem for view in refused if (rem := expiry(view)) is not None]
     return Waiting(
         holders=sorted({holder_of(view) for view in refused}),
         expires_in_s=min(remaining) if remaining else None,

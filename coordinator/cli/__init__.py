@@ -395,6 +395,27 @@ def main(argv: list[str] | None = None) -> None:
 
         output.AS_PROGRAM = True
     verbose = _verbosity_from_argv(args) > 0
+    from coordinator.cli.output import ReaderGuard
+
+    # A reader that stops early (`| head -1`) no longer decides the exit status: the
+    # command runs to its end with its output going nowhere (see ReaderGuard).
+    stdout = sys.stdout
+    guard = stdout if isinstance(stdout, ReaderGuard) else ReaderGuard(stdout)
+    sys.stdout = guard
+    try:
+        _run(args, verbose)
+    finally:
+        # Flushed through the guard, whichever way the command ended: a reader gone by
+        # now must not turn the interpreter's last flush into an error of its own.
+        try:
+            guard.flush()
+        except (OSError, ValueError):
+            pass
+        sys.stdout = stdout
+
+
+def _run(args: list[str], verbose: bool) -> None:
+    """Run the CLI and exit with its documented code."""
     try:
         try:
             # Without standalone mode click returns ctx.exit()'s code instead of exiting.

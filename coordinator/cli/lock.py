@@ -13,6 +13,7 @@ from coordinator.cli.lockview import (
     acquire_document,
     acquired_text,
     claim_document,
+    end_if_reader_gone,
     end_live_line,
     fleet_text,
     print_watch_round,
@@ -304,6 +305,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
                     print_watch_round(fmt, doc, functools.partial(fleet_text, fleet))
                 with anyio.move_on_after(every):
                     await watch.changed.wait()
+                end_if_reader_gone()
 
     _run_watch(c, follow)
 
@@ -405,6 +407,7 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
                 last = key
                 print_watch_round(fmt, doc, functools.partial(status_text, st))
             await anyio.sleep(every)
+            end_if_reader_gone()
 
     _run_watch(c, follow)
 

@@ -36,8 +36,10 @@ def lease_fields(view: Any, next_claim: Any = None) -> dict[str, Any]:
     if view is None:
         keys = ("holder", "lock_id", "reason", "host", "pid", "acquired_at", "renewed_at", "expires_in_s")
         return {k: None for k in keys} | {"next_in_line": claim_document(next_claim)}
+    from coordinator.lock.results import lease_expiry_s
+
     info = view.info if view.held else {}
-    rem = view.remaining_s()
+    rem = lease_expiry_s(view) if view.held else None
     if next_claim is None and view.live_claim is not None and view.claim_fresh():
         next_claim = view.live_claim
     return {
@@ -295,6 +297,24 @@ def fleet_text(fleet: Any) -> None:
 
 
 def print_watch_round(fmt: str, doc: Any, text: Any) -> None:
+    """One round of a ``--watch``; a watch whose reader went away ends (exit 0)."""
+    _print_round(fmt, doc, text)
+    sys.stdout.flush()
+    end_if_reader_gone()
+
+
+def end_if_reader_gone() -> None:
+    """End a ``--watch`` (exit 0, as a closed stdout ends any command) once whoever read
+    it went away (``| head -1``), whether or not it had more to print."""
+    from coordinator.cli.output import reader_gone
+
+    if reader_gone():
+        import errno
+
+        raise BrokenPipeError(errno.EPIPE, "the reader of the watch went away")
+
+
+def _print_round(fmt: str, doc: Any, text: Any) -> None:
     if fmt == "json":
         import json
 

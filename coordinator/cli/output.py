@@ -13,6 +13,7 @@ escapes: much of what is printed was written into the clusters by others (see
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import unicodedata
@@ -97,6 +98,60 @@ def emit_failure(ctx: click.Context, err: CoordinatorError, doc: Any) -> None:
     fmt = app_of(ctx).output
     if fmt in ("json", "yaml"):
         click.echo(dump_document(doc, fmt))
+
+
+class ReaderGuard:
+    """``sys.stdout`` while the program runs. When whoever reads it goes away (``| head
+    -1``), what is written next goes to /dev/null and the command runs on to its end: its
+    exit status is then its own (a failure still fails under ``set -o pipefail``), not
+    the moment the reader left. A ``--watch`` asks :func:`reader_gone` and ends."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError as err:
+            self._closed(err)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            self._closed(err)
+            self._stream.flush()  # what was left in the buffer goes to /dev/null now
+
+    def _closed(self, err: OSError) -> None:
+        if err.errno != errno.EPIPE:
+            raise err
+        self.gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def reader_gone() -> bool:
+    """Has the reader of stdout gone away (see :class:`ReaderGuard`)? Also asked of the
+    pipe itself, without writing: a watch that prints only when something changes would
+    otherwise run on for nobody until its next change."""
+    if getattr(sys.stdout, "gone", False):
+        return True
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # error events only: a pipe with no reader
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # not a file, or no poll here
+        return False
 
 
 def terminal_width(stream: Any) -> int | None:

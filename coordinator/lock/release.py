@@ -198,7 +198,8 @@ class Release(Members):
 
         results = await fan_out(self.members, on_cluster, timeout=self.timeout)
         self._raise_on_mismatch(results)
-        log.warning("lock broken", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
+        # The command says what it broke; the log line is for -v (the history records it too).
+        log.info("lock break", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
         cleared = {
             k: r.value.previous
             for k, r in results.items()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
+from coordinator.durations import format_duration
 from coordinator.fanout import ANSWERED, NOT_WAITED_FOR, ClusterResult
 from coordinator.lease import DEFAULT_MAX_TTL_S, HANDOFF_GRACE_S, LeaseView, TurnClaim
-from coordinator.lock.results import AcquireResult, ClusterLease
+from coordinator.lock.results import AcquireResult, ClusterLease, lease_expiry_s
 from coordinator.outcome import Outcome
 from coordinator.quorum import majority_expiry
 from coordinator.text import printable
@@ -72,8 +73,8 @@ def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
             f"held by {who} (lock {lock}), expiry unknown: the lease carries no write of coordinator's "
             "own (managedFields cleared?), so it counts as held until seen unchanged for a whole TTL"
         )
-    rem = view.remaining_hint(max_ttl_s)
-    tail = f", expires in {rem:.0f}s unless renewed" if rem is not None else ""
+    rem = lease_expiry_s(view, max_ttl_s)
+    tail = f", expires in {format_duration(rem)} unless renewed" if rem is not None else ""
     return f"held by {who} (lock {lock}){tail}"
 
 
@@ -163,7 +164,7 @@ def acquire_report(result: AcquireResult) -> str:
         _, who, host, pid, lock, why, since = said_key
         views = leases[said_key]
         renewed = max((v.renewed_at for v in views if v.renewed_at is not None), default=None)
-        rem = lock_expiry([x for v in views if (x := v.remaining_s()) is not None], n)
+        rem = lock_expiry([x for v in views if (x := lease_expiry_s(v)) is not None], n)
         until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
         lines.append(
             f"{', '.join(names)}: held by {who} (host {host}, pid {pid}, lock {lock}, reason: {why}) "

@@ -13,7 +13,14 @@ from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
 from coordinator.fanout import ClusterResult
-from coordinator.lease import LeaseView, TurnClaim, boot_clock, remaining_validity
+from coordinator.lease import (
+    DEFAULT_MAX_TTL_S,
+    LeaseView,
+    TurnClaim,
+    boot_clock,
+    effective_ttl,
+    remaining_validity,
+)
 from coordinator.membership import Check
 
 
@@ -161,6 +168,22 @@ class PossibleHolder:
     lock_id: str
     holder: str | None
     clusters: list[str]
+
+
+def lease_expiry_s(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> float | None:
+    """The one expiry figure people are shown for a lease ("expires in", "majority held
+    for", "valid for"): how long its holder may still count on it, as the holder counts
+    its own validity (``remaining_validity``: the TTL less the drift allowance, from its
+    last write), by the server's clock (its stamp on coordinator's last write and the
+    read's ``Date``). Never below zero; None without those stamps.
+
+    For display only. Whether a contender may take the lease over is the lease rules'
+    question (``lease.lapsed_by_stamps``), with their margins: a lease shown expiring in
+    0s can still be held for those few seconds."""
+    if view.own_write is None or view.server_now is None:
+        return None
+    elapsed = (view.server_now - view.own_write).total_seconds()
+    return max(0.0, remaining_validity(effective_ttl(view, max_ttl_s), elapsed))
 
 
 def renewed_ago(view: LeaseView) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coordinator.lease import TurnClaim
 from coordinator.lock.members import Members
-from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder, renewed_ago
+from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder, lease_expiry_s, renewed_ago
 from coordinator.outcome import Outcome
 
 
@@ -61,7 +61,7 @@ class Status(Members):
             else:
                 st = "held"
                 live[name] = v.lock_id
-                rem = v.remaining_s()
+                rem = lease_expiry_s(v, self.max_ttl_s)
                 if rem is not None:
                     remaining[name] = rem
             rows.append(
@@ -75,7 +75,7 @@ class Status(Members):
                     ttl_s=v.ttl_s,
                     transitions=v.transitions,
                     token=v.token if v.exists else None,
-                    remaining_s=v.remaining_s() if st == "held" else None,
+                    remaining_s=lease_expiry_s(v, self.max_ttl_s) if st == "held" else None,
                     info=v.info,
                     renewed_ago_s=renewed_ago(v) if v.held else None,
                     error="fencing-token annotation is malformed" if v.token_malformed else note,

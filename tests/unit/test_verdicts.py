@@ -202,7 +202,7 @@ def test_waiting_names_holders_and_the_soonest_expiry() -> None:
         "c": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("", None, vanished=True))),
         "d": Answer(Outcome.UNREACHABLE),
     }
-    w = waiting(results)
+    w = waiting(results, View.remaining_s)
     assert w.holders == ["an unknown holder (deleted lease)", "ci-7"]
     assert w.expires_in_s == 12.5
     assert w.other_outcomes == ["unreachable"]
@@ -213,10 +213,34 @@ def test_waiting_escapes_holder_names_and_names_the_unnamed() -> None:
         "a": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("evil\x1b]0;title\x07"))),
         "b": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View(""))),
     }
-    w = waiting(results)
+    w = waiting(results, View.remaining_s)
     assert "an unnamed holder" in w.holders
     assert all("\x1b" not in h and "\x07" not in h for h in w.holders)
     assert w.expires_in_s is None
+
+
+@dataclass
+class Claim:
+    holder: str
+
+
+@dataclass
+class FreeReserved:
+    """A free lease handed to the longest waiter (a refusal of a newcomer)."""
+
+    live_claim: Claim
+    held: bool = False
+    vanished: bool = False
+    info: dict[str, str] = field(default_factory=dict)
+
+
+def test_waiting_names_whose_turn_it_is_not_an_unnamed_holder() -> None:
+    results = {
+        "a": Answer(Outcome.HELD_BY_OTHER, value=Attempt(FreeReserved(Claim("p2")))),  # type: ignore[arg-type]
+        "b": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("p3", 9.0))),
+    }
+    w = waiting(results, lambda v: None)
+    assert w.holders == ["p2 (next in line)", "p3"]
 
 
 def test_waiting_with_no_refusal_lists_the_other_outcomes() -> None:
