@@ -74,6 +74,12 @@ class HeldLock:
     def expires_in(self) -> float:
         return self.result.expires_in()
 
+    def __repr__(self) -> str:
+        return (
+            f"HeldLock(deployment={self.deployment!r}, lock_id={self.lock_id!r}, fencing_token={self.fencing_token}, "
+            f"valid={self.valid}, expires_in={self.expires_in():.1f})"
+        )
+
 
 class Coordinator:
     """Entry point of the library: clusters, deployments, locks and state."""

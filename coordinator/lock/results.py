@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
-from coordinator.fanout import ClusterResult
+from coordinator.fanout import ClusterResult, outcomes, short_text
 from coordinator.lease import (
     DEFAULT_MAX_TTL_S,
     LeaseView,
@@ -114,6 +114,14 @@ class AcquireResult:
     def valid_until(self) -> float:
         return self.started + remaining_validity(self.ttl_s, 0.0)
 
+    def __repr__(self) -> str:
+        # A few hundred characters: the leases as read are left out (``results[name].value``).
+        held = f", fencing_token={self.fencing_token}, expires_in={self.expires_in():.1f}" if self.acquired else ""
+        return (
+            f"AcquireResult(deployment={self.deployment!r}, acquired={self.acquired}, lock_id={self.lock_id!r}, "
+            f"holder={short_text(self.holder, 60)!r}{held}, clusters={outcomes(self.results)})"
+        )
+
     def expires_in(self) -> float:
         return max(0.0, self.valid_until() - boot_clock())
 
@@ -158,6 +166,14 @@ class LockStatus:
     unobserved: list[str] = field(default_factory=list)  # members whose lease was not read
     # With a majority holder: the latest renewal of its leases (a sign of life), in seconds.
     renewed_ago_s: float | None = None
+
+    def __repr__(self) -> str:
+        holder = short_text(self.holder, 60) if self.holder is not None else None
+        return (
+            f"LockStatus(deployment={self.deployment!r}, verdict={self.verdict!r}, holder={holder!r}, "
+            f"lock_id={self.lock_id!r}, fencing_token={self.fencing_token}, expires_in_s={self.expires_in_s}, "
+            f"clusters={ {c.name: c.status for c in self.clusters} })"
+        )
 
 
 @dataclass
