@@ -29,6 +29,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "state": ("coordinator.cli.state", "state"),
     "sandbox": ("coordinator.cli.sandbox", "sandbox"),
     "rbac": ("coordinator.cli.rbac", "rbac"),
+    "completion": ("coordinator.cli.completion", "completion"),
 }
 
 _SUMMARIES = {
@@ -38,6 +39,7 @@ _SUMMARIES = {
     "state": "Read and write the deployment's quorum-replicated state.",
     "sandbox": "Run local Kubernetes control planes (etcd + kube-apiserver) for demos and tests.",
     "rbac": "Print the minimal RBAC rules the tool needs.",
+    "completion": "Print the shell completion script (bash, zsh, fish).",
 }
 
 
@@ -97,6 +99,10 @@ class LazyGroup(_Suggesting, click.Group):
             return None
         module = importlib.import_module(target[0])
         command: click.Command = getattr(module, target[1])
+        if not getattr(command, _ADOPTED, False):
+            from coordinator.cli.completion import attach
+
+            attach(cmd_name, command)  # deployment and cluster names complete
         adopt_global_options(command)
         return command
 
@@ -317,7 +323,8 @@ def cli(
 ) -> None:
     """Coordinate work on a deployment that spans several Kubernetes clusters.
 
-    Shell completion (bash): eval "$(_COORDINATOR_COMPLETE=bash_source coordinator)"
+    Shell completion: eval "$(coordinator completion bash)" (or zsh; fish: see
+    `coordinator completion --help`).
     """
     from coordinator.durations import TIMEOUT_MIN, parse_duration
     from coordinator.logs import configure_logging
