@@ -19,6 +19,8 @@ from coordinator.errors import (
     NoQuorumError,
     StateConflictError,
     UsageError,
+    unknown_cluster,
+    unknown_deployment,
 )
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -79,6 +81,12 @@ async def connect_cluster(
             f"{cfg.clusters[name].context!r}). Pick another name, or run `coordinator cluster "
             f"disconnect {name}` first."
         )
+    if not kubeconfig and in_cluster is None:
+        # The kubeconfig this connection is proven through (KUBECONFIG, or kubectl's default)
+        # is recorded, so that later commands reach the cluster the same way from a shell
+        # without that KUBECONFIG. Files of a KUBECONFIG list that do not exist are left out.
+        listed = Endpoint(name, context).kubeconfig_paths().split(os.pathsep)
+        kubeconfig = os.pathsep.join(p for p in listed if p and os.path.isfile(os.path.expanduser(p))) or None
     if kubeconfig:
         # Recorded for later runs from any directory: relative paths would break there.
         kubeconfig = os.pathsep.join(os.path.abspath(os.path.expanduser(p)) for p in kubeconfig.split(os.pathsep) if p)
@@ -310,6 +318,50 @@ async def cluster_info(
     return info
 
 
+@dataclass
+class MemberOf:
+    """A deployment an unreachable cluster is a member of, and whether the other members
+    that answer still make a majority of it (of every group, during a member change)."""
+
+    deployment: str
+    namespace: str
+    members: list[str]
+    quorum: str  # "2 of 3"; "2 of 3 and 3 of 4" during a member change (old set, new set)
+    answering: list[str]  # the other members that answered now
+    majority_without: bool
+
+
+async def deployments_without(clusters: ClusterSet, config: LocalConfig, name: str) -> list[MemberOf]:
+    """The deployments ``name`` is a member of, each with the other members that answer a
+    request now (one ``GET /version`` per cluster, at once) and whether they make a
+    majority without ``name``. A member that answers with 403 answers."""
+    from coordinator.quorum import Majorities, quorum_size
+
+    deps = [d for d in config.deployments.values() if name in d.clusters or name in (d.joint or [])]
+    others = sorted({m for d in deps for m in [*d.clusters, *(d.joint or [])] if m != name})
+
+    async def probe(member: str) -> ClusterResult[None]:
+        try:
+            await clusters.client(member).request("GET", "/version")
+        except KubeError as err:
+            if err.kind != kube.FORBIDDEN:
+                return failed(member, err)  # type: ignore[return-value]
+        return ClusterResult(member, Outcome.OK)
+
+    known = [m for m in others if m in config.clusters]
+    answers = await fan_out(known, probe, timeout=clusters.timeout) if known else {}
+    up = {m for m, r in answers.items() if r.ok}
+    found = []
+    for d in sorted(deps, key=lambda d: d.name):
+        majorities = Majorities([d.clusters, *([d.joint] if d.joint else [])])
+        answering = [m for m in majorities.members if m in up]
+        quorum = " and ".join(f"{quorum_size(len(g))} of {len(g)}" for g in majorities.groups)
+        found.append(
+            MemberOf(d.name, d.namespace, list(majorities.members), quorum, answering, majorities.reached(answering))
+        )
+    return found
+
+
 async def _can_i(
     client: KubeClient, verb: str, group: str, resource: str, namespace: str, resource_name: str | None = None
 ) -> bool | None:
@@ -331,7 +383,7 @@ async def _can_i(
 def disconnect_cluster(store: ConfigStore, name: str, *, force: bool) -> list[str]:
     with store.edit() as cfg:
         if name not in cfg.clusters:
-            raise UsageError(f"Unknown cluster {name!r}; `coordinator cluster list` shows the connected ones.")
+            raise unknown_cluster(name, cfg.clusters, store.path)
         users = sorted(d.name for d in cfg.deployments.values() if name in d.clusters)
         if users and not force:
             raise UsageError(
@@ -556,7 +608,7 @@ async def _seed_state(
 def delete_deployment_record(store: ConfigStore, name: str) -> DeploymentRecord:
     with store.edit() as cfg:
         if name not in cfg.deployments:
-            raise UsageError(f"Unknown deployment {name!r}; `coordinator deployment list` shows them.")
+            raise unknown_deployment(name, cfg.deployments, store.path)
         return cfg.deployments.pop(name)
 
 

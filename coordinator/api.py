@@ -25,6 +25,7 @@ from coordinator.errors import (
     NoQuorumError,
     StateConflictError,
     UsageError,
+    unknown_deployment,
 )
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
 from coordinator.locallocks import LocalLocks
@@ -73,6 +74,12 @@ class HeldLock:
     def expires_in(self) -> float:
         return self.result.expires_in()
 
+    def __repr__(self) -> str:
+        return (
+            f"HeldLock(deployment={self.deployment!r}, lock_id={self.lock_id!r}, fencing_token={self.fencing_token}, "
+            f"valid={self.valid}, expires_in={self.expires_in():.1f})"
+        )
+
 
 class Coordinator:
     """Entry point of the library: clusters, deployments, locks and state."""
@@ -89,7 +96,12 @@ class Coordinator:
         self.store = store
         self.timeout = timeout
         # How the clusters are reached (coordinator/kube/transport.py); HTTPS by default.
-        self.clusters = ClusterSet(config, timeout=timeout, transport_factory=transport_factory)
+        self.clusters = ClusterSet(
+            config,
+            timeout=timeout,
+            transport_factory=transport_factory,
+            config_path=store.path if store is not None else None,
+        )
         # Bound on clock offsets between the API servers of one cluster (HA control planes).
         self.max_server_skew_s = DEFAULT_MAX_SERVER_SKEW_S
         self._tg: TaskGroup | None = None
@@ -134,12 +146,8 @@ class Coordinator:
         try:
             return self.config.deployments[name]
         except KeyError:
-            known = ", ".join(sorted(self.config.deployments)) or "none"
-            raise UsageError(
-                f"Unknown deployment {name!r} (known: {known}). Create it with `coordinator "
-                f"deployment create {name} --namespace NS --cluster A --cluster B ...`, or "
-                f"rebuild it from the clusters with `coordinator deployment import {name} --cluster A`."
-            ) from None
+            path = self.store.path if self.store is not None else None
+            raise unknown_deployment(name, self.config.deployments, path) from None
 
     def lock_engine(self, deployment: str) -> LockEngine:
         from coordinator.lock.engine import LockEngine
@@ -438,8 +446,13 @@ class Coordinator:
 
         return await self._engine(deployment, Status).status()
 
-    async def break_lock(self, deployment: str, *, by: str | None = None, reason: str = "") -> dict[str, Any]:
-        results = await self.lock_engine(deployment).break_lock(by=by or default_holder(), reason=reason)
+    async def break_lock(
+        self, deployment: str, *, by: str | None = None, reason: str = "", lock_id: str | None = None
+    ) -> dict[str, Any]:
+        """Clear the lock whatever its holder; with ``lock_id``, only the leases that lock
+        holds (others are answered ``held-by-other``; see :func:`coordinator.verdicts.break_verdict`)."""
+        engine = self.lock_engine(deployment)
+        results = await engine.break_lock(by=by or default_holder(), reason=reason, lock_id=lock_id)
         return dict(results)
 
     async def lock_history(self, deployment: str) -> tuple[list[Tenure], dict[str, Any]]:

@@ -7,9 +7,11 @@ cluster never receives locks or state.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 
-from coordinator.errors import UsageError
+from coordinator.errors import unknown_cluster
 from coordinator.fanout import ClusterResult
 from coordinator.kube import client as kube
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
@@ -47,9 +49,15 @@ class ClusterSet:
     (see coordinator/kube/transport.py); by default HTTPS with the kubeconfig's settings."""
 
     def __init__(
-        self, config: LocalConfig, *, timeout: float = 5.0, transport_factory: TransportFactory | None = None
+        self,
+        config: LocalConfig,
+        *,
+        timeout: float = 5.0,
+        transport_factory: TransportFactory | None = None,
+        config_path: Path | None = None,
     ) -> None:
         self.config = config
+        self.config_path = config_path  # where ``config`` was read from, for errors that name it
         self.timeout = timeout
         self.transport_factory = transport_factory
         if transport_factory is None:
@@ -67,11 +75,7 @@ class ClusterSet:
         try:
             return self.config.clusters[name]
         except KeyError:
-            known = ", ".join(sorted(self.config.clusters)) or "none"
-            raise UsageError(
-                f"Unknown cluster {name!r} (connected clusters: {known}). Connect it with "
-                f"`coordinator cluster connect {name} --context CONTEXT`."
-            ) from None
+            raise unknown_cluster(name, self.config.clusters, self.config_path) from None
 
     def client(self, name: str) -> KubeClient:
         found = self._clients.get(name)

@@ -8,7 +8,12 @@ other exception escaping a command is a bug and exits 1 saying so.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 class ExitCode(IntEnum):
@@ -80,3 +85,57 @@ class LockLostError(CoordinatorError):
     """The lock was lost while ``lock run`` was running its child."""
 
     exit_code = ExitCode.LOCK_LOST
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` Did you mean 'payments'?`` for the names of ``choices`` closest to ``name``
+    (a leading space, ready to append to a sentence), or "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(set(choices)), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    if len(close) == 1:
+        return f" Did you mean {close[0]!r}?"
+    return " Did you mean " + ", ".join(repr(c) for c in close[:-1]) + f" or {close[-1]!r}?"
+
+
+def missing_config(path: Path | None, what: str) -> UsageError | None:
+    """The error for ``what`` (e.g. "Unknown deployment 'payments'") when the config file
+    at ``path`` does not exist: then nothing is known here, and the path is the likely
+    mistake (``--config``, ``COORDINATOR_CONFIG``), not the name."""
+    if path is None or path.exists():
+        return None
+    return UsageError(
+        f"{what}: the config file {path} does not exist, so no cluster or deployment is known here. "
+        "Check --config and COORDINATOR_CONFIG; `coordinator cluster connect` creates the file."
+    )
+
+
+def unknown_deployment(name: str, known: Iterable[str], config_path: Path | None = None) -> UsageError:
+    """A deployment this machine's config does not name: the config file missing, a name
+    close to a known one, or one to create or import."""
+    what = f"Unknown deployment {name!r}"
+    if (missing := missing_config(config_path, what)) is not None:
+        return missing
+    names = sorted(known)
+    listed = f"known here: {', '.join(names)}" if names else "none is known here"
+    if hint := did_you_mean(name, names):
+        return UsageError(f"{what}.{hint} ({listed}.)")
+    return UsageError(
+        f"{what} ({listed}). Create it with `coordinator deployment create {name} --namespace NS --cluster A "
+        f"--cluster B ...`, or rebuild it from the clusters with `coordinator deployment import {name} --cluster A`."
+    )
+
+
+def unknown_cluster(name: str, known: Iterable[str], config_path: Path | None = None) -> UsageError:
+    """A cluster name this machine has not connected: the config file missing, a name
+    close to a connected one, or one to connect."""
+    what = f"Unknown cluster {name!r}"
+    if (missing := missing_config(config_path, what)) is not None:
+        return missing
+    names = sorted(known)
+    listed = f"connected clusters: {', '.join(names) or 'none'}"
+    if hint := did_you_mean(name, names):
+        return UsageError(f"{what}.{hint} ({listed}.)")
+    return UsageError(f"{what} ({listed}). Connect it with `coordinator cluster connect {name} --context CONTEXT`.")

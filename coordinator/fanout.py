@@ -40,6 +40,21 @@ class ClusterResult(Generic[T]):
     def ok(self) -> bool:
         return self.outcome is Outcome.OK
 
+    def __repr__(self) -> str:
+        # Short: the value (a lease or replica as read) can be kilobytes of an API object.
+        value = f", value=<{type(self.value).__name__}>" if self.value is not None else ""
+        return f"ClusterResult({self.cluster!r}, {self.outcome}, {short_text(self.detail)!r}{value})"
+
+
+def short_text(text: str, limit: int = 100) -> str:
+    """``text`` cut to ``limit`` characters (for reprs)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def outcomes(results: Mapping[str, ClusterResult[Any]]) -> dict[str, str]:
+    """Each cluster's outcome, by name (for reprs)."""
+    return {name: str(r.outcome) for name, r in sorted(results.items())}
+
 
 Results = Mapping[str, ClusterResult[T]]
 

@@ -12,9 +12,14 @@ identity), mapped onto the connected clusters by identity. A member that could n
 listed, or is not connected here, is named as unseen; it is never taken as free.
 
 With ``--watch`` (:class:`FleetWatch`): one LIST per cluster, then one watch per cluster
-from the LIST's ``resourceVersion``, with the same label selector across namespaces. A
-watch that the server ends after its timeout is opened again from the last
-``resourceVersion`` seen (bookmarks included), without listing; a watch answered
+from the LIST's ``resourceVersion``, with the same label selector across namespaces. Each
+watch request asks the server to end it after ``--timeout`` (a whole second at least),
+and a watch still open ``--timeout`` after that is a server that stopped answering: a
+paused API server keeps the connection and sends nothing, which no event would ever
+tell. Its cluster is shown unseen at once (within twice ``--timeout`` of its last answer,
+as the one-shot view says after one), and listed again. A watch that the server ends on
+time is opened again from the last ``resourceVersion`` seen (bookmarks included), without
+listing; a watch answered
 ``410 Gone`` (the version was compacted away) or broken (connection lost, an error) is
 followed by a new LIST, after a wait that doubles (up to 10 s) while watches keep failing
 at once: one refused (no ``watch`` right) leaves a LIST of every Lease of the cluster
@@ -26,6 +31,7 @@ Read-only, and a view: decisions (take, release, break) stay with ``lock.py``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -41,6 +47,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import UNREADABLE, LeaseView, TurnClaim, pid_of
+from coordinator.lock.results import lease_expiry_s, renewed_ago
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.outcome import Outcome
@@ -49,7 +56,6 @@ from coordinator.records import LocalConfig
 LEASE_PREFIX = "coordinator-lock-"
 ALL_LEASES = "/apis/coordination.k8s.io/v1/leases"
 SELECTOR = "coordinator.io/managed-by=coordinator"
-WATCH_S = 60.0  # one watch request runs this long, then is resumed (a silent server shows within it)
 RETRY_S = (0.5, 10.0)  # backoff before listing again after an error: first, most
 
 log = get_logger(__name__)
@@ -79,7 +85,9 @@ class FleetEntry:
     reason: str | None = None
     host: str | None = None
     pid: str | None = None
+    command: str | None = None
     since: datetime | None = None
+    renewed_ago_s: float | None = None  # the latest take or renewal of the holder's leases
     expires_in_s: float | None = None
     next_in_line: TurnClaim | None = None
     unseen: list[str] = field(default_factory=list)
@@ -167,7 +175,7 @@ def _cluster_row(name: str, view: LeaseView | None, max_ttl_s: float) -> tuple[F
     who = view.info.get("holder") or None
     if view.expired(max_ttl_s):
         return FleetCluster(name, "expired", who, view.lock_id), None, None
-    return FleetCluster(name, "held", who, view.lock_id), view.lock_id, view.remaining_hint(max_ttl_s)
+    return FleetCluster(name, "held", who, view.lock_id), view.lock_id, lease_expiry_s(view, max_ttl_s)
 
 
 def build_fleet(config: LocalConfig, listed: dict[str, ClusterResult[list[LeaseView]]]) -> Fleet:
@@ -271,7 +279,12 @@ def _entry(
         entry.reason = view.info.get("reason") or None
         entry.host = view.info.get("host") or None
         entry.pid = view.info.get("pid") or None
+        entry.command = view.info.get("command") or None
         entry.since = view.acquired_at
+        entry.renewed_ago_s = min(
+            (a for c, lid in live.items() if lid == winner and (a := renewed_ago(leases[c])) is not None),
+            default=None,
+        )
         mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
         expiry = majorities.expiry(mine)
         entry.expires_in_s = round(expiry, 1) if expiry is not None else None
@@ -325,7 +338,9 @@ def fleet_document(fleet: Fleet, to_claim: Callable[[Any], Any]) -> dict[str, An
                 "reason": e.reason,
                 "host": e.host,
                 "pid": pid_of(e.pid),
+                "command": e.command,
                 "since": e.since,
+                "renewed_ago_s": e.renewed_ago_s,
                 "expires_in_s": e.expires_in_s,
                 "next_in_line": to_claim(e.next_in_line),
                 "quorum": e.quorum,
@@ -394,10 +409,12 @@ class FleetWatch:
     its first LIST or failed it. ``fleet()`` builds the view from what is mirrored, with
     no request."""
 
-    def __init__(self, config: LocalConfig, clusters: ClusterSet, *, watch_s: float = WATCH_S) -> None:
+    def __init__(self, config: LocalConfig, clusters: ClusterSet, *, watch_s: float | None = None) -> None:
         self.config = config
         self.clusters = clusters
-        self.watch_s = watch_s
+        # How long the server is asked to keep one watch open (whole seconds, as the API
+        # takes them): the end of each watch is the sign of life of a quiet server.
+        self.watch_s = float(watch_s if watch_s is not None else max(1, math.ceil(clusters.timeout)))
         self.names = list(config.clusters)
         self.mirrors = {name: _Mirror() for name in self.names}
         self.ready = anyio.Event()
@@ -440,33 +457,46 @@ class FleetWatch:
 
     async def _watch(self, name: str, rv: str | None) -> str | None:
         """One watch request from ``rv``; returns the last resourceVersion seen when the
-        server ends it. Raises _Gone on 410, KubeError when it breaks."""
+        server ends it. Raises _Gone on 410, KubeError when it breaks or when the server
+        has not ended it ``--timeout`` after it should have (a server that stopped answering)."""
         query: dict[str, Any] = {"labelSelector": SELECTOR, "allowWatchBookmarks": "true"}
         if rv is not None:
             query["resourceVersion"] = rv
         m = self.mirrors[name]
+        # The connection's own limit is a backstop behind this deadline, which names the silence.
+        late = self.clusters.timeout
+        events = self.clusters.client(name).watch(ALL_LEASES, query=query, timeout=self.watch_s, grace=late + 1)
         try:
-            async for ev in self.clusters.client(name).watch(ALL_LEASES, query=query, timeout=self.watch_s):
-                kind, obj = ev.get("type"), ev.get("object")
-                if kind == "ERROR":
-                    code = obj.get("code") if isinstance(obj, dict) else None
-                    if code == 410:
-                        raise _Gone()
-                    message = obj.get("message") if isinstance(obj, dict) else None
-                    raise KubeError(kube.ERROR, f"watch error {code}: {message}")
-                rv = _resource_version(obj) or rv
-                if kind == "BOOKMARK" or not _is_lock_lease(obj):
-                    continue
-                assert isinstance(obj, dict)
-                if kind in ("ADDED", "MODIFIED"):
-                    m.objects[_object_key(obj)] = obj
-                elif kind == "DELETED":
-                    m.objects.pop(_object_key(obj), None)
-                self._tell()
+            with anyio.fail_after(self.watch_s + late):
+                async for ev in events:
+                    kind, obj = ev.get("type"), ev.get("object")
+                    if kind == "ERROR":
+                        code = obj.get("code") if isinstance(obj, dict) else None
+                        if code == 410:
+                            raise _Gone()
+                        message = obj.get("message") if isinstance(obj, dict) else None
+                        raise KubeError(kube.ERROR, f"watch error {code}: {message}")
+                    rv = _resource_version(obj) or rv
+                    if kind == "BOOKMARK" or not _is_lock_lease(obj):
+                        continue
+                    assert isinstance(obj, dict)
+                    if kind in ("ADDED", "MODIFIED"):
+                        m.objects[_object_key(obj)] = obj
+                    elif kind == "DELETED":
+                        m.objects.pop(_object_key(obj), None)
+                    self._tell()
+        except TimeoutError:
+            # Not seen now: shown unseen at once, in the words of a LIST that got no answer
+            # (the LIST that follows changes nothing more while the server stays silent).
+            silent = KubeError(kube.UNREACHABLE, f"no answer within {self.clusters.timeout:g}s")
+            self._unseen(name, silent)
+            raise silent from None
         except KubeError as err:
             if err.status == 410:
                 raise _Gone() from err
             raise
+        finally:
+            await events.aclose()
         return rv
 
     def _unseen(self, name: str, err: Exception) -> None:
@@ -505,7 +535,8 @@ class FleetWatch:
             except _Gone:
                 log.info("fleet watch: resourceVersion gone, listing again", cluster=name)
             except (KubeError, TimeoutError) as err:
-                # What was mirrored stays shown until the LIST that follows says otherwise.
+                # What was mirrored stays shown until the LIST that follows says otherwise
+                # (unless the server stopped answering: `_watch` said so already).
                 rewatch = rewatch_wait(rewatch, time.monotonic() - started)
                 if isinstance(err, KubeError) and err.kind == kube.FORBIDDEN and not refused:
                     refused = True

@@ -47,7 +47,7 @@ async def import_deployment(
     cfg = store.load()
     if name in cfg.deployments:
         raise UsageError(f"Deployment {name!r} already exists locally; delete it first to re-import.")
-    cs = ClusterSet(cfg, timeout=timeout)
+    cs = ClusterSet(cfg, timeout=timeout, config_path=store.path)
     try:
         return await _import(store, cfg, cs, name, source, namespace)
     finally:

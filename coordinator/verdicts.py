@@ -8,11 +8,11 @@ command's ``--help`` does not pay for the engines.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from coordinator.errors import NoQuorumError
+from coordinator.errors import LockHeldError, NoQuorumError
 from coordinator.outcome import Outcome
 from coordinator.quorum import quorum_size
 
@@ -193,11 +193,15 @@ def fleet_problem(fleet: FleetView) -> NoQuorumError | None:
 
 @dataclass(frozen=True)
 class BreakVerdict:
-    """Whether ``lock break`` cleared the lock on a majority of the members."""
+    """Whether ``lock break`` cleared the lock on a majority of the members; with
+    ``--lock-id``, which leases another lock holds (left alone)."""
 
     deployment: str
     cleared: int
     total: int
+    lock_id: str | None = None
+    broken: list[str] = field(default_factory=list)  # clusters where a holder was cleared
+    held_by_others: list[tuple[str, str]] = field(default_factory=list)  # (cluster, who holds it)
 
     @property
     def quorum(self) -> int:
@@ -207,7 +211,9 @@ class BreakVerdict:
     def done(self) -> bool:
         return self.cleared >= self.quorum
 
-    def problem(self) -> NoQuorumError | None:
+    def problem(self) -> LockHeldError | NoQuorumError | None:
+        if self.held_by_others:
+            return self._another_lock()
         if self.done:
             return None
         return NoQuorumError(
@@ -215,9 +221,34 @@ class BreakVerdict:
             "the others could not be observed. Run the command again when they are reachable."
         )
 
+    def _another_lock(self) -> LockHeldError:
+        by_holder: dict[str, list[str]] = {}
+        for cluster, who in self.held_by_others:
+            by_holder.setdefault(who, []).append(cluster)
+        held = "; ".join(f"{', '.join(cs)}: {who}" for who, cs in by_holder.items())
+        done = (
+            f"Lock {self.lock_id} was cleared on {', '.join(self.broken)}, and another lock was left alone "
+            if self.broken
+            else f"Lock {self.lock_id} does not hold {self.deployment!r}, and nothing was broken: another lock "
+            "holds it "
+        )
+        return LockHeldError(
+            done + f"({held}). --lock-id breaks only the lock it names. See `coordinator lock status "
+            f"{self.deployment}`, and break that lock by its own id if its holder is gone too."
+        )
 
-def break_verdict(deployment: str, results: Mapping[str, Answer]) -> BreakVerdict:
-    return BreakVerdict(deployment, sum(1 for r in results.values() if r.ok), len(results))
+
+def break_verdict(deployment: str, results: Mapping[str, Any], lock_id: str | None = None) -> BreakVerdict:
+    """``results``: each member's answer to the break (``ClusterResult`` whose value, if
+    any, has the ``action`` taken: "broken" where a holder was cleared); with
+    ``lock_id``, a lease another lock holds is ``held-by-other``, its detail who holds it."""
+    others = [
+        (name, r.detail)
+        for name, r in sorted(results.items())
+        if lock_id is not None and r.outcome is Outcome.HELD_BY_OTHER
+    ]
+    broken = [name for name, r in sorted(results.items()) if r.ok and getattr(r.value, "action", None) == "broken"]
+    return BreakVerdict(deployment, sum(1 for r in results.values() if r.ok), len(results), lock_id, broken, others)
 
 
 # ------------------------------------------------------------------ lock history
@@ -270,19 +301,30 @@ class Waiting:
     other_outcomes: list[str] = field(default_factory=list)  # the other answers' outcomes
 
 
-def waiting(results: Mapping[str, Any]) -> Waiting:
-    """From an attempt's results (``ClusterResult`` whose value has the lease ``view``)."""
+def waiting(results: Mapping[str, Any], expiry: Callable[[Any], float | None] | None = None) -> Waiting:
+    """From an attempt's results (``ClusterResult`` whose value has the lease ``view``);
+    ``expiry``: a lease's expiry figure (``lock.results.lease_expiry_s`` of a held lease)."""
     from coordinator.text import printable
+
+    if expiry is None:
+        from coordinator.lock.results import lease_expiry_s
+
+        def expiry(view: Any) -> float | None:
+            return lease_expiry_s(view) if view.held else None
 
     def holder_of(view: Any) -> str:
         if view.vanished:
             return "an unknown holder (deleted lease)"
+        claim = getattr(view, "live_claim", None)
+        if not getattr(view, "held", True) and claim is not None:
+            # Free, and handed to the contender that has waited longest: name that one.
+            return f"{printable(claim.holder or '') or 'another contender'} (next in line)"
         return printable(view.info.get("holder") or "") or "an unnamed holder"
 
     refused = [
         r.value.view for r in results.values() if r.outcome is Outcome.HELD_BY_OTHER and r.value and r.value.view
     ]
-    remaining = [rem for view in refused if (rem := view.remaining_s()) is not None]
+    remaining = [rem for view in refused if (rem := expiry(view)) is not None]
     return Waiting(
         holders=sorted({holder_of(view) for view in refused}),
         expires_in_s=min(remaining) if remaining else None,

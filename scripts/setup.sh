@@ -21,6 +21,15 @@ if ! command -v kubectl >/dev/null 2>&1; then
     fi
 fi
 
+if ! command -v tmux >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing Debian's tmux (for the tests of what an 80-column terminal shows)"
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+    else
+        say "tmux is missing and cannot be installed here; the terminal tests will be skipped"
+    fi
+fi
+
 if ! command -v shellcheck >/dev/null 2>&1; then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         say "installing Debian's shellcheck (for the check of scripts/*.sh)"

@@ -59,8 +59,7 @@ def _preload() -> None:
         if info.name != "coordinator.__main__":
             importlib.import_module(info.name)
     # What commands import lazily from outside the package.
-    for name in ("kubernetes_asyncio.client", "kubernetes_asyncio.config", "anyio._backends._asyncio", "rich.table",
-                 "rich.console", "yaml"):  # fmt: skip
+    for name in ("kubernetes_asyncio.client", "kubernetes_asyncio.config", "anyio._backends._asyncio", "yaml"):
         try:
             importlib.import_module(name)
         except ImportError:

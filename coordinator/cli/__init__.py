@@ -29,6 +29,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "state": ("coordinator.cli.state", "state"),
     "sandbox": ("coordinator.cli.sandbox", "sandbox"),
     "rbac": ("coordinator.cli.rbac", "rbac"),
+    "completion": ("coordinator.cli.completion", "completion"),
 }
 
 _SUMMARIES = {
@@ -38,6 +39,7 @@ _SUMMARIES = {
     "state": "Read and write the deployment's quorum-replicated state.",
     "sandbox": "Run local Kubernetes control planes (etcd + kube-apiserver) for demos and tests.",
     "rbac": "Print the minimal RBAC rules the tool needs.",
+    "completion": "Print the shell completion script (bash, zsh, fish).",
 }
 
 
@@ -51,7 +53,25 @@ def _is_closed_stdout(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno == errno.EPIPE
 
 
-class LazyGroup(click.Group):
+class _Suggesting:
+    """Mixed into a group's class: an unknown command gets "Did you mean ...?" from the
+    group's own names (click suggests only from the commands it has loaded, and the
+    top-level groups are loaded only when used)."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        group: click.Group = self  # type: ignore[assignment]
+        name = click.utils.make_str(args[0]) if args else ""
+        if name and not name.startswith("-") and not ctx.resilient_parsing and group.get_command(ctx, name) is None:
+            from coordinator.errors import did_you_mean
+
+            raise click.UsageError(f"No such command {name!r}.{did_you_mean(name, group.list_commands(ctx))}", ctx)
+        resolved: tuple[str | None, click.Command | None, list[str]] = super().resolve_command(ctx, args)  # type: ignore[misc]
+        return resolved
+
+
+class LazyGroup(_Suggesting, click.Group):
     # A closed stdout is caught here, before click's own handler turns it into exit 1:
     # in parsing (the root's --help) and in running the command.
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
@@ -79,6 +99,10 @@ class LazyGroup(click.Group):
             return None
         module = importlib.import_module(target[0])
         command: click.Command = getattr(module, target[1])
+        if not getattr(command, _ADOPTED, False):
+            from coordinator.cli.completion import attach
+
+            attach(cmd_name, command)  # deployment and cluster names complete
         adopt_global_options(command)
         return command
 
@@ -190,7 +214,8 @@ _HELP_CLASSES: dict[type, type] = {}
 def _with_globals_help(command: click.Command) -> None:
     cls = type(command)
     if cls not in _HELP_CLASSES:
-        _HELP_CLASSES[cls] = type(cls.__name__, (_GlobalsHelp, cls), {})
+        mixins = (_GlobalsHelp, _Suggesting) if issubclass(cls, click.Group) else (_GlobalsHelp,)
+        _HELP_CLASSES[cls] = type(cls.__name__, (*mixins, cls), {})
     command.__class__ = _HELP_CLASSES[cls]
 
 
@@ -205,9 +230,10 @@ def _merge_globals(values: dict[str, Any]) -> None:
     if values.get("global_config") is not None:
         app.config_path = values["global_config"]
     if values.get("global_timeout") is not None:
-        from coordinator.durations import parse_duration
+        from coordinator.durations import TIMEOUT_MIN, parse_duration
 
-        app.timeout = parse_duration(values["global_timeout"], what="--timeout")
+        least, why = TIMEOUT_MIN
+        app.timeout = parse_duration(values["global_timeout"], what="--timeout", at_least=least, why=why)
     logging_changed = False
     if values.get("global_verbosity"):
         app.verbosity += values["global_verbosity"]
@@ -297,9 +323,10 @@ def cli(
 ) -> None:
     """Coordinate work on a deployment that spans several Kubernetes clusters.
 
-    Shell completion (bash): eval "$(_COORDINATOR_COMPLETE=bash_source coordinator)"
+    Shell completion: eval "$(coordinator completion bash)" (or zsh; fish: see
+    `coordinator completion --help`).
     """
-    from coordinator.durations import parse_duration
+    from coordinator.durations import TIMEOUT_MIN, parse_duration
     from coordinator.logs import configure_logging
 
     app = App(
@@ -309,7 +336,8 @@ def cli(
         verbosity=verbosity,
     )
     if timeout is not None:
-        app.timeout = parse_duration(timeout, what="--timeout")
+        least, why = TIMEOUT_MIN
+        app.timeout = parse_duration(timeout, what="--timeout", at_least=least, why=why)
     configure_logging(log_format=log_format, verbosity=verbosity)
     ctx.obj = app
 
@@ -349,7 +377,9 @@ _NO_ARGS_IS_HELP: tuple[type[Exception], ...] = tuple(
 
 def _usage_paragraph(err: click.UsageError) -> str:
     """What was wrong with the command line, then how the command is used."""
-    text = " ".join(err.format_message().split()).rstrip(".") + "."
+    text = " ".join(err.format_message().split())
+    if not text.endswith((".", "?", "!")):
+        text += "."
     if err.ctx is not None:
         usage = " ".join(err.ctx.get_usage().split())
         text += f" {usage} (see `{err.ctx.command_path} --help`)."
@@ -372,6 +402,27 @@ def main(argv: list[str] | None = None) -> None:
 
         output.AS_PROGRAM = True
     verbose = _verbosity_from_argv(args) > 0
+    from coordinator.cli.output import ReaderGuard
+
+    # A reader that stops early (`| head -1`) no longer decides the exit status: the
+    # command runs to its end with its output going nowhere (see ReaderGuard).
+    stdout = sys.stdout
+    guard = stdout if isinstance(stdout, ReaderGuard) else ReaderGuard(stdout)
+    sys.stdout = guard
+    try:
+        _run(args, verbose)
+    finally:
+        # Flushed through the guard, whichever way the command ended: a reader gone by
+        # now must not turn the interpreter's last flush into an error of its own.
+        try:
+            guard.flush()
+        except (OSError, ValueError):
+            pass
+        sys.stdout = stdout
+
+
+def _run(args: list[str], verbose: bool) -> None:
+    """Run the CLI and exit with its documented code."""
     try:
         try:
             # Without standalone mode click returns ctx.exit()'s code instead of exiting.
@@ -382,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
         if verbose:
             _print_traceback()
         # The paragraph carries what the clusters said: escaped, but its own lines kept.
-        click.echo(f"Error: {printable(err.message, keep_newlines=True)}", err=True)
+        _error(printable(err.message, keep_newlines=True))
         sys.exit(int(err.exit_code))
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
@@ -392,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
             err.show()
         else:
             # One paragraph like every other error (click's own: usage, blank line, error).
-            click.echo(f"Error: {printable(_usage_paragraph(err))}", err=True)
+            _error(printable(_usage_paragraph(err)))
         sys.exit(int(ExitCode.USAGE))
     except click.ClickException as err:
         err.show()
@@ -420,6 +471,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _end_quietly()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _error(text: str) -> None:
+    """``Error: TEXT`` on stderr, wrapped at word boundaries to a terminal's width."""
+    from coordinator.cli.output import paragraph, terminal_width
+
+    click.echo(paragraph(f"Error: {text}", terminal_width(sys.stderr)), err=True)
 
 
 def _end_quietly() -> None:

@@ -157,7 +157,7 @@ def info(
 
     Example: coordinator cluster info eu-1 --namespace payments
     """
-    from coordinator.admin import cluster_info
+    from coordinator.admin import cluster_info, deployments_without
     from coordinator.clusters import ClusterSet
 
     app = app_of(ctx)
@@ -178,13 +178,15 @@ def info(
         names = sorted(d.name for d in cfg.deployments.values() if name in d.clusters and d.namespace == namespace)
 
     async def go():  # type: ignore[no-untyped-def]
-        cs = ClusterSet(cfg, timeout=app.timeout)
+        cs = ClusterSet(cfg, timeout=app.timeout, config_path=_store(ctx).path)
         try:
-            return await cluster_info(cs, name, namespace, storages, names)
+            got = await cluster_info(cs, name, namespace, storages, names)
+            # Unreachable: what that means for each deployment it is a member of.
+            return got, (await deployments_without(cs, cfg, name) if not got.reachable else None)
         finally:
             await cs.aclose()
 
-    inf = run(go)
+    inf, member_of = run(go)
     doc = {
         "name": inf.name,
         "context": inf.context,
@@ -201,6 +203,20 @@ def info(
         "deployments": inf.deployments,
         "permissions": inf.permissions,
         "missing_permissions": inf.missing,
+        # only when it did not answer: its deployments, and whether the others still make a majority
+        "member_of": None
+        if member_of is None
+        else [
+            {
+                "deployment": m.deployment,
+                "namespace": m.namespace,
+                "members": m.members,
+                "quorum": m.quorum,
+                "answering": m.answering,
+                "majority_without": m.majority_without,
+            }
+            for m in member_of
+        ],
     }
 
     def text() -> None:
@@ -228,12 +244,44 @@ def info(
                 + "".join(f" --storage {st}" for st in inf.storage if st != "configmap")
                 + " --user USER` prints the rules the tool needs."
             )
+        if member_of is not None:
+            _without_text(inf.name, member_of)
 
     emit(ctx, doc, text)
     if inf.identity_ok is False:
         from coordinator.errors import IdentityMismatchError
 
         raise IdentityMismatchError(f"Cluster {name!r}: {inf.error}")
+
+
+def _without_text(name: str, member_of: list[Any]) -> None:
+    """What an unreachable cluster means for each deployment it is a member of."""
+    if not member_of:
+        say(f"{name} does not answer; it is a member of no deployment known here.")
+        return
+    lost = [m.deployment for m in member_of if not m.majority_without]
+    say(
+        f"{name} does not answer. "
+        + (
+            f"Without it, {', '.join(lost)} cannot reach a majority: lock and state commands there exit 4 "
+            f"until {name} or another member answers."
+            if lost
+            else "Each of its deployments still has a majority of members that answer: locks and state work without it."
+        )
+    )
+    table(
+        ["deployment", "namespace", "quorum", "others answering", f"majority without {name}"],
+        [
+            [
+                m.deployment,
+                m.namespace,
+                m.quorum,
+                ", ".join(m.answering) or "none",
+                "yes" if m.majority_without else "NO",
+            ]
+            for m in member_of
+        ],
+    )
 
 
 @cluster.command("disconnect")
@@ -280,8 +328,9 @@ def restored(ctx: click.Context, name: str, yes: bool) -> None:
     app = app_of(ctx)
     cfg = _store(ctx).load()
     if name not in cfg.clusters:
-        known = ", ".join(sorted(cfg.clusters)) or "none"
-        raise UsageError(f"Unknown cluster {name!r} (connected clusters: {known}).")
+        from coordinator.errors import unknown_cluster
+
+        raise unknown_cluster(name, cfg.clusters, _store(ctx).path)
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(

@@ -53,7 +53,7 @@ def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ..
     cfg = store.load()
 
     async def go():  # type: ignore[no-untyped-def]
-        cs = ClusterSet(cfg, timeout=app.timeout)
+        cs = ClusterSet(cfg, timeout=app.timeout, config_path=store.path)
         try:
             return await create_deployment(store, cs, name, namespace, list(members), storage, max_ttl_s)
         finally:
@@ -229,11 +229,11 @@ def _change(
     force_dead: bool = False,
 ) -> None:
     from coordinator.api import Coordinator
-    from coordinator.durations import parse_duration
+    from coordinator.durations import TTL_MIN, parse_duration
     from coordinator.reconfig import change_members, new_members
 
     app = app_of(ctx)
-    ttl_s = parse_duration(ttl, what="--ttl")
+    ttl_s = parse_duration(ttl, what="--ttl", at_least=TTL_MIN[0], why=TTL_MIN[1])
     wait_s = parse_duration(wait, what="--wait")
     c = Coordinator.from_config(app.config_path, timeout=app.timeout)
     rec = c.deployment(name)

@@ -13,6 +13,7 @@ from coordinator.cli.lockview import (
     acquire_document,
     acquired_text,
     claim_document,
+    end_if_reader_gone,
     end_live_line,
     fleet_text,
     print_watch_round,
@@ -30,10 +31,14 @@ def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
     return Coordinator.from_config(app.config_path, timeout=app.timeout)
 
 
-def _duration(value: str, what: str) -> float:
+def _duration(value: str, what: str, least: tuple[float, str] | None = None) -> float:
+    """``value`` in seconds; with ``least`` (the shortest that makes sense, and what a
+    shorter one would do), anything shorter is refused (exit 2)."""
     from coordinator.durations import parse_duration
 
-    return parse_duration(value, what=what)
+    if least is None:
+        return parse_duration(value, what=what)
+    return parse_duration(value, what=what, at_least=least[0], why=least[1])
 
 
 def default_ttl(ctx: click.Context, ttl_s: float, c: Any, deployment: str) -> float:
@@ -102,9 +107,10 @@ def acquire(
 
     Example: coordinator lock acquire payments --ttl 3m --wait 5m --reason "release 1.2"
     """
+    from coordinator.durations import TTL_MIN
     from coordinator.errors import CoordinatorError
 
-    ttl_s, wait_s = _duration(ttl, "--ttl"), _duration(wait, "--wait")
+    ttl_s, wait_s = _duration(ttl, "--ttl", TTL_MIN), _duration(wait, "--wait")
     c = _coordinator(ctx)
     ttl_s = default_ttl(ctx, ttl_s, c, deployment)
     c.max_server_skew_s = _duration(max_server_skew, "--max-server-skew")
@@ -160,7 +166,9 @@ def renew(ctx: click.Context, deployment: str, lock_id: str | None, holder: str 
 
     Example: coordinator lock renew payments
     """
-    ttl_s = _duration(ttl, "--ttl") if ttl else None
+    from coordinator.durations import TTL_MIN
+
+    ttl_s = _duration(ttl, "--ttl", TTL_MIN) if ttl else None
     c = _coordinator(ctx)
 
     async def go() -> Any:
@@ -241,11 +249,19 @@ def release(
     emit(ctx, doc, text)
 
 
+# What moves with the clock alone: a --watch prints a round when anything else changes.
+MOVING = ("expires_in_s", "renewed_ago_s")
+
+
 def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
     from coordinator.fleet import fleet_document, survey
 
     c = _coordinator(ctx)
     fmt = app_of(ctx).output
+    from coordinator.errors import missing_config
+
+    if c.store is not None and (missing := missing_config(c.store.path, "No lock to show")) is not None:
+        raise missing
 
     def doc_of(fleet: Any) -> dict[str, Any]:
         return fleet_document(fleet, claim_document)
@@ -281,7 +297,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
                 doc = doc_of(fleet)
                 stable = {
                     **doc,
-                    "deployments": [{k: v for k, v in d.items() if k != "expires_in_s"} for d in doc["deployments"]],
+                    "deployments": [{k: v for k, v in d.items() if k not in MOVING} for d in doc["deployments"]],
                 }
                 key = dump_document(stable, "json")
                 if key != last:
@@ -289,6 +305,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
                     print_watch_round(fmt, doc, functools.partial(fleet_text, fleet))
                 with anyio.move_on_after(every):
                     await watch.changed.wait()
+                end_if_reader_gone()
 
     _run_watch(c, follow)
 
@@ -347,7 +364,9 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
       coordinator lock status payments -o json
       coordinator lock status            # the fleet: what is locked, anywhere?
     """
-    every = _duration(interval, "--interval")
+    from coordinator.durations import INTERVAL_MIN
+
+    every = _duration(interval, "--interval", INTERVAL_MIN)
     if deployment is None or all_:
         if deployment is not None:
             from coordinator.errors import UsageError
@@ -380,14 +399,15 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
             st = await c.status(deployment)
             doc = status_document(st)
             key = dump_document(
-                {k: v for k, v in doc.items() if k != "expires_in_s"}
-                | {"clusters": [{k: v for k, v in r.items() if k != "expires_in_s"} for r in doc["clusters"]]},
+                {k: v for k, v in doc.items() if k not in MOVING}
+                | {"clusters": [{k: v for k, v in r.items() if k not in MOVING} for r in doc["clusters"]]},
                 "json",
             )
             if key != last:
                 last = key
                 print_watch_round(fmt, doc, functools.partial(status_text, st))
             await anyio.sleep(every)
+            end_if_reader_gone()
 
     _run_watch(c, follow)
 
@@ -396,11 +416,23 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
 @click.argument("deployment")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--reason", default="", help="Why (kept in the audit note on the leases).")
+@click.option(
+    "--lock-id",
+    default=None,
+    help="Break only this lock (as shown by `lock status`): if another lock holds the deployment by the "
+    "time the break runs, it is left alone and the command exits 3.",
+)
 @click.pass_context
-def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
+def break_(ctx: click.Context, deployment: str, yes: bool, reason: str, lock_id: str | None) -> None:
     """Clear the lock whatever its holder (admin override, like terraform force-unlock).
 
-    Example: coordinator lock break payments --yes --reason "holder's CI runner died"
+    With --lock-id, only the leases of that lock are cleared: a lock taken since you looked
+    (the holder renewed and another took over, say) is never broken by mistake.
+
+    \b
+    Examples:
+      coordinator lock break payments --yes --reason "holder's CI runner died"
+      coordinator lock break payments --lock-id 3f2a9c0d1e4b5a69 --yes
     """
     if not yes and not sys.stdin.isatty():
         from coordinator.errors import UsageError
@@ -423,24 +455,33 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str) -> None:
         # The holder is the lease's text: a title-setting or line-rewriting sequence in it
         # would change the question the user answers.
         who = printable(st.holder) if st.holder else "nobody (by majority)"
-        click.confirm(f"Break the lock of {deployment!r}, held by {who}? The holder is not told.", abort=True)
+        what = f"lock {printable(lock_id)} of {deployment!r}" if lock_id else f"the lock of {deployment!r}"
+        held = f"held by {who}" + (f" (lock {st.lock_id})" if lock_id and st.lock_id else "")
+        click.confirm(f"Break {what}, {held}? The holder is not told.", abort=True)
         c = _coordinator(ctx)
 
     async def go() -> Any:
         async with c:
-            return await c.break_lock(deployment, reason=reason)
+            return await c.break_lock(deployment, reason=reason, lock_id=lock_id)
 
     results = run(go)
     rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(results.items())]
-
-    def text() -> None:
-        say(f"Broke the lock of {deployment}; an audit note is on each lease.")
-        table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
-
-    emit(ctx, {"deployment": deployment, "clusters": rows}, text)
     from coordinator.verdicts import break_verdict
 
-    if (problem := break_verdict(deployment, results).problem()) is not None:
+    verdict = break_verdict(deployment, results, lock_id)
+
+    def text() -> None:
+        if lock_id is None:
+            say(f"Broke the lock of {deployment}; an audit note is on each lease.")
+        elif verdict.broken:
+            say(f"Broke lock {lock_id} of {deployment} on {', '.join(verdict.broken)}; an audit note is on each.")
+        else:
+            say(f"Lock {lock_id} holds no lease of {deployment}; nothing was broken.")
+        table(["cluster", "outcome", "detail"], [[r["name"], r["outcome"], r["detail"]] for r in rows])
+
+    doc = {"deployment": deployment, "lock_id": lock_id, "broken": verdict.broken, "clusters": rows}
+    emit(ctx, doc, text)
+    if (problem := verdict.problem()) is not None:
         raise problem
 
 
@@ -498,6 +539,7 @@ def run_(
     """
     from click.core import ParameterSource
 
+    from coordinator.durations import TTL_MIN
     from coordinator.lockrun import RunOptions, run_locked
 
     if lock_id and ctx.get_parameter_source("lock_id") is ParameterSource.ENVIRONMENT:
@@ -518,7 +560,7 @@ def run_(
     opts = RunOptions(
         deployment=deployment,
         command=list(command),
-        ttl_s=default_ttl(ctx, _duration(ttl, "--ttl"), c, deployment) if ttl_given or not lock_id else None,
+        ttl_s=default_ttl(ctx, _duration(ttl, "--ttl", TTL_MIN), c, deployment) if ttl_given or not lock_id else None,
         wait_s=wait_s,
         reason=reason,
         holder=holder,

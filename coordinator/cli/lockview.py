@@ -36,8 +36,10 @@ def lease_fields(view: Any, next_claim: Any = None) -> dict[str, Any]:
     if view is None:
         keys = ("holder", "lock_id", "reason", "host", "pid", "acquired_at", "renewed_at", "expires_in_s")
         return {k: None for k in keys} | {"next_in_line": claim_document(next_claim)}
+    from coordinator.lock.results import lease_expiry_s
+
     info = view.info if view.held else {}
-    rem = view.remaining_s()
+    rem = lease_expiry_s(view) if view.held else None
     if next_claim is None and view.live_claim is not None and view.claim_fresh():
         next_claim = view.live_claim
     return {
@@ -124,11 +126,8 @@ def wait_reporter() -> Any:
             if w.holders
             else f"not taken yet ({', '.join(w.other_outcomes) or 'no answer'})"
         )
-        exp = (
-            f"; its lease expires in {format_duration(w.expires_in_s)} unless renewed"
-            if w.expires_in_s is not None
-            else ""
-        )
+        # Short, the most telling first: on a terminal it is cut to one line of its width.
+        exp = f", expires in {format_duration(w.expires_in_s)}" if w.expires_in_s is not None else ""
         line = f"waiting for {result.deployment}: {who}{exp}; giving up in {format_duration(left)}"
         now = time.monotonic()
         if tty:
@@ -154,13 +153,19 @@ def status_document(st: Any) -> dict[str, Any]:
         "reason": (st.info.get("reason") or None) if st.held_by_majority else None,
         "host": (st.info.get("host") or None) if st.held_by_majority else None,
         "pid": pid_field(st.info) if st.held_by_majority else None,
+        "command": (st.info.get("command") or None) if st.held_by_majority else None,
+        "renewed_ago_s": st.renewed_ago_s,
         "next_in_line": claim_document(st.next_in_line),
         # held, unknown (someone may hold it: the members seen do not decide), partly-held, free
         "status": st.verdict,
         "possible_holders": [
             {"holder": p.holder, "lock_id": p.lock_id, "clusters": list(p.clusters)} for p in st.possible
         ]
-        + ([{"holder": None, "lock_id": None, "clusters": [*st.unobserved, *st.unnamed]}] if st.possible_unseen else []),
+        + (
+            [{"holder": None, "lock_id": None, "clusters": [*st.unobserved, *st.unnamed]}]
+            if st.possible_unseen
+            else []
+        ),
         "clusters": [
             {
                 "name": r.name,
@@ -175,6 +180,8 @@ def status_document(st: Any) -> dict[str, Any]:
                 "reason": (r.info.get("reason") or None) if r.lock_id else None,
                 "host": (r.info.get("host") or None) if r.lock_id else None,
                 "pid": pid_field(r.info) if r.lock_id else None,
+                "command": (r.info.get("command") or None) if r.lock_id else None,
+                "renewed_ago_s": r.renewed_ago_s,
                 "expires_in_s": round(r.remaining_s, 1) if r.remaining_s is not None else None,
             }
             for r in st.clusters
@@ -193,6 +200,10 @@ def status_text(st: Any) -> None:
             f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, reason: {info.get('reason') or '-'}); "
             f"majority held for {format_duration(st.expires_in_s or 0)} more unless renewed."
         )
+        # What a break decision needs: is the holder still renewing, and what is it running?
+        taken = next((r.acquired_at for r in st.clusters if r.lock_id == st.lock_id and r.acquired_at), None)
+        renewed = f"last renewed {ago(st.renewed_ago_s)}" if st.renewed_ago_s is not None else "renewal time unknown"
+        say(f"Taken {when(taken)}, {renewed}; command: {info.get('command') or '-'}")
     elif st.verdict == "unknown":
         verdict = status_verdict(st)
         missing = ", ".join(f"{name} ({status})" for name, status in verdict.unobserved)
@@ -208,19 +219,30 @@ def status_text(st: Any) -> None:
     if st.next_in_line is not None:
         say(f"Next in line: {st.next_in_line.holder or '?'} (lock {st.next_in_line.lock_id}), waiting longest.")
     table(
-        ["cluster", "status", "holder", "since", "ttl", "detail"],
+        ["cluster", "status", "holder", "renewed", "expires", "ttl", "since", "detail"],
         [
             [
                 r.name,
                 r.status,
                 r.holder or "-",
-                when(r.acquired_at) if r.acquired_at else "-",
+                ago(r.renewed_ago_s) if r.renewed_ago_s is not None else "-",
+                f"in {format_duration(r.remaining_s)}" if r.remaining_s is not None else "-",
                 f"{r.ttl_s}s" if r.ttl_s and r.status != "free" else "-",
-                r.error or (f"expires in {format_duration(r.remaining_s)}" if r.remaining_s is not None else ""),
+                when(r.acquired_at) if r.acquired_at else "-",
+                r.error or "",
             ]
             for r in st.clusters
         ],
     )
+
+
+def ago(seconds: float) -> str:
+    """``12s ago``, ``4m10s ago``: how long ago, in whole seconds (the stamps it comes from
+    have no finer resolution)."""
+    from coordinator.durations import format_duration
+
+    whole = round(max(seconds, 0.0))
+    return f"{whole}s ago" if whole < 60 else f"{format_duration(whole)} ago"
 
 
 def _maybe(entry: Any) -> str:
@@ -238,18 +260,31 @@ def fleet_text(fleet: Any) -> None:
     held = sum(1 for e in fleet.deployments if e.status == "held")
     say(f"{len(fleet.deployments)} deployment(s), {held} locked.")
     table(
-        ["deployment", "namespace", "status", "holder", "reason", "since", "expires", "next in line", "unseen"],
+        # Free text (the reason) last: on a terminal a line is cut at its width.
+        [
+            "deployment",
+            "namespace",
+            "status",
+            "holder",
+            "expires",
+            "renewed",
+            "next in line",
+            "unseen",
+            "since",
+            "reason",
+        ],
         [
             [
                 e.deployment + ("" if e.imported else " *"),
                 e.namespace,
                 e.status,
                 e.holder or _maybe(e),
-                e.reason or "-",
-                when(e.since) if e.since else "-",
                 f"in {format_duration(e.expires_in_s)}" if e.expires_in_s is not None else "-",
+                ago(e.renewed_ago_s) if e.renewed_ago_s is not None else "-",
                 (e.next_in_line.holder or e.next_in_line.lock_id) if e.next_in_line else "-",
                 ", ".join(e.unseen) or "-",
+                when(e.since) if e.since else "-",
+                e.reason or "-",
             ]
             for e in fleet.deployments
         ],
@@ -266,6 +301,24 @@ def fleet_text(fleet: Any) -> None:
 
 
 def print_watch_round(fmt: str, doc: Any, text: Any) -> None:
+    """One round of a ``--watch``; a watch whose reader went away ends (exit 0)."""
+    _print_round(fmt, doc, text)
+    sys.stdout.flush()
+    end_if_reader_gone()
+
+
+def end_if_reader_gone() -> None:
+    """End a ``--watch`` (exit 0, as a closed stdout ends any command) once whoever read
+    it went away (``| head -1``), whether or not it had more to print."""
+    from coordinator.cli.output import reader_gone
+
+    if reader_gone():
+        import errno
+
+        raise BrokenPipeError(errno.EPIPE, "the reader of the watch went away")
+
+
+def _print_round(fmt: str, doc: Any, text: Any) -> None:
     if fmt == "json":
         import json
 

@@ -1,15 +1,22 @@
-"""Rendering only: tables for people (rich on a terminal, plain text when piped),
-JSON or YAML documents for machines. ``NO_COLOR`` is respected.
+"""Rendering only: text for people, JSON or YAML documents for machines.
+
+Text for people reads as kubectl's: tables are plain aligned columns, on a terminal as in
+a pipe. On a terminal a table line longer than the terminal is cut at its width (ending
+in "…": `-o json`, or a pipe, has every cell whole) rather than folded, and prose is
+wrapped at word boundaries to the width; in a pipe every line is written whole, one line
+per row or paragraph, for grep and awk. The width is the terminal's own, or ``COLUMNS``.
 
 Everything for people goes out through :func:`table`, :func:`say` and :func:`note` (and
-errors through ``cli.main``), which show control characters as escapes: much of what is
-printed was written into the clusters by others (see ``coordinator.text``). JSON and
-YAML documents are printed exact."""
+errors through ``cli.main``, with :func:`paragraph`), which show control characters as
+escapes: much of what is printed was written into the clusters by others (see
+``coordinator.text``). JSON and YAML documents are printed exact."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+import unicodedata
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -93,40 +100,149 @@ def emit_failure(ctx: click.Context, err: CoordinatorError, doc: Any) -> None:
         click.echo(dump_document(doc, fmt))
 
 
-def _color() -> bool:
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+class ReaderGuard:
+    """``sys.stdout`` while the program runs. When whoever reads it goes away (``| head
+    -1``), what is written next goes to /dev/null and the command runs on to its end: its
+    exit status is then its own (a failure still fails under ``set -o pipefail``), not
+    the moment the reader left. A ``--watch`` asks :func:`reader_gone` and ends."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError as err:
+            self._closed(err)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            self._closed(err)
+            self._stream.flush()  # what was left in the buffer goes to /dev/null now
+
+    def _closed(self, err: OSError) -> None:
+        if err.errno != errno.EPIPE:
+            raise err
+        self.gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def reader_gone() -> bool:
+    """Has the reader of stdout gone away (see :class:`ReaderGuard`)? Also asked of the
+    pipe itself, without writing: a watch that prints only when something changes would
+    otherwise run on for nobody until its next change."""
+    if getattr(sys.stdout, "gone", False):
+        return True
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # error events only: a pipe with no reader
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # not a file, or no poll here
+        return False
+
+
+def terminal_width(stream: Any) -> int | None:
+    """The columns of the terminal ``stream`` writes to (``COLUMNS`` if set), or None when
+    it is not a terminal."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError, OSError):  # closed, or not a file
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def cells(text: str) -> int:
+    """How many terminal columns ``text`` (printable, one line) takes: wide East Asian
+    characters two, combining marks none."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` columns, the cut marked by a last "…"."""
+    if cells(text) <= width:
+        return text
+    out, used = [], 0
+    for ch in text:
+        w = cells(ch)
+        if used + w > width - 1:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out) + "…"
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * (width - cells(text))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> None:
-    """A table: boxed with rich on a terminal, aligned plain columns when piped.
+    """Aligned plain columns under upper-case headers, as kubectl prints them; on a
+    terminal each line is cut at the terminal's width, never folded.
 
     Every cell is one line of printable text: a newline or control character in a value
     is shown as an escape, so that no value can add a row or act on the terminal."""
-    cells = [["" if c is None else printable(str(c)) for c in row] for row in rows]
+    cells_ = [["" if c is None else printable(str(c)) for c in row] for row in rows]
     headers = [printable(h) for h in headers]
-    title = printable(title) if title is not None else None
-    if _color():
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-
-        # Text objects, not strings: rich would read '[...]' in a value as markup.
-        t = Table(title=Text(title) if title else None, title_justify="left", header_style="bold")
-        for h in headers:
-            t.add_column(Text(h), overflow="fold")
-        for row in cells:
-            t.add_row(*(Text(c) for c in row))
-        Console().print(t)
-        return
+    width = terminal_width(sys.stdout)
     if title:
-        click.echo(title)
-    widths = [len(h) for h in headers]
-    for row in cells:
+        say(title)
+    widths = [cells(h) for h in headers]
+    for row in cells_:
         for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-    click.echo("  ".join(h.upper().ljust(widths[i]) for i, h in enumerate(headers)).rstrip())
-    for row in cells:
-        click.echo("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip())
+            widths[i] = max(widths[i], cells(c))
+    lines = ["  ".join(_pad(h.upper(), widths[i]) for i, h in enumerate(headers)).rstrip()]
+    lines += ["  ".join(_pad(c, widths[i]) for i, c in enumerate(row)).rstrip() for row in cells_]
+    for line in lines:
+        click.echo(clip(line, width) if width else line)
+
+
+def paragraph(text: str, width: int | None) -> str:
+    """``text`` (already printable; its own line breaks kept) wrapped at word boundaries to
+    ``width`` columns, or as it is without a width. A continued line of an indented line
+    (a cluster's line in an error) is indented two columns more; a word longer than the
+    width stays whole."""
+    if not width:
+        return text
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        if cells(line) <= width or not line.strip():
+            out.append(line)
+            continue
+        out.extend(
+            textwrap.wrap(
+                line,
+                width=max(width, len(indent) + 20),
+                subsequent_indent=indent + "  " if indent else "",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out)
 
 
 def when(value: datetime | None) -> str:
@@ -142,16 +258,21 @@ def when(value: datetime | None) -> str:
 
 
 def say(text: str) -> None:
-    """One line for people on stdout; control characters (newlines too) as escapes."""
-    click.echo(printable(text))
+    """One paragraph for people on stdout (wrapped to a terminal's width); control
+    characters (newlines too) as escapes."""
+    click.echo(paragraph(printable(text), terminal_width(sys.stdout)))
 
 
 def note(text: str) -> None:
-    """One line for people on stderr; control characters (newlines too) as escapes."""
-    click.echo(printable(text), err=True)
+    """One paragraph for people on stderr (wrapped to a terminal's width); control
+    characters (newlines too) as escapes."""
+    click.echo(paragraph(printable(text), terminal_width(sys.stderr)), err=True)
 
 
 def live_line(text: str) -> None:
-    """Replace the current line of a terminal on stderr (a progress line) with ``text``."""
-    sys.stderr.write("\r\033[K" + printable(text)[:200])
+    """Replace the current line of a terminal on stderr (a progress line) with ``text``,
+    cut to one column less than the terminal's width: a line that reached the last
+    column would wrap, and the next rewrite would leave the first row behind."""
+    width = terminal_width(sys.stderr) or 80
+    sys.stderr.write("\r\033[K" + clip(printable(text), max(width - 1, 10)))
     sys.stderr.flush()

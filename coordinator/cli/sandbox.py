@@ -122,7 +122,11 @@ def up_command(
     from coordinator import sandbox as sb
     from coordinator.durations import parse_duration
 
-    wait = parse_duration(timeout, what="--timeout") if timeout is not None else None
+    wait = (
+        parse_duration(timeout, what="--timeout", at_least=1, why="no cluster starts at once")
+        if timeout is not None
+        else None
+    )
     began = time.monotonic()
     extra: dict[str, Any] = {}
     if apiservers != 1 or date_offset:

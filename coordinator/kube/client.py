@@ -377,14 +377,17 @@ class KubeClient:
             raise _classify_status(status, raw, doc, retry_after=_retry_after(retry_after, server_time))
         return ApiResponse(status=status, body=doc, server_time=server_time)
 
-    async def watch(self, path: str, *, query: dict[str, Any], timeout: float) -> AsyncGenerator[dict[str, Any], None]:
-        """Yield watch events (``{"type", "object"}``) for up to ``timeout`` seconds."""
+    async def watch(
+        self, path: str, *, query: dict[str, Any], timeout: float, grace: float = 2.0
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Yield watch events (``{"type", "object"}``) for up to ``timeout`` seconds; the
+        connection is given up ``grace`` seconds after the server should have ended it."""
         await self.open()
         params = dict(query)
         params.update({"watch": "true", "timeoutSeconds": max(1, int(timeout))})
         request = Request("GET", path, _encoded_query(params), {"Accept": "application/json", "User-Agent": USER_AGENT})
         try:
-            async with self.transport.watch(request, timeout=timeout + 2, connect_timeout=self.timeout) as reply:
+            async with self.transport.watch(request, timeout=timeout + grace, connect_timeout=self.timeout) as reply:
                 if reply.status != 200:
                     raw = await reply.read()
                     raise _classify_status(

@@ -19,6 +19,7 @@ from coordinator.lock.reports import summarize
 from coordinator.lock.results import ClusterLease, Decision, utc_now
 from coordinator.logs import get_logger
 from coordinator.outcome import Outcome
+from coordinator.text import printable
 
 log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
 
@@ -119,8 +120,15 @@ class Release(Members):
         await self._remember(history.release_events(lock_id, {k: v for k, v in released.items() if v}))
         return results
 
-    async def break_lock(self, *, by: str, reason: str = "") -> dict[str, ClusterResult[ClusterLease]]:
-        """Clear the lease whatever its holder (admin override), leaving an audit note."""
+    async def break_lock(
+        self, *, by: str, reason: str = "", lock_id: str | None = None
+    ) -> dict[str, ClusterResult[ClusterLease]]:
+        """Clear the lease whatever its holder (admin override), leaving an audit note.
+
+        With ``lock_id``, only leases that lock holds are cleared (terraform's
+        ``force-unlock LOCK_ID``): a lease another lock holds, or one blocking for a holder
+        nobody can name, is left alone and answered ``held-by-other``, so that a break
+        decided on what `lock status` showed never clears a lock taken since."""
         await self.verify_members()
         note = {"by": by, "host": socket.gethostname(), "at": micro_time(utc_now()), "reason": reason}
         # A malformed fencing token is replaced by the highest valid one on the other
@@ -156,6 +164,19 @@ class Release(Members):
                         detail="the lease had been deleted; a break cannot clear that, since its token history "
                         f"is gone: it frees itself {self.max_ttl_s:.0f}s after it was found missing",
                     )
+                if lock_id is not None and view.lock_id != lock_id:
+                    if not view.blocking:
+                        return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
+                    who = printable(view.info.get("holder") or "an unknown holder") if view.held else None
+                    held = (
+                        f"held by {who} (lock {printable(str(view.lock_id))})" if who else "held by an unknown holder"
+                    )
+                    return ClusterResult(
+                        cluster,
+                        Outcome.HELD_BY_OTHER,
+                        ClusterLease(view, "other"),
+                        detail=held,  # left alone: not the lock named
+                    )
                 if not view.held and not view.holder_edited and not view.token_malformed:
                     return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "free"), detail="already free")
                 body = self._lease_body(view, lock_id=None, token=view.token, ttl_s=view.ttl_s or 1)
@@ -177,7 +198,8 @@ class Release(Members):
 
         results = await fan_out(self.members, on_cluster, timeout=self.timeout)
         self._raise_on_mismatch(results)
-        log.warning("lock broken", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
+        # The command says what it broke; the log line is for -v (the history records it too).
+        log.info("lock break", deployment=self.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})
         cleared = {
             k: r.value.previous
             for k, r in results.items()

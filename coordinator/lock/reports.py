@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
+from coordinator.durations import format_duration
 from coordinator.fanout import ANSWERED, NOT_WAITED_FOR, ClusterResult
 from coordinator.lease import DEFAULT_MAX_TTL_S, HANDOFF_GRACE_S, LeaseView, TurnClaim
-from coordinator.lock.results import AcquireResult, ClusterLease
+from coordinator.lock.results import AcquireResult, ClusterLease, lease_expiry_s
 from coordinator.outcome import Outcome
+from coordinator.quorum import majority_expiry
 from coordinator.text import printable
 
 
@@ -71,9 +73,19 @@ def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
             f"held by {who} (lock {lock}), expiry unknown: the lease carries no write of coordinator's "
             "own (managedFields cleared?), so it counts as held until seen unchanged for a whole TTL"
         )
-    rem = view.remaining_hint(max_ttl_s)
-    tail = f", expires in {rem:.0f}s unless renewed" if rem is not None else ""
+    rem = lease_expiry_s(view, max_ttl_s)
+    tail = f", expires in {format_duration(rem)} unless renewed" if rem is not None else ""
     return f"held by {who} (lock {lock}){tail}"
+
+
+def lock_expiry(remaining: list[float], members: int) -> float | None:
+    """When a lock seen on these leases stops holding: with a majority of ``members``, when
+    it no longer has one (as `lock status` counts it); on fewer, when its last lease here
+    runs out. Never below zero."""
+    if not remaining:
+        return None
+    end = majority_expiry(remaining, members)
+    return max(0.0, end if end is not None else max(remaining))
 
 
 def summarize(results: dict[str, ClusterResult[ClusterLease]]) -> str:
@@ -103,42 +115,61 @@ def acquire_report(result: AcquireResult) -> str:
 
     n = len(result.members)
     got = [k for k, r in result.results.items() if r.ok]
-    lines = []
+    # Clusters that say the same are one line: "c1, c2, c3: held by alice (...)". A lease
+    # held by a named holder is keyed by who holds it, its lock and since when; the line
+    # then gives the latest renewal and the lock's expiry over those clusters.
+    said: dict[tuple[str, ...], list[str]] = {}
+    leases: dict[tuple[str, ...], list[LeaseView]] = {}
     holders: dict[str, list[str]] = {}
     reserved: dict[str, list[str]] = {}
     unseen: list[str] = []
     for name in result.members:
         r = result.results.get(name)
         if r is None:
-            lines.append(f"{name}: {NOT_WAITED_FOR}")
+            said.setdefault(("line", NOT_WAITED_FOR), []).append(name)
             continue
         v = r.value.view if r.value else None
         if r.outcome is Outcome.HELD_BY_OTHER and r.value is not None and r.value.action == "reserved":
-            lines.append(f"{name}: {r.detail}")
+            said.setdefault(("line", r.detail), []).append(name)
             claim = r.extra.get("next")
             who = claim.holder if isinstance(claim, TurnClaim) else ""
             reserved.setdefault(who or "another contender", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None and (v.vanished or not v.exists or not v.held):
-            lines.append(f"{name}: {r.detail}")
+            said.setdefault(("line", r.detail), []).append(name)
             why = "holder field edited" if v.exists and v.holder_edited and not v.vanished else "deleted lease"
             holders.setdefault(f"an unknown holder ({why})", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None:
             who = v.info.get("holder") or "?"
-            rem = v.remaining_s()
-            until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
-            host = v.info.get("host") or "?"
-            pid = v.info.get("pid") or "?"
-            why = v.info.get("reason") or "no reason given"
-            lines.append(
-                f"{name}: held by {who} (host {host}, pid {pid}, lock {v.lock_id}, "
-                f"reason: {why}) since {_fmt_time(v.acquired_at)}, renewed "
-                f"{_fmt_time(v.renewed_at)}, {until}"
+            held: tuple[str, ...] = (
+                "held",
+                who,
+                v.info.get("host") or "?",
+                v.info.get("pid") or "?",
+                str(v.lock_id),
+                v.info.get("reason") or "no reason given",
+                _fmt_time(v.acquired_at),
             )
+            said.setdefault(held, []).append(name)
+            leases.setdefault(held, []).append(v)
             holders.setdefault(who, []).append(name)
         else:
-            lines.append(f"{name}: {r.outcome} — {r.detail}")
+            said.setdefault(("line", f"{r.outcome} — {r.detail}"), []).append(name)
             if not r.outcome.observable and not r.extra.get(ANSWERED):
                 unseen.append(name)
+    lines = []
+    for said_key, names in said.items():
+        if said_key[0] != "held":
+            lines.append(f"{', '.join(names)}: {said_key[1]}")
+            continue
+        _, who, host, pid, lock, why, since = said_key
+        views = leases[said_key]
+        renewed = max((v.renewed_at for v in views if v.renewed_at is not None), default=None)
+        rem = lock_expiry([x for v in views if (x := lease_expiry_s(v)) is not None], n)
+        until = f"expires in {format_duration(rem)}" if rem is not None else "expiry unknown"
+        lines.append(
+            f"{', '.join(names)}: held by {who} (host {host}, pid {pid}, lock {lock}, reason: {why}) "
+            f"since {since}, renewed {_fmt_time(renewed)}, {until}"
+        )
     head = (
         f"Could not lock deployment {result.deployment!r}: a majority of {result.quorum} of "
         f"{n} clusters is needed, this attempt got {len(got)}"
@@ -146,6 +177,22 @@ def acquire_report(result: AcquireResult) -> str:
         + ". "
     )
     advice = []
+    if result.holder in holders:
+        # The asker holds it already (under another lock id): not a lock to wait for or
+        # to ask anyone about, but one to work under by its id, or to release.
+        ids = sorted(
+            {v.lock_id for vs in leases.values() for v in vs if v.lock_id and v.info.get("holder") == result.holder}
+        )
+        lid = ids[0] if len(ids) == 1 else "LOCK_ID"
+        dep = result.deployment
+        advice.append(
+            f"{result.holder} already holds this lock (lock {', '.join(ids) or '?'}, on "
+            f"{', '.join(holders[result.holder])}): take it once and work under it by its lock id, e.g. "
+            f"`coordinator state set {dep} KEY=VALUE --lock-id {lid}` or `coordinator lock run {dep} --lock-id "
+            f"{lid} -- CMD`, renew it with `coordinator lock renew {dep} --lock-id {lid}`, and release it with "
+            f"`coordinator lock release {dep} --lock-id {lid}` (also if it is a leftover of a process that is gone)."
+        )
+        holders = {h: cs for h, cs in holders.items() if h != result.holder}
     if holders:
         who = ", ".join(f"{h} on {', '.join(cs)}" for h, cs in holders.items())
         views = [r.value.view for r in result.results.values() if r.value and r.value.view]

@@ -12,8 +12,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
-from coordinator.fanout import ClusterResult
-from coordinator.lease import LeaseView, TurnClaim, boot_clock, remaining_validity
+from coordinator.fanout import ClusterResult, outcomes, short_text
+from coordinator.lease import (
+    DEFAULT_MAX_TTL_S,
+    LeaseView,
+    TurnClaim,
+    boot_clock,
+    effective_ttl,
+    remaining_validity,
+)
 from coordinator.membership import Check
 
 
@@ -107,6 +114,14 @@ class AcquireResult:
     def valid_until(self) -> float:
         return self.started + remaining_validity(self.ttl_s, 0.0)
 
+    def __repr__(self) -> str:
+        # A few hundred characters: the leases as read are left out (``results[name].value``).
+        held = f", fencing_token={self.fencing_token}, expires_in={self.expires_in():.1f}" if self.acquired else ""
+        return (
+            f"AcquireResult(deployment={self.deployment!r}, acquired={self.acquired}, lock_id={self.lock_id!r}, "
+            f"holder={short_text(self.holder, 60)!r}{held}, clusters={outcomes(self.results)})"
+        )
+
     def expires_in(self) -> float:
         return max(0.0, self.valid_until() - boot_clock())
 
@@ -125,6 +140,9 @@ class ClusterStatus:
     token: int | None = None
     remaining_s: float | None = None
     info: dict[str, str] = field(default_factory=dict)
+    # Seconds since coordinator last wrote this lease (taken or renewed), by the server's
+    # own clock: its stamp on the write and its Date on the read (each to the second).
+    renewed_ago_s: float | None = None
 
 
 @dataclass
@@ -149,6 +167,16 @@ class LockStatus:
     # members read but blocking for a holder nobody can name (a deleted lease, a holder
     # field another client wrote): with ``unobserved``, where an unseen holder may be
     unnamed: list[str] = field(default_factory=list)
+    # With a majority holder: the latest renewal of its leases (a sign of life), in seconds.
+    renewed_ago_s: float | None = None
+
+    def __repr__(self) -> str:
+        holder = short_text(self.holder, 60) if self.holder is not None else None
+        return (
+            f"LockStatus(deployment={self.deployment!r}, verdict={self.verdict!r}, holder={holder!r}, "
+            f"lock_id={self.lock_id!r}, fencing_token={self.fencing_token}, expires_in_s={self.expires_in_s}, "
+            f"clusters={ {c.name: c.status for c in self.clusters} })"
+        )
 
 
 @dataclass
@@ -159,6 +187,31 @@ class PossibleHolder:
     lock_id: str
     holder: str | None
     clusters: list[str]
+
+
+def lease_expiry_s(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> float | None:
+    """The one expiry figure people are shown for a lease ("expires in", "majority held
+    for", "valid for"): how long its holder may still count on it, as the holder counts
+    its own validity (``remaining_validity``: the TTL less the drift allowance, from its
+    last write), by the server's clock (its stamp on coordinator's last write and the
+    read's ``Date``). Never below zero; None without those stamps.
+
+    For display only. Whether a contender may take the lease over is the lease rules'
+    question (``lease.lapsed_by_stamps``), with their margins: a lease shown expiring in
+    0s can still be held for those few seconds."""
+    if view.own_write is None or view.server_now is None:
+        return None
+    elapsed = (view.server_now - view.own_write).total_seconds()
+    return max(0.0, remaining_validity(effective_ttl(view, max_ttl_s), elapsed))
+
+
+def renewed_ago(view: LeaseView) -> float | None:
+    """Seconds since coordinator's last take or renewal of ``view``, by the server's clock
+    (its stamp on that write and the ``Date`` of the read, both to the second); never
+    below zero. None when either is missing."""
+    if view.own_write is None or view.server_now is None:
+        return None
+    return max(0.0, round((view.server_now - view.own_write).total_seconds(), 1))
 
 
 def current_command() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coordinator.lease import TurnClaim
 from coordinator.lock.members import Members
-from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder
+from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder, lease_expiry_s, renewed_ago
 from coordinator.outcome import Outcome
 
 
@@ -61,7 +61,7 @@ class Status(Members):
             else:
                 st = "held"
                 live[name] = v.lock_id
-                rem = v.remaining_hint(self.max_ttl_s) if v.held else None
+                rem = lease_expiry_s(v, self.max_ttl_s) if v.held else None
                 if rem is not None:
                     remaining[name] = rem
             rows.append(
@@ -75,19 +75,24 @@ class Status(Members):
                     ttl_s=v.ttl_s,
                     transitions=v.transitions,
                     token=v.token if v.exists else None,
-                    remaining_s=v.remaining_hint(self.max_ttl_s) if st == "held" and v.held else None,
+                    remaining_s=lease_expiry_s(v, self.max_ttl_s) if st == "held" and v.held else None,
                     info=v.info,
+                    renewed_ago_s=renewed_ago(v) if v.held else None,
                     error="fencing-token annotation is malformed" if v.token_malformed else note,
                 )
             )
         winner = self.majorities.holder(live)
         holder_row = next((row for row in rows if winner and row.lock_id == winner), None)
         expires = None
+        renewed: float | None = None
         possible = self.majorities.possible_holders(live, [*unobserved, *unknown])
         if winner:
             mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
             expires = self.majorities.expiry(mine)
             verdict = "held"
+            renewed = min(
+                (r.renewed_ago_s for r in rows if r.lock_id == winner and r.renewed_ago_s is not None), default=None
+            )
         elif possible:
             verdict = "unknown"
         else:
@@ -119,4 +124,5 @@ class Status(Members):
             possible_unseen=possible.unseen and not winner,
             unobserved=unobserved,
             unnamed=unknown,
+            renewed_ago_s=renewed,
         )

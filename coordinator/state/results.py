@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coordinator.clusters import failed
-from coordinator.fanout import ClusterResult
+from coordinator.fanout import ClusterResult, outcomes
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView
 from coordinator.models import StateEnvelope
@@ -57,6 +57,13 @@ class WriteReport:
     def lagging(self) -> list[str]:
         return sorted(k for k, r in self.results.items() if not r.ok)
 
+    def __repr__(self) -> str:
+        # A few hundred characters: the replicas as read are left out (``results[name].value``).
+        return (
+            f"WriteReport(deployment={self.deployment!r}, outcome={self.outcome!r}, stamp='{self.stamp.short()}', "
+            f"confirmed={self.confirmed}, lagging={self.lagging})"
+        )
+
 
 @dataclass
 class ReadReport:
@@ -67,6 +74,13 @@ class ReadReport:
     repaired: list[str] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
     suspect: dict[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        version = self.envelope.version if self.envelope is not None else None
+        return (
+            f"ReadReport(deployment={self.deployment!r}, winner={self.winner!r}, version={version}, "
+            f"replicas={outcomes(self.replicas)}, repaired={self.repaired}, corrupt={self.corrupt})"
+        )
 
 
 def _definite(err: KubeError) -> bool:

@@ -255,7 +255,7 @@ def test_not_waited_for_is_rendered_as_such() -> None:
     rows = {c["name"]: c for c in acquire_document(result)["clusters"]}
     assert rows["c2"] == {"name": "c2", "outcome": "not-waited-for", "detail": NOT_WAITED_FOR}
     report = acquire_report(result)
-    assert f"c2: {NOT_WAITED_FOR}" in report and "c2: unreachable" not in report
+    assert f"c2, c3: {NOT_WAITED_FOR}" in report and "c2: unreachable" not in report
 
 
 # ------------------------------------------------------------------ JSON for scripts

@@ -307,3 +307,75 @@ def test_fleet_watch_cli_prints_changes_and_ends_on_sigterm(fleet20: Any) -> Non
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_fleet_watch_marks_a_paused_cluster_unseen_within_about_the_timeout(dep3: Any) -> None:
+    """A paused API server keeps its watch connection open and says nothing: the watch
+    notices within about --timeout (twice it at most, plus the machine's delay), as the
+    one-shot view does, not only when the watch request's minute runs out."""
+    import subprocess
+    import threading
+    import time
+
+    env = dep3
+    proc = env.popen(
+        "--timeout",
+        "2s",
+        "lock",
+        "status",
+        "--all",
+        "--watch",
+        "-o",
+        "json",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    lines: list[tuple[float, dict[str, Any]]] = []
+    arrived = threading.Condition()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with arrived:
+                lines.append((time.monotonic(), json.loads(line)))
+                arrived.notify_all()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def first(
+        ok: Callable[[dict[str, Any]], bool], limit: float, after: float = 0.0
+    ) -> tuple[float, dict[str, Any]] | None:
+        """The first round after ``after`` that ``ok`` accepts, and when it arrived (None:
+        none within ``limit``)."""
+        end = time.monotonic() + limit
+        with arrived:
+            while True:
+                hit = next(((t, doc) for t, doc in lines if t > after and ok(doc)), None)
+                if hit is not None or time.monotonic() >= end:
+                    return hit
+                arrived.wait(timeout=max(0.1, end - time.monotonic()))
+
+    try:
+        assert first(lambda d: d["unseen_clusters"] == [], 60) is not None, proc.stderr
+        # The watches are open (a round is printed after the first LIST); let them settle.
+        time.sleep(3)
+        paused_at = time.monotonic()
+        env.sandbox.pause(2)
+        # 2 s of --timeout: unseen within 2 x 2 s and the machine's delay; 30 s is generous
+        # on a loaded machine and far below the minute a watch request runs.
+        unseen = first(lambda d: d["unseen_clusters"] == ["c2"], 30, after=paused_at)
+        assert unseen is not None, f"c2 still shown as seen 30 s after its API server was paused: {lines[-1][1]}"
+        seen_at, doc = unseen
+        web = next(d for d in doc["deployments"] if (d["deployment"], d["namespace"]) == ("web", env.namespace))
+        assert web["unseen"] == ["c2"] and web["status"] == "free", web
+        env.sandbox.resume(2)
+        back = first(lambda d: d["unseen_clusters"] == [], 60, after=seen_at)
+        assert back is not None, f"c2 not seen again after resuming: {lines[-1][1]}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -75,8 +75,9 @@ def test_lock_status_escapes_what_the_clusters_say_and_json_keeps_it_exact(dep3:
     assert text.returncode == 0, text.stderr
     _clean(text.stdout)
     assert printable(HOLDER) in text.stdout and "\\rOK: nothing to see\\nc9" in text.stdout
-    # one summary line, the table header, three rows
-    assert len(text.stdout.splitlines()) == 5, text.stdout
+    # one summary line, the line with the holder's command (escaped), the table header, three rows
+    assert len(text.stdout.splitlines()) == 6, text.stdout
+    assert f"command: {printable(COMMAND)}" in text.stdout.splitlines()[1], text.stdout
 
     doc = json.loads(dep3.cli("-o", "json", "lock", "status", "web").stdout)
     assert doc["holder"] == HOLDER and {c["holder"] for c in doc["clusters"]} == {HOLDER}
@@ -150,11 +151,11 @@ def test_a_server_error_text_is_escaped_on_one_line(dep3: Env, tmp_path: Path) -
         webhook.close()
 
 
-def test_a_terminal_table_takes_values_as_text_not_markup(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a terminal tables are drawn by rich, which reads '[...]' as markup: a holder
-    named '[/x]' would crash it, one named '[link=...]' would become a hyperlink."""
+def test_a_terminal_table_shows_values_escaped_and_cut_at_the_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal a table is the piped one, each line cut at the terminal's width: a
+    value's control characters are escapes, never acted on, and a cut never splits one."""
     buffer = io.StringIO()
-    monkeypatch.setattr(output, "_color", lambda: True)
+    monkeypatch.setattr(output, "terminal_width", lambda stream: 60)
     monkeypatch.setattr("sys.stdout", buffer)
     output.table(
         ["cluster", "holder"],
@@ -164,6 +165,7 @@ def test_a_terminal_table_takes_values_as_text_not_markup(monkeypatch: pytest.Mo
     assert "[/x]" in shown and "[link=https://evil.example]click[/link]" in shown
     _clean(shown)
     assert "a\\nb" in shown
+    assert all(len(line) <= 60 for line in shown.splitlines()), shown
 
 
 def test_say_and_note_put_one_line_each(capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,3 +42,17 @@ def test_parse_takes_units_numbers_and_the_limits(text: str | float, seconds: fl
 def test_parse_refuses_anything_else_with_the_option_named(text: str | float) -> None:
     with pytest.raises(UsageError, match=r"^--wait: "):
         parse_duration(text, what="--wait")
+
+
+@pytest.mark.parametrize(("text", "floor"), [("0", 0.1), ("0s", 1.0), ("50ms", 0.1), ("0.9", 1.0)])
+def test_a_duration_below_its_floor_is_refused_saying_why(text: str, floor: float) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_duration(text, what="--ttl", at_least=floor, why="a lease must outlive the requests that take it")
+    assert refused.value.message == (
+        f"--ttl: {text!r} is too short; it must be at least {floor:g}s: a lease must outlive the requests that take it."
+    )
+
+
+def test_the_floor_itself_is_accepted() -> None:
+    assert parse_duration("100ms", at_least=0.1) == pytest.approx(0.1)
+    assert parse_duration("0", what="--wait") == 0.0  # no floor: zero means what it says

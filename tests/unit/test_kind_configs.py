@@ -369,3 +369,16 @@ def test_scripts_pass_shellcheck() -> None:
 def test_scripts_are_executable() -> None:
     for script in (KIND_UP, KIND_DOWN):
         assert os.access(script, os.X_OK), f"chmod +x {script.relative_to(ROOT)}"
+
+
+def test_workflow_lock_run_takes_the_cancellation_signal_and_a_short_ttl() -> None:
+    """A cancelled job gets SIGINT on the step's entry process: `exec` makes that `lock
+    run`, which passes it to the deploy command's group and releases the lock; a short
+    --ttl bounds how long a job nobody can clean up after blocks the others."""
+    from coordinator.durations import parse_duration
+
+    for job in _matrix_jobs():
+        [command] = [s["run"] for s in job["steps"] if "coordinator lock run" in s.get("run", "")]
+        assert command.lstrip().startswith("exec coordinator lock run "), command
+        ttl = re.search(r"--ttl (\S+)", command)
+        assert ttl is not None and parse_duration(ttl.group(1)) <= 60, command

@@ -309,3 +309,11 @@ def test_only_the_transport_imports_aiohttp() -> None:
             if "aiohttp" in tops and name not in AIOHTTP_ALLOWED:
                 found.append(f"{name} (line {node.lineno})")
     assert not found, "modules that import aiohttp besides the transport: " + ", ".join(found)
+
+
+def test_the_wheel_carries_py_typed() -> None:
+    """PEP 561: users' `mypy --strict` reads the package's own hints only if the marker
+    is installed with it, which takes package data (setuptools packs no other file)."""
+    assert (PACKAGE / "py.typed").is_file()
+    package_data = _setuptools_config().get("package-data") or {}
+    assert isinstance(package_data, dict) and "py.typed" in package_data.get("coordinator", []), package_data

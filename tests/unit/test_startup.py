@@ -26,8 +26,8 @@ from coordinator.records import ClusterRecord, DeploymentRecord, LocalConfig, fr
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Never imported by `lock status DEP`: pydantic (the config is read plainly), rich (only
-# tables on a terminal), structlog (only when something is logged), filelock (only
+# Never imported by `lock status DEP`: pydantic (the config is read plainly), rich (not a
+# dependency: whoever has it installed must not pay for it), structlog (only when something is logged), filelock (only
 # commands that write the config), the lock engine's write side, the history, the state.
 NOT_FOR_STATUS = (
     "pydantic",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.errors import ExitCode, NoQuorumError
+from coordinator.errors import ExitCode, LockHeldError, NoQuorumError
 from coordinator.outcome import Outcome
 from coordinator.verdicts import (
     break_verdict,
@@ -139,6 +139,30 @@ def test_break_on_a_minority_is_exit_4() -> None:
     assert err.message.startswith("The lock of 'pay' was cleared on only 1 of 2 clusters;")
 
 
+@dataclass
+class Action:
+    action: str
+
+
+def test_break_by_lock_id_that_cleared_a_leftover_still_reports_the_other_lock_with_exit_3() -> None:
+    """--lock-id A: A's lease on c1 is cleared, B holds c2 and c3 and is left alone."""
+    answers = {
+        "c1": Answer(Outcome.OK, "cleared holder A", Action("broken")),
+        "c2": Answer(Outcome.HELD_BY_OTHER, "held by bob (lock B)", Action("other")),
+        "c3": Answer(Outcome.HELD_BY_OTHER, "held by bob (lock B)", Action("other")),
+    }
+    v = break_verdict("pay", answers, "A")
+    assert v.broken == ["c1"]
+    err = v.problem()
+    assert isinstance(err, LockHeldError) and err.exit_code is ExitCode.HELD
+    assert err.message.startswith(
+        "Lock A was cleared on c1, and another lock was left alone (c2, c3: held by bob (lock B))."
+    ), err.message
+    # Without --lock-id nobody is "another lock": a lease the break could not clear is
+    # counted against its majority, as always.
+    assert isinstance(break_verdict("pay", answers).problem(), NoQuorumError)
+
+
 # ------------------------------------------------------------------ lock history
 
 
@@ -178,7 +202,7 @@ def test_waiting_names_holders_and_the_soonest_expiry() -> None:
         "c": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("", None, vanished=True))),
         "d": Answer(Outcome.UNREACHABLE),
     }
-    w = waiting(results)
+    w = waiting(results, View.remaining_s)
     assert w.holders == ["an unknown holder (deleted lease)", "ci-7"]
     assert w.expires_in_s == 12.5
     assert w.other_outcomes == ["unreachable"]
@@ -189,10 +213,34 @@ def test_waiting_escapes_holder_names_and_names_the_unnamed() -> None:
         "a": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("evil\x1b]0;title\x07"))),
         "b": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View(""))),
     }
-    w = waiting(results)
+    w = waiting(results, View.remaining_s)
     assert "an unnamed holder" in w.holders
     assert all("\x1b" not in h and "\x07" not in h for h in w.holders)
     assert w.expires_in_s is None
+
+
+@dataclass
+class Claim:
+    holder: str
+
+
+@dataclass
+class FreeReserved:
+    """A free lease handed to the longest waiter (a refusal of a newcomer)."""
+
+    live_claim: Claim
+    held: bool = False
+    vanished: bool = False
+    info: dict[str, str] = field(default_factory=dict)
+
+
+def test_waiting_names_whose_turn_it_is_not_an_unnamed_holder() -> None:
+    results = {
+        "a": Answer(Outcome.HELD_BY_OTHER, value=Attempt(FreeReserved(Claim("p2")))),  # type: ignore[arg-type]
+        "b": Answer(Outcome.HELD_BY_OTHER, value=Attempt(View("p3", 9.0))),
+    }
+    w = waiting(results, lambda v: None)
+    assert w.holders == ["p2 (next in line)", "p3"]
 
 
 def test_waiting_with_no_refusal_lists_the_other_outcomes() -> None:
