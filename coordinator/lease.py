@@ -326,8 +326,12 @@ class LeaseView:
 
     @property
     def fingerprint(self) -> tuple[Any, ...]:
-        """Our fields only: what local observation watches for change (other clients'
-        edits change the resourceVersion, not this)."""
+        """What local observation watches for change: the fields the lock rules read that
+        every take, renewal or tombstone of coordinator's changes (the object, its holder,
+        its take and renewal times, its token, its tombstone mark), and nothing else.
+        Labels, other annotations and the duration are left out: anyone may change those
+        (a duration coordinator did not write is not believed anyway), and continual edits
+        of them must not restart the observation and keep a dead holder's lock for ever."""
         spec = self.obj.get("spec") or {}
         ann = (self.obj.get("metadata") or {}).get("annotations") or {}
         return (
@@ -336,7 +340,6 @@ class LeaseView:
             spec.get("holderIdentity"),
             spec.get("renewTime"),
             spec.get("acquireTime"),
-            spec.get("leaseDurationSeconds"),
             ann.get(A_TOKEN),
             ann.get(A_VANISHED),
         )
