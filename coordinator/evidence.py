@@ -6,10 +6,16 @@ it. The API server records, per field manager, which fields each writer set last
 of its fields (`kubectl annotate`, `kubectl edit`, a server-side apply with
 ``--force-conflicts``), and the server then hands the field to that writer's manager.
 So a field counts as coordinator's word only while a coordinator field manager
-(``coordinator`` or ``coordinator-*``) owns it. A field nobody is recorded as owning
-(managedFields stripped, or owned by ``before-first-apply``, the name the server gives
-fields it found unowned, which any client can also write under) has no known writer and
-is not coordinator's word either: every rule treats it as another client's.
+(``coordinator`` or ``coordinator-*``) owns it. A field whose writer the server no longer
+records has no known writer (:attr:`Writer.UNKNOWN`) and is not coordinator's word either:
+every rule treats it as not ours. That is a field nobody is recorded as owning
+(managedFields stripped), one owned by ``before-first-apply`` (the name the server gives
+fields it found unowned), or one owned by ``ancient-changes`` (the entry into which the
+server merges the oldest Update entries once more than ten field managers have updated
+the object: another client adding annotations under eleven managers of its own merges
+coordinator's entries there, although nobody touched coordinator's fields). Any client can
+also write under either name. Reports say the record of who wrote such a field is gone,
+never that another client edited it.
 
 Pure: no I/O, no clock. ``EVIDENCE`` lists every field a rule reads, who may write it,
 what the rules do when another manager owns it or it is missing, and the test that shows
@@ -63,9 +69,19 @@ def annotation(name: str) -> tuple[str, str, str]:
     return ("metadata", "annotations", name)
 
 
-# The manager a server-side apply gives every field that had no recorded writer (after
-# the managedFields were stripped): it names nobody.
-NO_WRITER = "before-first-apply"
+# Field managers that name nobody: none at all (managedFields stripped); the one a
+# server-side apply gives every field that had no recorded writer; and the one the server
+# merges the oldest Update entries into when more than ten managers have updated an object.
+BEFORE_FIRST_APPLY = "before-first-apply"
+ANCIENT_CHANGES = "ancient-changes"
+NO_WRITERS = frozenset({"", BEFORE_FIRST_APPLY, ANCIENT_CHANGES})
+
+# What a report says of a field with no known writer (Writer.UNKNOWN), and how that comes.
+RECORD_GONE_HOW = (
+    "managedFields stripped, or merged by the API server into ancient-changes after more than ten field "
+    "managers updated the object"
+)
+RECORD_GONE = f"the record of who wrote it is gone ({RECORD_GONE_HOW})"
 
 
 class Writer(StrEnum):
@@ -73,7 +89,7 @@ class Writer(StrEnum):
 
     OURS = "ours"  # a coordinator field manager
     OTHER = "other"  # another client
-    UNKNOWN = "unknown"  # nobody recorded (stripped managedFields, or the server's before-first-apply)
+    UNKNOWN = "unknown"  # no record (stripped managedFields, before-first-apply, ancient-changes)
 
 
 def writer(obj: dict[str, Any], path: Sequence[str]) -> Writer:
@@ -81,7 +97,7 @@ def writer(obj: dict[str, Any], path: Sequence[str]) -> Writer:
     found = owners(obj, path)
     if any(is_ours(m) for m in found):
         return Writer.OURS
-    if any(m and m != NO_WRITER for m in found):
+    if any(m not in NO_WRITERS for m in found):
         return Writer.OTHER
     return Writer.UNKNOWN
 
@@ -137,7 +153,8 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease spec.holderIdentity",
         "who holds a lease; a renewal's 'still ours'",
         "coordinator (takes), coordinator-release (releases and breaks write it empty)",
-        "another manager's, or none (removed, stripped, before-first-apply): held by an unknown holder until "
+        "another manager's, or none (removed, stripped, before-first-apply, ancient-changes): held by an unknown "
+        "holder until "
         "coordinator's own write stamp, or local observation, shows a TTL passed; never ours, never free",
         "test_evidence_owners.py::test_a_holder_edited_by_another_client_is_neither_free_nor_ours",
     ),
@@ -154,8 +171,9 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease managedFields time of manager coordinator",
         "expiry (our last take or renewal, against a probe's stamp)",
         "the API server, for writes under coordinator",
-        "absent (stripped): expiry only by local observation for a whole TTL",
-        "test_lock_hardening.py",
+        "absent (stripped, or merged by the server into ancient-changes): expiry only by local observation of "
+        "the fields the lock rules read, unchanged for a maximum TTL (other edits do not restart it)",
+        "test_lock_hardening.py::test_a_capped_lease_of_a_dead_holder_lapses_in_a_max_ttl_while_another_client_edits_it",
     ),
     Evidence(
         "Lease spec.leaseDurationSeconds",
@@ -175,8 +193,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "Lease coordinator.io/vanished",
         "a tombstone: held by an unknown holder for a maximum TTL",
         "coordinator",
-        "another manager's, or none: not a tombstone (the mark neither lengthens a lock nor says a lease was "
-        "deleted)",
+        "another manager's, or none: not a tombstone (the mark neither lengthens a lock nor says a lease was deleted)",
         "test_evidence_owners.py::test_a_planted_vanished_mark_does_not_keep_a_dead_holders_lock",
     ),
     Evidence(

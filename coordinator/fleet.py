@@ -46,7 +46,16 @@ from coordinator.clusters import ClusterSet, outcome_of
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.lease import UNREADABLE, LeaseView, TurnClaim, pid_of
+from coordinator.lease import (
+    DEFAULT_MAX_SERVER_SKEW_S,
+    UNREADABLE,
+    LeaseView,
+    Standing,
+    TurnClaim,
+    copy_standing,
+    pid_of,
+)
+from coordinator.lock.reports import COPY_WHY, holder_field_why
 from coordinator.lock.results import lease_expiry_s, renewed_ago
 from coordinator.logs import get_logger
 from coordinator.membership import A_MEMBERSHIP, Membership
@@ -165,11 +174,16 @@ def _cluster_row(name: str, view: LeaseView | None, max_ttl_s: float) -> tuple[F
     """The row, the live lock id (if held), and its remaining seconds (if known)."""
     if view is None:
         return FleetCluster(name, "missing", detail="no lease of this deployment was listed here"), None, None
+    # The young-copy rule of acquisitions and `lock status` (lease.copy_standing), by the hint.
+    skew = DEFAULT_MAX_SERVER_SKEW_S
+    copy = copy_standing(view, None, max_ttl_s=max_ttl_s, max_server_skew_s=skew) is Standing.HELD
     if view.unknown_holder:
-        why = "the lease was deleted" if view.vanished else "another client edited the holder field"
-        if view.expired(max_ttl_s):
+        why = "the lease was deleted" if view.vanished else holder_field_why(view)
+        if view.expired(max_ttl_s) and not copy:
             return FleetCluster(name, "expired", detail=why), None, None
         return FleetCluster(name, "held", detail=f"{why}: held by an unknown holder"), None, None
+    if copy and not (view.held and not view.expired(max_ttl_s)):
+        return FleetCluster(name, "held", detail=f"{COPY_WHY}: held by an unknown holder"), None, None
     if not view.held:
         return FleetCluster(name, "free"), None, None
     who = view.info.get("holder") or None

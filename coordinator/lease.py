@@ -18,10 +18,11 @@ expire a lease. Where the two stamps may come from different API servers of one
 cluster (HA control planes), their clock offset is bounded by ``max_server_skew`` and
 added to the margin.
 
-A lease with no entry of ours (``managedFields`` stripped, or all our fields taken by
-another manager) gives no evidence: it lapses only by local observation — our fields
-unchanged for a whole TTL plus margin on the contender's own clock, as client-go's
-leader election judges. A ``leaseDurationSeconds`` that another manager changed is not
+A lease with no entry of ours (``managedFields`` stripped, our entries merged by the
+server into ``ancient-changes`` once more than ten managers updated it, or all our fields
+taken by another manager) gives no evidence: it lapses only by local observation — the
+fields the lock rules read unchanged for a whole TTL plus margin on the contender's own
+clock, as client-go's leader election judges. A ``leaseDurationSeconds`` that another manager changed is not
 believed: the deployment's maximum TTL applies instead; nor is a ``coordinator.io/max-ttl``
 note that no coordinator field manager wrote, or one longer than a day. What is written
 under a coordinator field manager is taken as coordinator's own: anyone may name it.
@@ -189,15 +190,15 @@ def _max_ttl_note(obj: dict[str, Any], raw: Any) -> int | None:
     return value if any(is_ours(w) for w in annotation_writers(obj, A_MAX_TTL)) else None
 
 
-def _holder_edited(obj: dict[str, Any], claimed: str | None) -> bool:
+def _holder_edited(holder_writer: Writer) -> bool:
     """Is the holder field not coordinator's word? Coordinator writes it on every take and
     release (empty when free), so a holder field no coordinator manager owns was written or
     removed by another client (a `kubectl edit` that "frees" a lease, or names another lock
-    id), or by nobody the server recorded (managedFields stripped, or a field given to the
-    server's before-first-apply manager, a name any client may use). Such a lease blocks
-    for a holder nobody can name until coordinator's own last write there, or local
+    id), or its writer is no longer on record (managedFields stripped, or the field owned by
+    before-first-apply or ancient-changes: coordinator.evidence.NO_WRITERS). Such a lease
+    blocks for a holder nobody can name until coordinator's own last write there, or local
     observation, shows a TTL passed; and it is no holder's own."""
-    return writer(obj, ("spec", "holderIdentity")) is not Writer.OURS
+    return holder_writer is not Writer.OURS
 
 
 @dataclass
@@ -216,10 +217,12 @@ class LeaseView:
     token_malformed: bool = False
     # Who wrote the token annotation: only coordinator's is the lease's token history.
     token_writer: Writer = Writer.UNKNOWN
-    # The holder field was removed or rewritten by another client: the lease counts as
-    # held by a holder nobody can name (``lock_id`` is None; ``claimed`` says what the
-    # field says), until coordinator's own write stamp shows a TTL passed.
+    # The holder field is not coordinator's word (another client wrote or removed it, or
+    # who wrote it is no longer on record): the lease counts as held by a holder nobody can
+    # name (``lock_id`` is None; ``claimed`` says what the field says), until coordinator's
+    # own write stamp shows a TTL passed.
     holder_edited: bool = False
+    holder_writer: Writer = Writer.UNKNOWN
     claimed: str | None = None
     info: dict[str, str] = field(default_factory=dict)
     server_now: datetime | None = None  # the response's Date header: a hint, never evidence
@@ -252,7 +255,8 @@ class LeaseView:
             except UNREADABLE:
                 malformed = True
         claimed = lock_id_of(spec.get("holderIdentity"))
-        edited = _holder_edited(obj, claimed)
+        holder_writer = writer(obj, ("spec", "holderIdentity"))
+        edited = _holder_edited(holder_writer)
         ttl = spec.get("leaseDurationSeconds")
         note: dict[str, Any] | None = None
         if isinstance(ann.get(A_LAST_BREAK), str) and writer(obj, annotation(A_LAST_BREAK)) is Writer.OURS:
@@ -274,6 +278,7 @@ class LeaseView:
             token_malformed=malformed,
             token_writer=token_writer,
             holder_edited=edited,
+            holder_writer=holder_writer,
             claimed=claimed,
             info={k[len(ANNOTATION_PREFIX) :]: str(v) for k, v in ann.items() if k in HOLDER_ANNOTATIONS},
             server_now=server_now,
@@ -326,8 +331,12 @@ class LeaseView:
 
     @property
     def fingerprint(self) -> tuple[Any, ...]:
-        """Our fields only: what local observation watches for change (other clients'
-        edits change the resourceVersion, not this)."""
+        """What local observation watches for change: the fields the lock rules read that
+        every take, renewal or tombstone of coordinator's changes (the object, its holder,
+        its take and renewal times, its token, its tombstone mark), and nothing else.
+        Labels, other annotations and the duration are left out: anyone may change those
+        (a duration coordinator did not write is not believed anyway), and continual edits
+        of them must not restart the observation and keep a dead holder's lock for ever."""
         spec = self.obj.get("spec") or {}
         ann = (self.obj.get("metadata") or {}).get("annotations") or {}
         return (
@@ -336,7 +345,6 @@ class LeaseView:
             spec.get("holderIdentity"),
             spec.get("renewTime"),
             spec.get("acquireTime"),
-            spec.get("leaseDurationSeconds"),
             ann.get(A_TOKEN),
             ann.get(A_VANISHED),
         )
@@ -513,17 +521,11 @@ def standing(
         return Standing.MISSING
     if view.lock_id == lock_id:
         return Standing.OURS
-    if not view.verified and not view.vanished:
-        # Not written by coordinator as this object: it may be a recreated copy of a
-        # deleted lease, so it blocks like a tombstone for a maximum TTL after its
-        # creation (a server stamp), whatever it says.
-        young = _young(view, stamp, max_ttl_s=max_ttl_s, max_server_skew_s=max_server_skew_s)
-        if young is None:
-            return Standing.PROBE if stamp is None else Standing.HELD
-        if young:
-            if stamp is not None:
-                return Standing.HELD
-            return Standing.PROBE if not date_trusted else Standing.HELD
+    copy = copy_standing(
+        view, stamp, max_ttl_s=max_ttl_s, max_server_skew_s=max_server_skew_s, date_trusted=date_trusted
+    )
+    if copy is not None:
+        return copy
     if not view.blocking:
         return Standing.FREE
     if view.own_write is None:
@@ -535,6 +537,34 @@ def standing(
     if not date_trusted or hint is None or hint <= 0:
         return Standing.PROBE
     return Standing.HELD
+
+
+def copy_standing(
+    view: LeaseView,
+    stamp: datetime | None,
+    *,
+    max_ttl_s: float,
+    max_server_skew_s: float,
+    date_trusted: bool = True,
+) -> Standing | None:
+    """The young-copy rule, which acquisitions (:func:`standing`) and `lock status` both
+    apply: a lease not written by coordinator as this very object (:attr:`LeaseView.verified`
+    false: its uid note is missing, names another object, or has no coordinator writer) may
+    be a recreated copy of a deleted lease, so it blocks like a tombstone for a maximum TTL
+    after its creation (a server stamp), whatever it says. HELD while it is that young;
+    PROBE when only a probe's stamp can tell (the ``Date`` hint says it is older, or says
+    nothing, or is not trusted); None when the rule does not hold the lease (verified, a
+    tombstone, or proven older)."""
+    if not view.exists or view.verified or view.vanished:
+        return None
+    young = _young(view, stamp, max_ttl_s=max_ttl_s, max_server_skew_s=max_server_skew_s)
+    if young is None:
+        return Standing.PROBE if stamp is None else Standing.HELD
+    if young:
+        if stamp is not None:
+            return Standing.HELD
+        return Standing.PROBE if not date_trusted else Standing.HELD
+    return None
 
 
 def _young(view: LeaseView, stamp: datetime | None, *, max_ttl_s: float, max_server_skew_s: float) -> bool | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final
 
+from coordinator.evidence import NO_WRITERS, RECORD_GONE
 from coordinator.kube.resources import ANNOTATION_PREFIX, FIELD_MANAGER
 from coordinator.quorum import Majorities
 from coordinator.text import printable
@@ -26,11 +27,6 @@ from coordinator.text import printable
 A_MEMBERSHIP = ANNOTATION_PREFIX + "membership"
 # Where annotations are listed in a managedFields entry's fieldsV1.
 _F_ANNOTATIONS = "f:annotations"
-
-
-# Field managers that name no writer: none at all (managedFields stripped), and the one
-# the API server gives fields it found unowned at the first server-side apply.
-UNKNOWN_WRITERS = frozenset({"", "before-first-apply"})
 
 
 @dataclass(frozen=True)
@@ -48,11 +44,10 @@ class Membership:
 
     @property
     def unowned(self) -> bool:
-        """Read from a lease whose managedFields name no owner of the annotation (they were
-        stripped): who wrote it is not known, neither coordinator nor anyone else. The
-        first server-side apply to such a lease hands every field it finds to the
-        server's ``before-first-apply`` manager: that names no writer either."""
-        return self.writers is not None and all(w in UNKNOWN_WRITERS for w in self.writers)
+        """Read from a lease whose managedFields name no writer of the annotation: who wrote
+        it is not known, neither coordinator nor anyone else (coordinator.evidence.NO_WRITERS:
+        stripped, ``before-first-apply``, or merged into ``ancient-changes``)."""
+        return self.writers is not None and all(w in NO_WRITERS for w in self.writers)
 
     @property
     def written_by_us(self) -> bool:
@@ -62,8 +57,8 @@ class Membership:
         return self.writers is None or any(is_ours(w) for w in self.writers)
 
     def writer_text(self) -> str:
-        named = [printable(w) for w in self.writers or () if w]
-        return "field manager " + ", ".join(named) if named else "no field manager (managedFields removed)"
+        named = [printable(w) for w in self.writers or () if w not in NO_WRITERS]
+        return "field manager " + ", ".join(named) if named else f"no known writer: {RECORD_GONE}"
 
     @classmethod
     def of(cls, identities: Iterable[str], epoch: int = 1, joint: Iterable[str] | None = None) -> Membership:

@@ -16,7 +16,8 @@ its holder's validity ended, and that a lease that disappears is never taken as 
   field manager's managedFields entry (our takes and renewals), compared with a fresh
   server stamp from a probe write made after the read. Edits by other field managers
   move neither. The HTTP ``Date`` only tells when to probe. A lease without our entry
-  lapses only by local observation (our fields unchanged for a whole TTL on the
+  (stripped, or merged by the server into ``ancient-changes``) lapses only by local
+  observation (the fields the lock rules read unchanged for a whole TTL on the
   contender's clock). A duration written by someone else is replaced by the
   deployment's maximum TTL.
 * The margin before a lapse counts is drift (1 % of the TTL) + 2 s (one-second stamps)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from coordinator.durations import format_duration
+from coordinator.evidence import RECORD_GONE_HOW, Writer
 from coordinator.fanout import ANSWERED, NOT_WAITED_FOR, ClusterResult
 from coordinator.lease import DEFAULT_MAX_TTL_S, HANDOFF_GRACE_S, LeaseView, TurnClaim
 from coordinator.lock.results import AcquireResult, ClusterLease, lease_expiry_s
@@ -47,6 +48,28 @@ def reserved_detail(claim: TurnClaim) -> str:
     )
 
 
+def holder_field_why(view: LeaseView) -> str:
+    """Why a holder field that is not coordinator's word is not: another client wrote or
+    removed it, or the record of who wrote it is gone (coordinator.evidence.Writer)."""
+    if view.holder_writer is Writer.OTHER:
+        return "another client edited the holder field"
+    return f"the record of who wrote the holder field is gone ({RECORD_GONE_HOW})"
+
+
+# What a person reads of a lease the young-copy rule holds (lease.copy_standing).
+COPY_WHY = (
+    "the lease is not known to be the object coordinator wrote (its coordinator.io/uid note is missing, "
+    "names another object, or has no known writer: a lease recreated from a copy looks the same)"
+)
+
+
+def copy_note(max_ttl_s: float) -> str:
+    return (
+        f"{COPY_WHY}, so it counts as held by an unknown holder until a maximum TTL ({max_ttl_s:.0f}s) after "
+        "its creation"
+    )
+
+
 def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
     if not view.exists or (view.vanished and not view.held):
         rem = view.remaining_hint(max_ttl_s) if view.exists else None
@@ -59,11 +82,17 @@ def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
         rem = view.remaining_hint(max_ttl_s)
         tail = f"; free in about {max(rem, 0):.0f}s" if rem is not None else ""
         says = f" (it now says {printable(view.claimed)[:80]!r})" if view.claimed else ""
-        return (
-            f"another client edited the holder field{says}, so it counts as held by an unknown holder "
-            f"until coordinator's last write here is a TTL old{tail}; use `coordinator lock break`, not "
-            "kubectl, to free a lock"
+        until = (
+            f"until coordinator's last write here is a TTL old{tail}"
+            if view.own_write is not None
+            else "until seen unchanged for a maximum TTL (no write of coordinator's is on record here)"
         )
+        return (
+            f"{holder_field_why(view)}{says}, so it counts as held by an unknown holder {until}; use "
+            "`coordinator lock break`, not kubectl, to free a lock"
+        )
+    if not view.held and not view.verified:
+        return copy_note(max_ttl_s)
     # Holder and lock id are text of whoever wrote the lease: escaped where they enter
     # the paragraph (errors keep their own line breaks when printed).
     who = printable(str(view.info.get("holder") or "an unknown holder"))
@@ -71,7 +100,8 @@ def held_detail(view: LeaseView, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> str:
     if view.own_write is None:
         return (
             f"held by {who} (lock {lock}), expiry unknown: the lease carries no write of coordinator's "
-            "own (managedFields cleared?), so it counts as held until seen unchanged for a whole TTL"
+            "own on record (managedFields stripped, or merged by the API server into ancient-changes), so it "
+            "counts as held until seen unchanged for a whole TTL"
         )
     rem = lease_expiry_s(view, max_ttl_s)
     tail = f", expires in {format_duration(rem)} unless renewed" if rem is not None else ""
@@ -136,7 +166,12 @@ def acquire_report(result: AcquireResult) -> str:
             reserved.setdefault(who or "another contender", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None and (v.vanished or not v.exists or not v.held):
             said.setdefault(("line", r.detail), []).append(name)
-            why = "holder field edited" if v.exists and v.holder_edited and not v.vanished else "deleted lease"
+            if not v.exists or v.vanished:
+                why = "deleted lease"
+            elif v.holder_edited:
+                why = "holder field edited" if v.holder_writer is Writer.OTHER else "record of the holder's writer gone"
+            else:
+                why = "lease not known to be coordinator's own object"
             holders.setdefault(f"an unknown holder ({why})", []).append(name)
         elif r.outcome is Outcome.HELD_BY_OTHER and v is not None:
             who = v.info.get("holder") or "?"

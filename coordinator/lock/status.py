@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from coordinator.lease import TurnClaim
+from coordinator.lease import Standing, TurnClaim, copy_standing
 from coordinator.lock.members import Members
+from coordinator.lock.reports import copy_note, holder_field_why
 from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder, lease_expiry_s, renewed_ago
 from coordinator.outcome import Outcome
 
@@ -36,6 +37,14 @@ class Status(Members):
             if v.live_claim is not None and v.claim_fresh():
                 claims.append(v.live_claim)
             expired = v.expired(self.max_ttl_s)
+            # The rule an acquisition applies first (lease.copy_standing): a lease not known
+            # to be the object coordinator wrote blocks for a maximum TTL after its creation.
+            # Judged, as every expiry here, by the Date hint: where it says the lease is
+            # older, an acquisition's probe decides, and status goes on as for any lease.
+            copy = (
+                copy_standing(v, None, max_ttl_s=self.max_ttl_s, max_server_skew_s=self.max_server_skew_s)
+                is Standing.HELD
+            )
             note: str | None = None
             if not v.exists:
                 st = "held"
@@ -47,13 +56,20 @@ class Status(Members):
                 if not expired:
                     unknown.append(name)
             elif v.holder_edited:
-                st = "expired" if expired else "held"
-                note = (
-                    "another client edited the holder field: it counts as held by an unknown holder until "
+                st = "expired" if expired and not copy else "held"
+                note = f"{holder_field_why(v)}: it counts as held by an unknown holder until " + (
                     "coordinator's last write here is a TTL old"
+                    if v.own_write is not None
+                    else "seen unchanged for a maximum TTL (no write of coordinator's is on record here)"
                 )
-                if not expired:
+                if copy:
+                    note += f"; and {copy_note(self.max_ttl_s)}"
+                if st == "held":
                     unknown.append(name)
+            elif copy and not (v.held and not expired):
+                st = "held"
+                note = copy_note(self.max_ttl_s)
+                unknown.append(name)
             elif not v.held:
                 st = "free"
             elif expired:

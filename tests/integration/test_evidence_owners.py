@@ -357,3 +357,61 @@ def test_after_managed_fields_are_stripped_coordinator_writes_are_evidence_again
     renewed = env.cli("lock", "renew", "web", "--lock-id", lock_id)
     assert renewed.returncode == 0, renewed.stderr
     assert env.cli("lock", "release", "web", "--lock-id", lock_id).returncode == 0
+
+
+def _cap(env: Env, index: int) -> list[str]:
+    """Another client adds 11 annotations of its own under 11 field managers: the API server
+    keeps at most 10 Update entries and merges the oldest ones (coordinator's) into one it
+    names ``ancient-changes``. Nothing coordinator wrote is touched. The managers left."""
+    for n in range(1, 12):
+        _k(
+            env,
+            index,
+            "annotate",
+            "--overwrite",
+            "lease",
+            LEASE,
+            f"--field-manager=tool-{n}",
+            f"example.com/note-{n}=x",
+        )
+    return [str(e.get("manager")) for e in _lease(env, index)["metadata"].get("managedFields") or []]
+
+
+def test_fields_the_server_merged_into_ancient_changes_have_no_known_writer(sandbox3: Any, tmp_path: Path) -> None:
+    from coordinator.evidence import Writer, writer
+
+    # alice holds a 5 s lock and dies; another client caps the managedFields of every lease.
+    env = make_env(sandbox3, tmp_path, max_ttl_s=10)
+    alice = _acquire(env, "alice", "--ttl", "5s")
+    assert alice.returncode == 0, alice.stderr
+    for i in (1, 2, 3):
+        managers = _cap(env, i)
+        assert "ancient-changes" in managers and "coordinator" not in managers, managers
+        # Nobody can tell who wrote the holder field now: not coordinator, and not another
+        # client either (nobody edited it).
+        assert writer(_lease(env, i), ("spec", "holderIdentity")) is Writer.UNKNOWN
+    st = env.cli("-o", "json", "lock", "status", "web")
+    doc = json.loads(st.stdout)
+    assert doc["status"] == "unknown", doc
+    notes = " ".join(str(row.get("error") or "") for row in doc["clusters"])
+    assert "record of who wrote" in notes and "another client edited" not in notes, notes
+    refused = _acquire(env, "bob", "--ttl", "5s")
+    assert refused.returncode == 3, refused.stderr
+    assert "record of who wrote" in refused.stderr and "another client edited" not in refused.stderr, refused.stderr
+    # The lock lapses as a stripped one does: by local observation of the maximum TTL.
+    bob = _acquire(env, "bob", "--ttl", "5s", "--wait", "60s")
+    assert bob.returncode == 0, bob.stderr
+    assert _token(bob) > _token(alice)
+
+
+def test_a_live_lock_whose_records_the_server_merged_is_lost_at_its_next_renewal(dep3: Env) -> None:
+    # alice holds for a minute; another client caps every lease's managedFields. Her holder
+    # field is then no more her word than a stripped one: her renewal reports the lock lost
+    # (the safe direction), and nobody else gets it before a maximum TTL either.
+    alice = _acquire(dep3, "alice", "--ttl", "60s")
+    lock_id = json.loads(alice.stdout)["lock_id"]
+    for i in (1, 2, 3):
+        assert "ancient-changes" in _cap(dep3, i)
+    renewed = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
+    assert renewed.returncode != 0, renewed.stdout + renewed.stderr
+    assert _acquire(dep3, "bob", "--ttl", "10s").returncode == 3

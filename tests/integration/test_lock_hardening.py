@@ -167,6 +167,46 @@ def test_edits_by_another_client_do_not_keep_a_dead_holders_lock_alive(dep3: Env
     assert doc(b)["fencing_token"] > doc(a)["fencing_token"]
 
 
+def test_a_capped_lease_of_a_dead_holder_lapses_in_a_max_ttl_while_another_client_edits_it(short: Env) -> None:
+    # alice takes a 4 s lock and dies. Another client adds 11 annotations under 11 field
+    # managers to every lease: the API server merges the oldest entries (coordinator's)
+    # into `ancient-changes`, so no stamp says when alice last wrote and the lease lapses
+    # only by local observation of the maximum TTL (8 s), as a stripped one does. That
+    # client then edits an annotation and the lease's duration every second: neither is a
+    # field the lock rules read, so neither restarts the observation.
+    a = acquire(short, "alice", "--ttl", "4s")
+    assert a.returncode == 0, a.stderr
+    for i in (1, 2, 3):
+        for n in range(1, 12):
+            kubectl(short, i, "annotate", "--overwrite", "lease", LEASE, f"--field-manager=tool-{n}",
+                    f"example.com/note-{n}=x")  # fmt: skip
+        managers = [e.get("manager") for e in (lease(short, i) or {})["metadata"]["managedFields"]]
+        assert "coordinator" not in managers and "ancient-changes" in managers, managers
+    stop = threading.Event()
+    edits = [0]
+
+    def editor() -> None:
+        while not stop.is_set():
+            for i in (1, 2, 3):
+                kubectl(short, i, "annotate", "--overwrite", "--field-manager=editor", "lease", LEASE,
+                        f"team.example.com/seen={edits[0]}")  # fmt: skip
+                patch = json.dumps({"spec": {"leaseDurationSeconds": 4 + edits[0] % 2}})
+                kubectl(short, i, "patch", "lease", LEASE, "--type=merge", "--field-manager=editor", "-p", patch)
+            edits[0] += 1
+            stop.wait(1.0)
+
+    thread = threading.Thread(target=editor, daemon=True)
+    thread.start()
+    try:
+        b = acquire(short, "bob", "--max-server-skew", "0s", "--wait", "90s")
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert b.returncode == 0, b.stderr[-1500:]
+    assert edits[0] >= 5  # the edits went on all along
+    assert doc(b)["fencing_token"] > doc(a)["fencing_token"]
+
+
 # -- 3. a lease vanishes from one member
 
 

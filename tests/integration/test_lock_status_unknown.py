@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from coord_fixtures import Env
+from faults.kubectl import kubectl as run_kubectl
 
 
 @contextmanager
@@ -133,3 +134,28 @@ def test_status_watch_says_unknown_in_each_round(dep3: Env) -> None:
             proc.communicate(timeout=30)
         assert first["status"] == "unknown" and first["holder"] is None
         assert [p["holder"] for p in first["possible_holders"]] == ["alice"]
+
+
+def test_status_is_unknown_where_an_acquisition_refuses_a_young_copy(dep3: Env) -> None:
+    # A deployment made just now (maximum TTL 10 minutes); another client removes the uid
+    # note from two leases. Nothing says those objects are the ones coordinator wrote (a
+    # lease recreated from a copy looks the same), so for a maximum TTL after their
+    # creation they count as held by a holder nobody can name: an acquisition is refused,
+    # and status says the same, not "free".
+    for i in (1, 2):
+        proc = run_kubectl(dep3.kubeconfig, i, dep3.namespace, "annotate", "lease", "coordinator-lock-web",
+                           "coordinator.io/uid-")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    st = _status(dep3, "web", "-o", "json")
+    assert st.returncode == 4, st.stdout + st.stderr
+    doc = json.loads(st.stdout)
+    assert doc["status"] == "unknown" and doc["holder"] is None, doc
+    rows = {row["name"]: row for row in doc["clusters"]}
+    for name in ("c1", "c2"):
+        assert rows[name]["status"] == "held", rows[name]
+        assert "after its creation" in (rows[name]["error"] or ""), rows[name]
+    assert rows["c3"]["status"] == "free", rows["c3"]
+    text = _status(dep3, "web")
+    assert text.returncode == 4 and "UNKNOWN whether it is held" in text.stdout, text.stdout + text.stderr
+    bob = dep3.cli("--timeout", "2s", "lock", "acquire", "web", "--holder", "bob", "--ttl", "10s")
+    assert bob.returncode == 3, bob.stderr

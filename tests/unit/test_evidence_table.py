@@ -42,6 +42,9 @@ def test_writer_of_a_field() -> None:
     # several owners (the same value applied by both): one of ours vouches for it
     assert writer(_obj(("kubectl", holder), ("coordinator", holder)), path) is Writer.OURS
     assert writer(_obj(("before-first-apply", holder)), path) is Writer.UNKNOWN  # names nobody
+    # the server's merge of the oldest Update entries past ten managers: nobody can tell who
+    assert writer(_obj(("ancient-changes", holder)), path) is Writer.UNKNOWN
+    assert writer(_obj(("ancient-changes", holder), ("kubectl", holder)), path) is Writer.OTHER
     assert writer({"metadata": {}}, path) is Writer.UNKNOWN  # stripped
     assert writer(_obj(("coordinator", {"f:spec": {}})), path) is Writer.UNKNOWN  # nobody owns it
     assert writer(_obj(("coordinatorx", holder)), path) is Writer.OTHER  # not a coordinator manager

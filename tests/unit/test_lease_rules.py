@@ -158,6 +158,21 @@ def test_local_observation_needs_our_fields_unchanged_for_a_whole_ttl() -> None:
     assert not lapsed_by_observation(seen, view, 100.0 + wait + 1, max_ttl_s=MAX_TTL, max_server_skew_s=5.0)
     own_ttl_wait = MAX_TTL + lapse_margin(MAX_TTL, 5.0)
     assert lapsed_by_observation(seen, view, 100.0 + own_ttl_wait + 1, max_ttl_s=MAX_TTL, max_server_skew_s=5.0)
+
+
+def test_observation_watches_only_fields_the_lock_rules_read() -> None:
+    view = lease(own_at=None, ttl=30)
+    seen = observe(None, view, now=100.0)
+    wait = MAX_TTL + lapse_margin(MAX_TTL, 5.0)
+    # another client changes the duration (not believed without our entry) and annotations:
+    # the sighting stands, and the lease lapses a maximum TTL after it was first seen
+    edited = lease(own_at=None, ttl=4, annotations={"team.example.com/seen": "7"})
+    assert edited.fingerprint == view.fingerprint
+    assert observe(seen, edited, now=150.0) is seen
+    assert lapsed_by_observation(seen, edited, 100.0 + wait + 1, max_ttl_s=MAX_TTL, max_server_skew_s=5.0)
+    # a take or renewal (holder, token, renewal time) starts a new sighting
+    for moved in (lease(own_at=None, holder="next"), lease(own_at=None, token=4)):
+        assert observe(seen, moved, now=150.0) is not seen
     # a renewal (our renewTime moved) restarts it
     renewed = LeaseView.parse({**view.obj, "spec": {**view.obj["spec"], "renewTime": "2026-12-01T12:00:09Z"}})
     again = observe(seen, renewed, now=160.0)

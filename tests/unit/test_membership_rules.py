@@ -160,7 +160,7 @@ def test_written_by_us_unowned_and_writer_text() -> None:
     stripped = in_lease_object({"metadata": {"annotations": {A_MEMBERSHIP: LOCAL.dump()}}})
     assert isinstance(stripped, Membership)
     assert stripped.unowned and not stripped.written_by_us
-    assert stripped.writer_text() == "no field manager (managedFields removed)"
+    assert stripped.writer_text().startswith("no known writer: the record of who wrote it is gone")
     # parsed from text or from a state envelope: who wrote it is not known, and it is believed
     assert LOCAL.writers is None and LOCAL.written_by_us and not LOCAL.unowned
     # the first server-side apply to a stripped lease gives what it found to this manager:
@@ -168,6 +168,11 @@ def test_written_by_us_unowned_and_writer_text() -> None:
     applied = by(LOCAL, "before-first-apply")
     assert applied.unowned and not applied.written_by_us
     assert not by(LOCAL, "before-first-apply", "kubectl").unowned
+    # the entry the server merges the oldest Update entries into past ten managers names
+    # nobody either, however many clients it merged
+    merged = by(LOCAL, "ancient-changes")
+    assert merged.unowned and not merged.written_by_us
+    assert "ancient-changes" not in merged.writer_text().split(":")[0]
 
 
 def test_writer_text_escapes_a_managers_control_characters() -> None:
