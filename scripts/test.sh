@@ -14,7 +14,25 @@
 # Set-up, each step skipped when already done: Debian's faketime (clock-skew tests),
 # a virtualenv in .venv with the package and its test extras, and the Go builds of
 # etcd, kube-apiserver and toxiproxy (cached under ~/.cache/coordinator).
+#
+# Then the static checks, each named (ruff's lint and format check, mypy --strict as
+# pyproject configures it), and pytest, which ends with the 30 slowest tests and the total.
+# Extra arguments skip the static checks: they are for running a part of the suite.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
-exec "${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-2}" --dist worksteal "$@"
+began=${SECONDS}
+if [ "$#" -eq 0 ]; then
+    echo "== ruff check"
+    "${VENV}/bin/ruff" check coordinator tests scripts
+    echo "== ruff format --check"
+    "${VENV}/bin/ruff" format --check coordinator tests scripts
+    echo "== mypy"
+    "${VENV}/bin/mypy"
+    echo "== pytest (unit, simulator, integration)"
+fi
+status=0
+"${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-2}" --dist worksteal \
+    --durations=30 "$@" || status=$?
+echo "== scripts/test.sh took $(( (SECONDS - began) / 60 )) min $(( (SECONDS - began) % 60 )) s (exit ${status})"
+exit "${status}"

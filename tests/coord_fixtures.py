@@ -66,16 +66,23 @@ class Env:
         env.update(extra)
         return env
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
-            prefix: list[str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        prefix: list[str] | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         environ = self.environ(**(env or {}))
         if not prefix:  # a fresh interpreter's command, without its second of imports
             return cliserver.run(list(args), environ, timeout=timeout, input=input)
         cmd = [*prefix, sys.executable, "-m", "coordinator", *args]
         return subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=timeout, input=input)
 
-    def popen(self, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None,
-              **kw: Any) -> subprocess.Popen[str]:
+    def popen(
+        self, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None, **kw: Any
+    ) -> subprocess.Popen[str]:
         cmd = [*(prefix or []), sys.executable, "-m", "coordinator", *args]
         return subprocess.Popen(cmd, env=self.environ(**(env or {})), text=True, **kw)
 

@@ -162,9 +162,7 @@ def status_document(st: Any) -> dict[str, Any]:
             {"holder": p.holder, "lock_id": p.lock_id, "clusters": list(p.clusters)} for p in st.possible
         ]
         + (
-            [{"holder": None, "lock_id": None, "clusters": [*st.unobserved, *st.unnamed]}]
-            if st.possible_unseen
-            else []
+            [{"holder": None, "lock_id": None, "clusters": [*st.unobserved, *st.unnamed]}] if st.possible_unseen else []
         ),
         "clusters": [
             {

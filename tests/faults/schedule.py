@@ -94,6 +94,8 @@ class _ForeignPlan:
         if self.field == "coordinator.io/membership" and text.startswith("{"):
             return "x"
         return text
+
+
 # Kinds that act on a holder inside its section (or on the Lease or objects it is using),
 # or that take the lock themselves: injected while the lock is blocked they wait for a
 # holder (up to 10-40 s) or find none. See Faults._pick.

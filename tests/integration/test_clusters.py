@@ -156,8 +156,9 @@ def test_three_clusters_connect_with_three_identities_and_are_listed(sandbox3: A
 def test_two_connects_started_at_the_same_instant_both_land(sandbox3: Any, tmp_path: Path) -> None:
     env = bare_env(sandbox3, tmp_path)
     procs = [
-        env.popen("cluster", "connect", f"c{i}", "--context", f"sandbox-{i}",
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env.popen(
+            "cluster", "connect", f"c{i}", "--context", f"sandbox-{i}", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         for i in (1, 2)
     ]
     for p in procs:
@@ -178,11 +179,27 @@ def test_the_same_cluster_twice_under_two_names_is_refused(sandbox3: Any, tmp_pa
     assert "same cluster" in text and "'c1'" in text and kube_system_uid(sandbox3, 1) in text
     assert snapshot(env.config) == before
 
-    ok(env, "cluster", "connect", "r2", "--context", "sandbox-2-restricted",
-       "--identity-namespace", "sandbox-restricted")
+    ok(
+        env,
+        "cluster",
+        "connect",
+        "r2",
+        "--context",
+        "sandbox-2-restricted",
+        "--identity-namespace",
+        "sandbox-restricted",
+    )
     before = snapshot(env.config)
-    proc = cli(env, "cluster", "connect", "r2b", "--context", "sandbox-2-restricted",
-               "--identity-namespace", "sandbox-restricted")
+    proc = cli(
+        env,
+        "cluster",
+        "connect",
+        "r2b",
+        "--context",
+        "sandbox-2-restricted",
+        "--identity-namespace",
+        "sandbox-restricted",
+    )
     assert proc.returncode == 2 and "same cluster" in one_paragraph(proc.stderr) and "'r2'" in proc.stderr
     assert snapshot(env.config) == before
     assert [c["name"] for c in doc(env, "cluster", "list")] == ["c1", "r2"]
@@ -195,16 +212,32 @@ def test_the_same_cluster_twice_under_two_names_is_refused(sandbox3: Any, tmp_pa
     assert "same cluster as 'r2'" in text and "reads the identity ConfigMap of 'r2'" in text, text
     assert snapshot(env.config) == before
     # c1 by kube-system, then r1 by its ConfigMap (which c1's context can read):
-    proc = cli(env, "cluster", "connect", "r1", "--context", "sandbox-1-restricted",
-               "--identity-namespace", "sandbox-restricted")
+    proc = cli(
+        env,
+        "cluster",
+        "connect",
+        "r1",
+        "--context",
+        "sandbox-1-restricted",
+        "--identity-namespace",
+        "sandbox-restricted",
+    )
     assert proc.returncode == 2, proc.stderr
     text = one_paragraph(proc.stderr)
     assert "same cluster as 'c1'" in text, text
     assert "the context of 'c1' reads this context's identity ConfigMap" in text, text
     assert snapshot(env.config) == before
     # A different cluster proven by its ConfigMap is not mistaken for one of them.
-    ok(env, "cluster", "connect", "r3", "--context", "sandbox-3-restricted",
-       "--identity-namespace", "sandbox-restricted")
+    ok(
+        env,
+        "cluster",
+        "connect",
+        "r3",
+        "--context",
+        "sandbox-3-restricted",
+        "--identity-namespace",
+        "sandbox-restricted",
+    )
     assert [c["name"] for c in doc(env, "cluster", "list")] == ["c1", "r2", "r3"]
 
 
@@ -351,33 +384,60 @@ LONG = "a" * 64
 BAD_INPUT: dict[str, tuple[list[str], dict[str, str], str]] = {
     # id: (args, extra environment, what the message must name); "{tmp}" is the fixture's directory
     "unknown-context": (["cluster", "connect", "x", "--context", "nope"], {}, "'nope'"),
-    "missing-kubeconfig": (["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/none"],
-                           {}, "No kubeconfig file"),
-    "missing-KUBECONFIG": (["cluster", "connect", "x", "--context", "sandbox-1"],
-                           {"KUBECONFIG": "{tmp}/none:{tmp}/none2"}, "No kubeconfig file"),
-    "garbage-kubeconfig": (["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/garbage.yaml"],
-                           {}, "not valid YAML at line"),
-    "garbage-KUBECONFIG": (["cluster", "connect", "x", "--context", "sandbox-1"],
-                           {"KUBECONFIG": "{tmp}/garbage.yaml"}, "garbage.yaml"),
-    "list-kubeconfig": (["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/list.yaml"],
-                        {}, "list.yaml"),
-    "words-kubeconfig": (["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/words.yaml"],
-                         {}, "words.yaml"),
-    "binary-kubeconfig": (["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/binary.yaml"],
-                          {}, "binary.yaml"),
+    "missing-kubeconfig": (
+        ["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/none"],
+        {},
+        "No kubeconfig file",
+    ),
+    "missing-KUBECONFIG": (
+        ["cluster", "connect", "x", "--context", "sandbox-1"],
+        {"KUBECONFIG": "{tmp}/none:{tmp}/none2"},
+        "No kubeconfig file",
+    ),
+    "garbage-kubeconfig": (
+        ["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/garbage.yaml"],
+        {},
+        "not valid YAML at line",
+    ),
+    "garbage-KUBECONFIG": (
+        ["cluster", "connect", "x", "--context", "sandbox-1"],
+        {"KUBECONFIG": "{tmp}/garbage.yaml"},
+        "garbage.yaml",
+    ),
+    "list-kubeconfig": (
+        ["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/list.yaml"],
+        {},
+        "list.yaml",
+    ),
+    "words-kubeconfig": (
+        ["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/words.yaml"],
+        {},
+        "words.yaml",
+    ),
+    "binary-kubeconfig": (
+        ["cluster", "connect", "x", "--context", "sandbox-1", "--kubeconfig", "{tmp}/binary.yaml"],
+        {},
+        "binary.yaml",
+    ),
     "cluster-name-not-dns": (["cluster", "connect", "Bad_Name", "--context", "sandbox-1"], {}, "DNS-1123"),
     "cluster-name-too-long": (["cluster", "connect", LONG, "--context", "sandbox-1"], {}, "limit is 63"),
     "cluster-name-empty": (["cluster", "connect", "", "--context", "sandbox-1"], {}, "must not be empty"),
-    "identity-namespace-not-dns": (["cluster", "connect", "x", "--context", "sandbox-1", "--identity-namespace",
-                                    "No.Such"], {}, "DNS-1123"),
+    "identity-namespace-not-dns": (
+        ["cluster", "connect", "x", "--context", "sandbox-1", "--identity-namespace", "No.Such"],
+        {},
+        "DNS-1123",
+    ),
     "cluster-name-taken": (["cluster", "connect", "c1", "--context", "sandbox-2"], {}, "already connected"),
     "deployment-name-not-dns": (["deployment", "create", "Web", "-n", "ok", "--cluster", "c1"], {}, "DNS-1123"),
     "deployment-name-too-long": (["deployment", "create", "d" * 46, "-n", "ok", "--cluster", "c1"], {}, "limit is 45"),
     "namespace-not-dns": (["deployment", "create", "ok", "-n", "-bad", "--cluster", "c1"], {}, "DNS-1123"),
     "namespace-too-long": (["deployment", "create", "ok", "-n", LONG, "--cluster", "c1"], {}, "limit is 63"),
     "unknown-member": (["deployment", "create", "ok", "-n", "ok", "--cluster", "c1", "--cluster", "c9"], {}, "'c9'"),
-    "duplicate-member": (["deployment", "create", "ok", "-n", "ok", "--cluster", "c1", "--cluster", "c1"],
-                         {}, "listed twice"),
+    "duplicate-member": (
+        ["deployment", "create", "ok", "-n", "ok", "--cluster", "c1", "--cluster", "c1"],
+        {},
+        "listed twice",
+    ),
     "deployment-exists": (["deployment", "create", "web", "-n", "ok", "--cluster", "c1"], {}, "already exists"),
     "show-unknown": (["deployment", "show", "nope"], {}, "'nope'"),
     "delete-unknown": (["deployment", "delete", "nope"], {}, "'nope'"),
@@ -456,8 +516,15 @@ def test_create_makes_the_namespace_where_allowed_and_says_where_not(sandbox3: A
 
 def test_list_and_show_in_every_format(dep3: Env) -> None:
     listed = doc(dep3, "deployment", "list")
-    assert listed == [{"name": "web", "namespace": dep3.namespace, "clusters": ["c1", "c2", "c3"],
-                       "quorum": 2, "storage": "configmap"}]
+    assert listed == [
+        {
+            "name": "web",
+            "namespace": dep3.namespace,
+            "clusters": ["c1", "c2", "c3"],
+            "quorum": 2,
+            "storage": "configmap",
+        }
+    ]
     assert yaml.safe_load(ok(dep3, "-o", "yaml", "deployment", "list").stdout) == listed
     table = ok(dep3, "deployment", "list").stdout.splitlines()
     assert table[0].split() == ["NAME", "NAMESPACE", "QUORUM", "CLUSTERS"]
@@ -474,8 +541,10 @@ def test_list_and_show_in_every_format(dep3: Env) -> None:
 def _tool_objects(env: Env, index: int) -> dict[str, str | None]:
     """Lease and state object of the env's deployment on cluster ``index``: path -> resourceVersion or None."""
     out: dict[str, str | None] = {}
-    for path in (lease_path(env.namespace, f"coordinator-lock-{env.deployment}"),
-                 f"{configmaps_path(env.namespace)}/coordinator-state-{env.deployment}"):
+    for path in (
+        lease_path(env.namespace, f"coordinator-lock-{env.deployment}"),
+        f"{configmaps_path(env.namespace)}/coordinator-state-{env.deployment}",
+    ):
         obj = env.sandbox.admin(index).get(path)
         out[path] = obj["metadata"]["resourceVersion"] if obj else None
     return out
@@ -499,8 +568,13 @@ def test_local_delete_then_import_from_the_state(lone: Env, tmp_path: Path) -> N
     assert [_tool_objects(lone, i) for i in (1, 2, 3)] == before  # nothing changed in the clusters
 
     imported = doc(lone, "deployment", "import", name, "--cluster", "c2")
-    assert imported == {"name": name, "namespace": lone.namespace, "clusters": ["c1", "c2", "c3"],
-                        "source": "lock lease (member set epoch 1)", "max_ttl_s": 600.0}
+    assert imported == {
+        "name": name,
+        "namespace": lone.namespace,
+        "clusters": ["c1", "c2", "c3"],
+        "source": "lock lease (member set epoch 1)",
+        "max_ttl_s": 600.0,
+    }
     assert doc(lone, "state", "get", name) == {"replicas": 3}
 
     # Members are matched by identity, so a machine that named the clusters differently
@@ -517,8 +591,13 @@ def test_import_from_the_lock_lease_when_there_is_no_state(lone: Env) -> None:
     held = doc(lone, "lock", "acquire", name)
     ok(lone, "deployment", "delete", name)
     imported = doc(lone, "deployment", "import", name, "--cluster", "c3")
-    assert imported == {"name": name, "namespace": lone.namespace, "clusters": ["c1", "c2", "c3"],
-                        "source": "lock lease (member set epoch 1)", "max_ttl_s": 600.0}
+    assert imported == {
+        "name": name,
+        "namespace": lone.namespace,
+        "clusters": ["c1", "c2", "c3"],
+        "source": "lock lease (member set epoch 1)",
+        "max_ttl_s": 600.0,
+    }
     assert doc(lone, "lock", "status", name)["lock_id"] == held["lock_id"]
     ok(lone, "lock", "release", name)
 
@@ -582,8 +661,16 @@ def test_everything_the_tool_creates_carries_its_own_label(sandbox3: Any, tmp_pa
     for i in (1, 2, 3):
         ok(env, "cluster", "connect", f"c{i}", "--context", f"sandbox-{i}")
     # The identity ConfigMap (from another config: in this one, c1 is already this cluster)
-    ok(bare_env(sandbox3, tmp_path / "other"), "cluster", "connect", "r1", "--context", "sandbox-1-restricted",
-       "--identity-namespace", sandbox3.restricted_namespace)
+    ok(
+        bare_env(sandbox3, tmp_path / "other"),
+        "cluster",
+        "connect",
+        "r1",
+        "--context",
+        "sandbox-1-restricted",
+        "--identity-namespace",
+        sandbox3.restricted_namespace,
+    )
     members = ["--cluster", "c1", "--cluster", "c2", "--cluster", "c3"]
     ok(env, "deployment", "create", "cm", "-n", ns, *members)
     ok(env, "deployment", "create", "sec", "-n", secret_ns, "--storage", "secret", *members)
@@ -593,15 +680,22 @@ def test_everything_the_tool_creates_carries_its_own_label(sandbox3: Any, tmp_pa
         ok(env, "lock", "release", dep)
 
     expected = {
-        f"namespace/{ns}", f"namespace/{secret_ns}",
-        f"lease/{ns}/coordinator-lock-cm", f"configmap/{ns}/coordinator-state-cm",
-        f"lease/{secret_ns}/coordinator-lock-sec", f"secret/{secret_ns}/coordinator-state-sec",
+        f"namespace/{ns}",
+        f"namespace/{secret_ns}",
+        f"lease/{ns}/coordinator-lock-cm",
+        f"configmap/{ns}/coordinator-state-cm",
+        f"lease/{secret_ns}/coordinator-lock-sec",
+        f"secret/{secret_ns}/coordinator-state-sec",
     }
     mine = {ns, secret_ns, sandbox3.restricted_namespace}  # other tests plant foreign objects elsewhere
     for i in (1, 2, 3):
         seen: dict[str, dict[str, str]] = {}
-        for kind, path in (("namespace", "/api/v1/namespaces"), ("lease", "/apis/coordination.k8s.io/v1/leases"),
-                           ("configmap", "/api/v1/configmaps"), ("secret", "/api/v1/secrets")):
+        for kind, path in (
+            ("namespace", "/api/v1/namespaces"),
+            ("lease", "/apis/coordination.k8s.io/v1/leases"),
+            ("configmap", "/api/v1/configmaps"),
+            ("secret", "/api/v1/secrets"),
+        ):
             for obj in items(sandbox3, i, path):
                 meta = obj["metadata"]
                 if (meta.get("namespace") or meta["name"]) not in mine:
@@ -625,8 +719,17 @@ def test_kubeconfig_with_several_paths_works(sandbox3: Any, tmp_path: Path) -> N
     whole = yaml.safe_load(sandbox3.kubeconfig.read_text())
     servers = tmp_path / "servers.yaml"  # clusters and users
     contexts = tmp_path / "contexts.yaml"  # contexts only
-    servers.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": whole["clusters"],
-                                       "users": whole["users"], "contexts": []}))
+    servers.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": whole["clusters"],
+                "users": whole["users"],
+                "contexts": [],
+            }
+        )
+    )
     contexts.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "contexts": whole["contexts"]}))
     split = {"KUBECONFIG": f"{contexts}:{tmp_path / 'absent.yaml'}:{servers}"}
     env = bare_env(sandbox3, tmp_path)
@@ -637,8 +740,21 @@ def test_kubeconfig_with_several_paths_works(sandbox3: Any, tmp_path: Path) -> N
     ok(env, "cluster", "connect", "c3", "--context", "sandbox-3", "--kubeconfig", f"{servers}:{contexts}")
     assert doc(env, "cluster", "list")[2]["kubeconfig"] == f"{servers}:{contexts}"
     ns = "t-" + secrets.token_hex(4)
-    ok(env, "deployment", "create", "web", "-n", ns, "--cluster", "c1", "--cluster", "c2", "--cluster", "c3",
-       extra=split)
+    ok(
+        env,
+        "deployment",
+        "create",
+        "web",
+        "-n",
+        ns,
+        "--cluster",
+        "c1",
+        "--cluster",
+        "c2",
+        "--cluster",
+        "c3",
+        extra=split,
+    )
     ok(env, "lock", "acquire", "web", extra=split)
     ok(env, "state", "set", "web", "v:=1", extra=split)
     assert doc(env, "state", "get", "web", extra=split) == {"v": 1}
@@ -651,8 +767,9 @@ def test_kubeconfig_with_several_paths_works(sandbox3: Any, tmp_path: Path) -> N
 def test_a_relative_kubeconfig_path_is_recorded_absolute(sandbox3: Any, tmp_path: Path) -> None:
     env = bare_env(sandbox3, tmp_path)
     (tmp_path / "kc").write_bytes(sandbox3.kubeconfig.read_bytes())
-    proc = env.cli("cluster", "connect", "c1", "--context", "sandbox-1", "--kubeconfig", "kc",
-                   prefix=["env", "-C", str(tmp_path)])
+    proc = env.cli(
+        "cluster", "connect", "c1", "--context", "sandbox-1", "--kubeconfig", "kc", prefix=["env", "-C", str(tmp_path)]
+    )
     assert proc.returncode == 0, proc.stderr
     assert doc(env, "cluster", "list")[0]["kubeconfig"] == str(tmp_path / "kc")
     assert doc(env, "cluster", "info", "c1")["identity_ok"] is True  # run from another directory

@@ -68,8 +68,11 @@ def test_minority_winner_releases_what_it_took(dep3: Any) -> None:
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": "coordinator-lock-web"},
-        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 120,
-                 "renewTime": micro_time(datetime.now(UTC))},
+        "spec": {
+            "holderIdentity": "someone-else",
+            "leaseDurationSeconds": 120,
+            "renewTime": micro_time(datetime.now(UTC)),
+        },
     }
     for i in (1, 2):
         anyio.run(put_lease, dep3, i, foreign)
@@ -98,8 +101,11 @@ def test_lease_taken_before_the_loss_is_known_is_released(dep3: Any) -> None:
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": "coordinator-lock-web"},
-        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 120,
-                 "renewTime": micro_time(datetime.now(UTC))},
+        "spec": {
+            "holderIdentity": "someone-else",
+            "leaseDurationSeconds": 120,
+            "renewTime": micro_time(datetime.now(UTC)),
+        },
     }
     anyio.run(put_lease, dep3, 1, foreign)
     dep3.sandbox.pause(2)
@@ -164,8 +170,21 @@ def test_fencing_tokens_rise_across_holders_and_takeovers(dep3: Any) -> None:
 
 
 def test_sigkilled_holder_is_replaced_soon_after_ttl(dep3: Any) -> None:
-    holder = dep3.popen("lock", "run", "web", "--ttl", "4s", "--holder", "doomed", "--", "sleep", "60",
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    holder = dep3.popen(
+        "lock",
+        "run",
+        "web",
+        "--ttl",
+        "4s",
+        "--holder",
+        "doomed",
+        "--",
+        "sleep",
+        "60",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         st = _json(dep3.cli("-o", "json", "lock", "status", "web"))
@@ -209,9 +228,11 @@ def test_skewed_clock_neither_steals_nor_overstays(dep3: Any, offset: str) -> No
 
 def test_lock_run_passes_env_and_exit_status(dep3: Any, tmp_path: Path) -> None:
     out = tmp_path / "env.txt"
-    script = (f"import os; open({str(out)!r}, 'w').write(os.environ['COORDINATOR_LOCK_ID'] + ' ' + "
-              "os.environ['COORDINATOR_FENCING_TOKEN'] + ' ' + os.environ['COORDINATOR_DEPLOYMENT']); "
-              "raise SystemExit(17)")
+    script = (
+        f"import os; open({str(out)!r}, 'w').write(os.environ['COORDINATOR_LOCK_ID'] + ' ' + "
+        "os.environ['COORDINATOR_FENCING_TOKEN'] + ' ' + os.environ['COORDINATOR_DEPLOYMENT']); "
+        "raise SystemExit(17)"
+    )
     proc = dep3.cli("lock", "run", "web", "--holder", "runner", "--", sys.executable, "-c", script)
     assert proc.returncode == 17, proc.stderr
     lock_id, token, deployment = out.read_text().split()
@@ -227,8 +248,21 @@ def test_lock_run_lost_lock_terminates_child_and_exits_7(dep3: Any, tmp_path: Pa
         f"signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').write('x'), sys.exit(0)))\n"
         "time.sleep(120)\n"
     )
-    proc = dep3.popen("lock", "run", "web", "--ttl", "6s", "--grace", "5s", "--",
-                      sys.executable, "-c", script, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = dep3.popen(
+        "lock",
+        "run",
+        "web",
+        "--ttl",
+        "6s",
+        "--grace",
+        "5s",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -247,8 +281,18 @@ def test_lock_run_lost_lock_terminates_child_and_exits_7(dep3: Any, tmp_path: Pa
 
 
 def test_lock_run_ctrl_c_releases(dep3: Any) -> None:
-    proc = dep3.popen("lock", "run", "web", "--holder", "interrupted", "--", "sleep", "60",
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = dep3.popen(
+        "lock",
+        "run",
+        "web",
+        "--holder",
+        "interrupted",
+        "--",
+        "sleep",
+        "60",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if _json(dep3.cli("-o", "json", "lock", "status", "web"))["holder"] == "interrupted":
@@ -266,25 +310,66 @@ def test_status_json_shape_with_unreachable_and_forbidden(dep3: Any) -> None:
     restricted_ns = "sandbox-restricted"
     # r3 is cluster 3 by other credentials: c3 must go first (one cluster, one member)
     assert dep3.cli("cluster", "disconnect", "c3", "--force").returncode == 0
-    proc = dep3.cli("cluster", "connect", "r3", "--context", "sandbox-3-restricted", "--kubeconfig",
-                    dep3.kubeconfig, "--identity-namespace", restricted_ns)
+    proc = dep3.cli(
+        "cluster",
+        "connect",
+        "r3",
+        "--context",
+        "sandbox-3-restricted",
+        "--kubeconfig",
+        dep3.kubeconfig,
+        "--identity-namespace",
+        restricted_ns,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "UUID" in proc.stdout
-    assert dep3.cli("deployment", "create", "mixed", "-n", dep3.namespace, "--cluster", "c1", "--cluster", "c2",
-                    "--cluster", "r3").returncode == 0
+    assert (
+        dep3.cli(
+            "deployment",
+            "create",
+            "mixed",
+            "-n",
+            dep3.namespace,
+            "--cluster",
+            "c1",
+            "--cluster",
+            "c2",
+            "--cluster",
+            "r3",
+        ).returncode
+        == 0
+    )
     assert dep3.cli("lock", "acquire", "mixed", "--holder", "erin").returncode == 0
     dep3.sandbox.pause(2)
     proc = dep3.cli("-o", "json", "--timeout", "2s", "lock", "status", "mixed")
     assert proc.returncode == 4, proc.stderr  # one observable cluster of three decides nothing
     st = _json(proc)
-    assert set(st) >= {"deployment", "namespace", "quorum", "holder", "lock_id", "fencing_token",
-                       "held_by_majority", "expires_in_s", "clusters"}
+    assert set(st) >= {
+        "deployment",
+        "namespace",
+        "quorum",
+        "holder",
+        "lock_id",
+        "fencing_token",
+        "held_by_majority",
+        "expires_in_s",
+        "clusters",
+    }
     rows = {c["name"]: c for c in st["clusters"]}
     assert rows["c1"]["status"] == "held" and rows["c2"]["status"] == "unreachable"
     assert rows["r3"]["status"] == "forbidden"
     for row in rows.values():
-        assert set(row) >= {"name", "status", "holder", "lock_id", "acquired_at", "renewed_at", "ttl_s",
-                            "transitions", "error"}
+        assert set(row) >= {
+            "name",
+            "status",
+            "holder",
+            "lock_id",
+            "acquired_at",
+            "renewed_at",
+            "ttl_s",
+            "transitions",
+            "error",
+        }
     # one live lease of three is not a majority: nobody holds it, and nothing unseen counts as free
     assert st["held_by_majority"] is False and st["holder"] is None and st["quorum"] == 2
 

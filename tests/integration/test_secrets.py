@@ -161,8 +161,9 @@ def test_no_credential_in_any_output(sandbox3: Any, namespace: str, tmp_path: Pa
     _every_command(run, sandbox3, contexts, tmp_path)
     # Credentials the server rejects: the refusal is reported, the credential is not.
     for context in ("password", "wrong-token"):
-        refused = run("cluster", "connect", f"r-{context}", "--context", context, "--kubeconfig", str(kubeconfig),
-                      code=2)
+        refused = run(
+            "cluster", "connect", f"r-{context}", "--context", context, "--kubeconfig", str(kubeconfig), code=2
+        )
         assert "401" in refused.stderr or "forbid" in refused.stderr.lower(), refused.stderr
 
     assert len(run.runs) > 40

@@ -128,9 +128,7 @@ def test_pinned_version_matches_the_wrapper_module() -> None:
     assert match.group(1) == TOXIPROXY_VERSION
 
 
-def test_missing_binary_says_how_to_build_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_missing_binary_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("COORDINATOR_TOXIPROXY", raising=False)
     monkeypatch.setenv("COORDINATOR_CACHE", str(tmp_path))
     with pytest.raises(ToxiproxyNotFoundError, match=re.escape("run scripts/build-toxiproxy.sh")):
@@ -152,9 +150,7 @@ def test_build_script_returns_at_once_when_the_binary_is_cached(tmp_path: Path) 
     cached.write_text("#!/bin/sh\n")
     cached.chmod(0o755)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "COORDINATOR_CACHE": str(tmp_path)}
-    done = subprocess.run(
-        [str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30, check=False
-    )
+    done = subprocess.run([str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == str(cached)
     assert "already built" in done.stderr
@@ -167,9 +163,7 @@ def test_build_script_fails_clearly_without_go(tmp_path: Path) -> None:
         "COORDINATOR_CACHE": str(tmp_path),
         "GO": str(tmp_path / "no-go-here"),
     }
-    done = subprocess.run(
-        [str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30, check=False
-    )
+    done = subprocess.run([str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 1
     assert "the Go toolchain is missing" in done.stderr
     assert not (tmp_path / "bin" / f"toxiproxy-{TOXIPROXY_VERSION}" / "toxiproxy-server").exists()

@@ -60,14 +60,32 @@ def lease(
             owned["f:leaseDurationSeconds"] = {}
         # coordinator writes the token and the uid note with every take and renewal
         notes = {"f:" + A_TOKEN: {}, **({"f:" + A_UID: {}} if uid_note is not None else {})}
-        fields.append({"manager": "coordinator", "operation": "Update", "time": _stamp(own_at),
-                       "fieldsV1": {"f:spec": owned, "f:metadata": {"f:annotations": notes}}})
+        fields.append(
+            {
+                "manager": "coordinator",
+                "operation": "Update",
+                "time": _stamp(own_at),
+                "fieldsV1": {"f:spec": owned, "f:metadata": {"f:annotations": notes}},
+            }
+        )
     if annotations:  # written by coordinator, as the engine does (see _annotated for others')
-        fields.append({"manager": "coordinator", "operation": "Update", "time": _stamp(own_at or T0),
-                       "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + k: {} for k in annotations}}}})
+        fields.append(
+            {
+                "manager": "coordinator",
+                "operation": "Update",
+                "time": _stamp(own_at or T0),
+                "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + k: {} for k in annotations}}},
+            }
+        )
     for manager, when in (others or {}).items():
-        fields.append({"manager": manager, "operation": "Update", "time": _stamp(when),
-                       "fieldsV1": {"f:metadata": {"f:labels": {}}}})
+        fields.append(
+            {
+                "manager": manager,
+                "operation": "Update",
+                "time": _stamp(when),
+                "fieldsV1": {"f:metadata": {"f:labels": {}}},
+            }
+        )
     spec: dict[str, Any] = {"leaseDurationSeconds": ttl, "renewTime": "2026-12-01T12:00:00.000000Z"}
     spec["holderIdentity"] = holder or ""  # a release leaves it empty, owned
     obj = {

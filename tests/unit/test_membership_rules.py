@@ -41,13 +41,24 @@ MEMBERS = ["eu-1", "eu-2", "us-1"]
 
 def lease_obj(raw: str | None, *managers: str, annotation: str = A_MEMBERSHIP) -> dict[str, Any]:
     """A lease storing ``raw`` in the membership annotation, owned by ``managers``."""
-    fields = [{"manager": m, "operation": "Update", "time": "2026-12-01T12:00:00Z",
-               "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + annotation: {}}}}} for m in managers]
-    fields.append({"manager": "kube-controller-manager", "operation": "Update",
-                   "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}}})
+    fields = [
+        {
+            "manager": m,
+            "operation": "Update",
+            "time": "2026-12-01T12:00:00Z",
+            "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + annotation: {}}}},
+        }
+        for m in managers
+    ]
+    fields.append(
+        {
+            "manager": "kube-controller-manager",
+            "operation": "Update",
+            "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}},
+        }
+    )
     anns = {annotation: raw} if raw is not None else {}
-    return {"metadata": {"uid": "u", "annotations": anns, "managedFields": fields},
-            "spec": {"holderIdentity": "a/b"}}
+    return {"metadata": {"uid": "u", "annotations": anns, "managedFields": fields}, "spec": {"holderIdentity": "a/b"}}
 
 
 def by(membership: Membership, *writers: str) -> Membership:
@@ -89,7 +100,14 @@ def test_document_and_dump_round_trip(members: list[str], epoch: int, joint: lis
 @pytest.mark.parametrize(
     "raw",
     [
-        None, 5, "", "{", "[]", "null", '"text"', "[" * 5000,
+        None,
+        5,
+        "",
+        "{",
+        "[]",
+        "null",
+        '"text"',
+        "[" * 5000,
         '{"members": ["a"]}',  # no epoch
         '{"epoch": 0, "members": ["a"]}',
         '{"epoch": -1, "members": ["a"]}',
@@ -137,13 +155,18 @@ def test_annotation_writers_are_the_managers_owning_that_annotation_once_each() 
 
 
 def test_annotation_writers_skip_what_is_no_entry() -> None:
-    obj: dict[str, Any] = {"metadata": {"managedFields": [
-        "junk", None,
-        {"manager": "m1", "fieldsV1": None},
-        {"manager": "m2", "fieldsV1": {"f:metadata": "junk"}},
-        {"manager": "m3", "fieldsV1": {"f:metadata": {"f:annotations": ["f:" + A_MEMBERSHIP]}}},
-        {"fieldsV1": {"f:metadata": {"f:annotations": {"f:" + A_MEMBERSHIP: {}}}}},  # no manager named
-    ]}}
+    obj: dict[str, Any] = {
+        "metadata": {
+            "managedFields": [
+                "junk",
+                None,
+                {"manager": "m1", "fieldsV1": None},
+                {"manager": "m2", "fieldsV1": {"f:metadata": "junk"}},
+                {"manager": "m3", "fieldsV1": {"f:metadata": {"f:annotations": ["f:" + A_MEMBERSHIP]}}},
+                {"fieldsV1": {"f:metadata": {"f:annotations": {"f:" + A_MEMBERSHIP: {}}}}},  # no manager named
+            ]
+        }
+    }
     assert annotation_writers(obj) == ("",)
     assert annotation_writers({}) == ()
     assert annotation_writers({"metadata": {"managedFields": None}}) == ()
@@ -232,8 +255,12 @@ def test_foreign_set() -> None:
 # ------------------------------------------------------------------ the check
 
 
-def run(stored: dict[str, Stored], local: Membership = LOCAL, members: list[str] = MEMBERS,
-        groups: list[list[str]] | None = None) -> Check:
+def run(
+    stored: dict[str, Stored],
+    local: Membership = LOCAL,
+    members: list[str] = MEMBERS,
+    groups: list[list[str]] | None = None,
+) -> Check:
     return check(local, stored, members, groups)
 
 
@@ -297,8 +324,18 @@ def test_a_joint_configuration_needs_a_majority_of_each_group() -> None:
     assert both.ok
     result = run({"eu-1": joint, "eu-2": joint, "us-1": None}, joint, members, groups)
     assert result.verdict is Verdict.UNOBSERVABLE  # the new group has one of three
-    answered = run({"eu-1": joint, "eu-2": joint, "us-1": None, "us-2": Membership.of(["uid-c"], 1),
-                    "ap-1": Membership.of(["uid-c"], 1)}, joint, members, groups)
+    answered = run(
+        {
+            "eu-1": joint,
+            "eu-2": joint,
+            "us-1": None,
+            "us-2": Membership.of(["uid-c"], 1),
+            "ap-1": Membership.of(["uid-c"], 1),
+        },
+        joint,
+        members,
+        groups,
+    )
     assert answered.verdict is Verdict.UNCONFIRMED
 
 
@@ -310,8 +347,11 @@ def test_check_never_confirms_without_a_majority_or_past_a_conflict(kinds: list[
     members = [f"m{i}" for i in range(len(kinds))]
     local = Membership.of([f"uid-{m}" for m in members], epoch=5)
     value: dict[str, Stored] = {
-        "agree": local, "silent": None, "planted": by(local, "kubectl"),
-        "behind": Membership.of(["uid-x"], 4), "conflict": Membership.of(["uid-x"], 5),
+        "agree": local,
+        "silent": None,
+        "planted": by(local, "kubectl"),
+        "behind": Membership.of(["uid-x"], 4),
+        "conflict": Membership.of(["uid-x"], 5),
     }
     stored = {m: value[k] for m, k in zip(members, kinds, strict=True) if k != "unseen"}
     result = check(local, stored, members)

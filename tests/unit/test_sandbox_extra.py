@@ -33,10 +33,21 @@ sys.meta_path.insert(0, _Missing())
 
 
 def run_without_cryptography(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "config"),
-               XDG_STATE_HOME=str(tmp_path / "state"), XDG_CACHE_HOME=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-c", WITHOUT_CRYPTOGRAPHY + code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = dict(
+        os.environ,
+        HOME=str(tmp_path),
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+    )
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_CRYPTOGRAPHY + code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _cli(*args: str) -> str:
@@ -83,8 +94,11 @@ def test_cryptography_is_the_sandbox_extra_and_only_pki_imports_it() -> None:
     importers = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             if any(n == "cryptography" or n.startswith("cryptography.") for n in names):
                 importers.append(str(path.relative_to(ROOT)))
     assert sorted(set(importers)) == ["coordinator/sandbox/pki.py"]
