@@ -256,6 +256,30 @@ class Replicas:
                 "cluster is never taken as empty; retry when they are reachable."
             )
 
+    def _need_decoded(self, results: Mapping[str, ClusterResult[Observed]], what: str, q: int | None = None) -> None:
+        """A value is chosen from replicas that decode: a corrupt replica may hide the newest
+        confirmed write, so it counts as unanswered, and fewer than a majority of replicas
+        that decode is no majority (exit 4), however many answered."""
+        q = q or self.q
+        answered = _replicas(results)
+        decoded = sorted(k for k, rep in answered.items() if not rep.corrupt)
+        if len(decoded) >= q:
+            return
+        from coordinator.text import printable
+
+        why = [f"{k}: corrupt ({printable(rep.corrupt or '')})" for k, rep in sorted(answered.items()) if rep.corrupt]
+        why += [f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(results.items()) if not r.ok]
+        name = self.dep.name
+        raise NoQuorumError(
+            f"Cannot {what} the state of {name!r}: {len(decoded)} of {len(results)} clusters answered with a "
+            f"replica that decodes ({', '.join(decoded) or 'none'}), {q} are needed to know the newest "
+            f"confirmed state, and a corrupt replica counts as unanswered ({'; '.join(why)}). Nothing was "
+            f"changed. Retry when more clusters are reachable; `coordinator state diff {name}` shows every "
+            f"replica. If the corrupt ones stay so, `coordinator state apply {name} -f FILE` or `coordinator "
+            f"state sync {name} --from CLUSTER` (under the lock) writes a whole state over them, saving them "
+            "to files first."
+        )
+
     def _refuse_unreadable(self, results: Mapping[str, ClusterResult[Observed]], choice: Choice, what: str) -> None:
         """With no trusted replica, the state is empty only if a majority holds none at
         all: corrupt and suspect replicas are never taken as empty, any more than

@@ -150,6 +150,7 @@ class Writes(Replicas):
 
         else:
             if not replaces:
+                self._need_decoded(results, "change")
                 self._refuse_conflict(choice, "change")
             base = current
             if base is None and not replaces:
