@@ -166,7 +166,15 @@ class Sync(Replicas):
             else:
                 holds_other.append(k)
         saved = {k: str(self._save_replica(reps[k], backup_dir, why)) for k, why in corrupt.items()}
-        targets = {k: Kind.REPAIR for k in stale} | {k: Kind.OVERWRITE for k in corrupt}
+        # A member's corrupt replica takes the value as a write, judged again on every
+        # compare-and-swap retry: should a newer write land on it meanwhile, it refuses the
+        # older value. A joining member's object is not this deployment's state yet: it is
+        # overwritten whatever it names.
+        targets = (
+            {k: Kind.REPAIR for k in stale}
+            | {k: Kind.OVERWRITE for k in corrupt}
+            | {k: Kind.WRITE for k in choice.corrupt}
+        )
         fixed = await fan_out(
             list(targets),
             lambda c: self._cas(reps[c], stamp, targets[c], text),

@@ -201,3 +201,32 @@ def test_sync_does_not_overwrite_a_capped_replica_with_an_older_value(dep3: Env,
     assert sync.returncode == 6, sync.stdout + sync.stderr
     assert "c1" in sync.stderr, sync.stderr
     assert _data(dep3, 1) == {"k": "W2"}
+
+
+def test_sync_does_not_overwrite_a_newer_write_that_reached_a_corrupt_replica_meanwhile(
+    dep3: Env, tmp_path: Path
+) -> None:
+    _lock(dep3)
+    assert _set(dep3, "k=v0").returncode == 0
+    _cap(dep3, 1)
+
+    async def scenario() -> None:
+        async with dep3.api() as c:
+            state = c.state("web")
+            save = state._save_replica
+
+            def save_then_write(rep: Any, backup_dir: Path | None, reason: str) -> Path:
+                # Between sync's read (c1 corrupt, naming v0) and its compare-and-swap, a
+                # write reaches every member, c1 included.
+                path = save(rep, backup_dir, reason)
+                wrote = _set(dep3, "k=W2")
+                assert wrote.returncode == 0, wrote.stderr
+                return path
+
+            state._save_replica = save_then_write  # type: ignore[method-assign]
+            result = await state.sync(backup_dir=tmp_path / "saved")
+            assert result["winner"] != "c1" and "c1" in result["failed"], result
+
+    anyio.run(scenario)
+    for i in (1, 2, 3):
+        assert _data(dep3, i) == {"k": "W2"}, i
