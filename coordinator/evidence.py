@@ -235,7 +235,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "coordinator",
         "another manager's, or none (ancient-changes, the server's merge of old entries, too), however "
         "well-formed: the replica is corrupt, never returned or copied, and unanswered where a value is "
-        "chosen (reads, writes that build on the data, sync need a majority that decodes, exit 4); the stamp "
+        "chosen (reads, writes that build on the data, sync need a majority that decodes); the stamp "
         "it names is a bound: no write below it replaces it, sync writes no older value over it",
         "test_evidence_cap.py::test_one_corrupt_replica_and_one_down_refuse_a_write_rather_than_lose_a_confirmed_one",
     ),

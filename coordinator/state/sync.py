@@ -114,7 +114,6 @@ class Sync(Replicas):
                 f"answered ({_per_cluster(judged)}). Nothing was copied; retry when they answer."
             )
         q = None if sources is None else quorum.quorum_size(len(sources))
-        self._need_decoded(judged, "sync", q)
         choice, _ = self._judge(judged, q=q)
         self._refuse_conflict(choice, "sync")
         winner = choice.winner
@@ -134,6 +133,7 @@ class Sync(Replicas):
                 else ""
             )
             raise UsageError(f"No valid replica of the state of {self.dep.name!r} exists; nothing to sync.{more}")
+        self._need_decoded(judged, "sync", q)
         env = winner.envelope
         stamp = stamp_of(env)
         text = encode_envelope(env)

@@ -150,11 +150,12 @@ class Writes(Replicas):
 
         else:
             if not replaces:
-                self._need_decoded(results, "change")
                 self._refuse_conflict(choice, "change")
             base = current
             if base is None and not replaces:
                 self._refuse_unreadable(results, choice, "change")
+            if not replaces:
+                self._need_decoded(results, "change")
         newer = newer_token(reps.values(), token, evidence)
         if newer is not None:
             raise StateConflictError(
