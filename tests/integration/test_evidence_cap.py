@@ -233,3 +233,24 @@ def test_sync_does_not_overwrite_a_newer_write_that_reached_a_corrupt_replica_me
     anyio.run(scenario)
     for i in (1, 2, 3):
         assert _data(dep3, i) == {"k": "W2"}, i
+
+
+def test_a_planted_bound_no_lease_has_seen_costs_one_replica_until_sync_from_overwrites_it(
+    dep3: Env, tmp_path: Path
+) -> None:
+    _lock(dep3)
+    assert _set(dep3, "k=v0").returncode == 0
+    _k(dep3, 1, "annotate", "--overwrite", "configmap", STATE, "coordinator.io/state-promise=999999/1/x")
+    # The token is above every token the leases have seen: no holder promised it. c1 is
+    # suspect and refuses the write below its bound; the others take it.
+    wrote = _set(dep3, "k=v1")
+    assert wrote.returncode == 0, wrote.stderr
+    rows = {r["name"]: r for r in json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)}
+    assert rows["c1"]["status"] == "suspect" and "999999" in rows["c1"]["detail"], rows["c1"]
+    assert (rows["c2"]["status"], rows["c3"]["status"]) == ("current", "current"), rows
+    assert dep3.cli("state", "get", "web", "k").stdout.strip() == "v1"
+    adopted = dep3.cli("state", "sync", "web", "--from", "c2", "--backup-dir", str(tmp_path / "saved"))
+    assert adopted.returncode == 0, adopted.stderr
+    rows = {r["name"]: r for r in json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)}
+    assert {r["status"] for r in rows.values()} == {"current"}, rows
+    assert _data(dep3, 1) == {"k": "v1"}
