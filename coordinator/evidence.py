@@ -250,16 +250,19 @@ EVIDENCE: tuple[Evidence, ...] = (
         "State object data envelope.json",
         "the replicated state (reads, confirmations, repair)",
         "coordinator",
-        "another manager's, or none, however well-formed: the replica is corrupt (never returned, copied or "
-        "counted); the next write replaces it",
-        "test_evidence_owners.py::test_a_well_formed_envelope_another_client_wrote_is_not_the_state",
+        "another manager's, or none (ancient-changes, the server's merge of old entries, too), however "
+        "well-formed: the replica is corrupt, never returned or copied, and unanswered where a value is "
+        "chosen (reads, writes that build on the data, sync need a majority that decodes); the stamp "
+        "it names is a bound: no write below it replaces it, sync writes no older value over it",
+        "test_evidence_cap.py::test_one_corrupt_replica_and_one_down_refuse_a_write_rather_than_lose_a_confirmed_one",
     ),
     Evidence(
         "State object coordinator.io/state-promise",
         "the newest stamp a replica promised (writes below it are refused)",
         "coordinator",
-        "another manager's, or none: the replica is corrupt until a write replaces it",
-        "test_register.py::test_an_envelope_or_promise_another_client_wrote_is_corrupt",
+        "another manager's, or none: the replica is corrupt until a write replaces it; the stamp is still a "
+        "bound: no promise or write below it is taken (a fenced-out token replaces nothing)",
+        "test_evidence_cap.py::test_a_fenced_out_write_never_replaces_a_confirmed_write_on_capped_replicas",
     ),
     Evidence(
         "History ConfigMap history.json",

@@ -25,6 +25,16 @@ promised, and a repair (a read writing the value it returns back) only if it is 
 than what it holds. Each is a compare-and-swap on the object's resourceVersion, so
 the rule is checked on the very value that is replaced.
 
+**Corrupt replicas** (an envelope or a promise that is not coordinator's word, or one
+that fails a check) are never returned, and never count among the majority a value is
+chosen from: a read, a write that builds on the data and ``state sync`` need a majority
+of replicas that decode, as if the corrupt ones had not answered. Whatever stamp a
+corrupt replica names, whoever wrote it, is kept as a bound (``Replica.claimed``): it
+takes no promise or write below it, a writer draws its version above it and is fenced
+out by a token in it, and ``state sync`` writes no older value over it. A confirmed
+write is on a majority; a field another client took over without changing it (the
+server's managedFields cap, a strip) still names its stamp.
+
 **Reads** take the newest stamp among the replicas of a majority and write it back to
 the ones behind before returning it, so it is on a majority when returned and no
 later read (which reads a majority too) can return an older one.
@@ -271,6 +281,10 @@ class Replica:
     raw: str | None = None
     obj: dict[str, Any] = field(default_factory=dict)
     promise: Stamp | None = None
+    # On a corrupt replica: the newest stamp its envelope or its promise names, whoever
+    # wrote them (see claimed_stamp). Never the replica's value or promise; a lower bound
+    # on what it may hold or have promised.
+    claimed: Stamp = NO_STAMP
 
     @property
     def stamp(self) -> Stamp:
@@ -281,6 +295,12 @@ class Replica:
     def reserved(self) -> Stamp:
         """The newest stamp it holds or has promised."""
         return max(self.stamp, self.promise or NO_STAMP)
+
+    @property
+    def bound(self) -> Stamp:
+        """The newest stamp it holds, promised, or (corrupt) carries in fields that are not
+        its word: no write below it may replace it."""
+        return max(self.reserved, self.claimed)
 
     @property
     def order(self) -> tuple[int, int]:
@@ -322,7 +342,62 @@ def decode_replica(
     (migrated, checksum verified), with the promise it carries. With ``deployment``, an
     envelope written for another deployment (an object copied under this one's name) is
     corrupt. ``from_file``: the text came from a backup file the user hands over, which
-    has no recorded writers; its checksum is all there is to check."""
+    has no recorded writers; its checksum is all there is to check. A corrupt replica
+    keeps the newest stamp the object names as ``claimed``."""
+    rep = _decode(cluster, obj, storage, deployment=deployment, from_file=from_file)
+    if rep.corrupt and obj:
+        rep.claimed = claimed_stamp(obj, storage)
+    return rep
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def claimed_stamp(obj: dict[str, Any], storage: str) -> Stamp:
+    """The newest stamp ``obj`` names in its promise annotation or its envelope, whoever
+    wrote them and whatever else is wrong with them (NO_STAMP where neither parses).
+
+    Another client can take a field from coordinator without changing it (the API server
+    merges old managedFields entries into ``ancient-changes``; stripping names nobody), so a
+    replica that is not coordinator's word may still hold a confirmed write or a newer
+    holder's promise. What it names is kept as a bound: a stamp that high may have been
+    promised there, so no older write replaces it. A bound set too high by hand costs
+    availability (writes below it are refused there), never a confirmed write."""
+    found = [NO_STAMP]
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    text = annotations.get(PROMISE_ANNOTATION) if isinstance(annotations, dict) else None
+    if isinstance(text, str):
+        try:
+            found.append(Stamp.parse(text))
+        except ValueError:
+            pass
+    data = obj.get("data")
+    raw = data.get(DATA_KEY) if isinstance(data, dict) else None
+    try:
+        if isinstance(raw, str) and storage == "secret":
+            raw = base64.b64decode(raw, validate=True).decode("utf-8")
+        doc = json.loads(raw) if isinstance(raw, str) else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        token, version, write_id = _int(doc.get("token")), _int(doc.get("version")), doc.get("write_id")
+        if not (isinstance(write_id, str) and _WRITE_ID.fullmatch(write_id)):
+            sums = doc.get("checksum")
+            write_id = legacy_write_id(sums) if isinstance(sums, str) else ""
+        if token is not None and version is not None:
+            found.append(Stamp(token, version, write_id))
+    return max(found)
+
+
+def _decode(
+    cluster: str,
+    obj: dict[str, Any] | None,
+    storage: str,
+    *,
+    deployment: str | None,
+    from_file: bool,
+) -> Replica:
     if not obj:
         return Replica(cluster, exists=False)
     rep = Replica(cluster, exists=True, obj=obj)
@@ -464,7 +539,12 @@ def judge(rep: Replica, stamp: Stamp, kind: Kind) -> Verdict:
     if rep.corrupt:
         if kind is Kind.REPAIR:
             return Verdict(False, reason=f"corrupt ({rep.corrupt}); run `state sync`")
-        return Verdict(True)  # a writer saved it to a file first
+        # Not its word, but what it names may be a newer holder's promise or a confirmed
+        # write: a stamp below that bound never replaces it (the one stamp equal to it is
+        # this very attempt, retried). A writer saved it to a file first.
+        if stamp < rep.bound:
+            return Verdict(False, reason=_refusal(rep, stamp))
+        return Verdict(True)
     held, promised = rep.stamp, rep.promise or NO_STAMP
     if kind is Kind.PROMISE:
         if promised == stamp:
@@ -480,8 +560,8 @@ def judge(rep: Replica, stamp: Stamp, kind: Kind) -> Verdict:
 
 
 def _refusal(rep: Replica, stamp: Stamp) -> str:
-    top = rep.reserved
-    what = "holds" if top == rep.stamp else "promised"
+    top = rep.bound
+    what = "holds" if top == rep.stamp else "promised" if top == rep.reserved else "is corrupt and carries"
     if top.token > stamp.token:
         return f"refused: replica {what} fencing token {top.token} > {stamp.token}"
     return f"refused: replica {what} version {top.version} (stamp {top.short()}), not older than {stamp.short()}"
@@ -510,10 +590,10 @@ def suspicion(rep: Replica, evidence: int | None) -> str | None:
     """Why ``rep`` cannot have been written by a holder of the lock, or None."""
     if evidence is None:
         return None
-    top = rep.reserved.token
+    top = rep.bound.token
     if top <= evidence:
         return None
-    what = "holds" if rep.stamp.token == top else "promised"
+    what = "holds" if rep.stamp.token == top else "promised" if rep.reserved.token == top else "is corrupt and carries"
     return (
         f"{what} fencing token {top}, above every token the leases of a majority have seen "
         f"(the highest is {evidence}): no holder of this lock wrote it (edited by hand, or copied from elsewhere?)"
@@ -558,15 +638,16 @@ def choose(replicas: Mapping[str, Replica], evidence: int | None) -> Choice:
 
 def next_stamp(replicas: Iterable[Replica], token: int, evidence: int | None, write_id: str) -> Stamp:
     """A write's stamp: a version above every version held or promised by the replicas
-    read (a majority), suspect ones aside."""
+    read (a majority), or named by a corrupt one, suspect ones aside."""
     trusted = [r for r in replicas if suspicion(r, evidence) is None]
-    version = max((r.reserved.version for r in trusted), default=0) + 1
+    version = max((r.bound.version for r in trusted), default=0) + 1
     return Stamp(token, version, write_id)
 
 
 def newer_token(replicas: Iterable[Replica], token: int, evidence: int | None) -> int | None:
-    """The fencing token of a newer holder that has written or promised, if any."""
-    top = max((r.reserved.token for r in replicas if suspicion(r, evidence) is None), default=0)
+    """The fencing token of a newer holder that has written or promised (or that a corrupt
+    replica names), if any."""
+    top = max((r.bound.token for r in replicas if suspicion(r, evidence) is None), default=0)
     return top if top > token else None
 
 

@@ -57,7 +57,8 @@ def _write_text(report: Any) -> None:
     if report.lagging:
         say(f"Lagging: {', '.join(report.lagging)}; the next read or `state sync` repairs them.")
     for k, path in sorted(report.saved.items()):
-        say(f"The replica on {k} was saved to {path} before it was overwritten.")
+        done = "before it was overwritten" if k in report.confirmed else "(it did not take this write)"
+        say(f"The replica on {k} was saved to {path} {done}.")
 
 
 def _write_doc(report: Any) -> dict[str, Any]:
@@ -292,7 +293,8 @@ def sync(ctx: click.Context, deployment: str, backup_dir: str | None, source: st
             f"repaired: {', '.join(out['repaired']) or 'none'}."
         )
         for k, p in out["saved_corrupt"].items():
-            say(f"Corrupt replica on {k} saved to {p} before it was overwritten.")
+            done = "before it was overwritten" if k in out["repaired"] else "(it did not take the value)"
+            say(f"Corrupt replica on {k} saved to {p} {done}.")
         for k, why in out["failed"].items():
             say(f"Could not repair {k}: {why}")
         for k, why in out["suspect"].items():

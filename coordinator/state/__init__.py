@@ -16,10 +16,12 @@ value a read returns, which replicas are suspect — are pure functions in
 * **Read**: a majority answers; the newest trusted stamp wins; replicas behind it are
   repaired (written back) before the value is returned, so the value returned is on a
   majority and no later read can return an older one.
-* **Corrupt replicas** (not JSON, wrong checksum, missing fields) and **suspect** ones
-  (a token no lease of a majority has seen) never win; ``diff`` names them, ``sync``
-  overwrites corrupt ones after saving them to a file, ``sync --from`` adopts or
-  overwrites suspect ones under the lock.
+* **Corrupt replicas** (not JSON, wrong checksum, missing fields, fields coordinator does
+  not own) and **suspect** ones (a token no lease of a majority has seen) never win;
+  ``diff`` names them, ``sync`` overwrites corrupt ones after saving them to a file,
+  ``sync --from`` adopts or overwrites suspect ones under the lock. A corrupt replica
+  counts as unanswered where a value is chosen, and the stamp it names is a bound no
+  older promise, write or sync goes below.
 
 The client is one class, :class:`StateClient`, put together from one module per job:
 ``replicas`` (reading replicas with their leases, one replica's compare-and-swap, the

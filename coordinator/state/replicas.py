@@ -256,6 +256,38 @@ class Replicas:
                 "cluster is never taken as empty; retry when they are reachable."
             )
 
+    def _need_decoded(self, results: Mapping[str, ClusterResult[Observed]], what: str, q: int | None = None) -> None:
+        """A value is chosen from replicas that decode: a corrupt replica may hide the newest
+        confirmed write, so it counts as unanswered. Fewer than a majority of replicas that
+        decode is no majority: exit 4 while some member did not answer (its answer may
+        make one), else exit 6 (the corrupt replicas must be written over first)."""
+        q = q or self.q
+        answered = _replicas(results)
+        decoded = sorted(k for k, rep in answered.items() if not rep.corrupt)
+        if len(decoded) >= q:
+            return
+        from coordinator.text import printable
+
+        why = [f"{k}: corrupt ({printable(rep.corrupt or '')})" for k, rep in sorted(answered.items()) if rep.corrupt]
+        unanswered = [f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(results.items()) if not r.ok]
+        name = self.dep.name
+        head = (
+            f"Cannot {what} the state of {name!r}: {len(decoded)} of {len(results)} clusters answered with a "
+            f"replica that decodes ({', '.join(decoded) or 'none'}), {q} are needed to know the newest "
+            f"confirmed state, and a corrupt replica counts as unanswered ({'; '.join(why + unanswered)}). "
+            "Nothing was changed."
+        )
+        recover = (
+            f"`coordinator state diff {name}` shows every replica; `coordinator state sync {name} --from "
+            f"CLUSTER` (a replica that decodes) or `coordinator state apply {name} -f FILE`, under the lock, "
+            "writes a whole state over the corrupt ones, saving them to files first."
+        )
+        if unanswered:
+            raise NoQuorumError(
+                f"{head} Retry when more clusters are reachable. If the corrupt ones stay so, {recover}"
+            )
+        raise StateConflictError(f"{head} Look at the corrupt replicas: {recover}")
+
     def _refuse_unreadable(self, results: Mapping[str, ClusterResult[Observed]], choice: Choice, what: str) -> None:
         """With no trusted replica, the state is empty only if a majority holds none at
         all: corrupt and suspect replicas are never taken as empty, any more than

@@ -10,7 +10,7 @@ from coordinator import quorum
 from coordinator.errors import NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import fan_out
 from coordinator.models import STATE_SCHEMA
-from coordinator.register import Kind, encode_envelope, stamp_of
+from coordinator.register import NO_STAMP, Kind, encode_envelope, stamp_of
 from coordinator.state.replicas import Replicas
 from coordinator.state.results import _per_cluster, _replicas
 
@@ -62,6 +62,8 @@ class Sync(Replicas):
                 row["status"], row["detail"] = "suspect", choice.suspect[k]
             elif rep.corrupt:
                 row["status"], row["detail"] = "corrupt", rep.corrupt
+                if rep.claimed > NO_STAMP:
+                    row["detail"] += f"; it names stamp {rep.claimed.short()}, which no older write replaces"
             elif rep.newer_schema:
                 row["status"] = "newer-schema"
                 row["detail"] = (
@@ -111,7 +113,8 @@ class Sync(Replicas):
                 f"Cannot copy the state of {self.dep.name!r}: fewer than a majority of {', '.join(sources)} "
                 f"answered ({_per_cluster(judged)}). Nothing was copied; retry when they answer."
             )
-        choice, _ = self._judge(judged, q=None if sources is None else quorum.quorum_size(len(sources)))
+        q = None if sources is None else quorum.quorum_size(len(sources))
+        choice, _ = self._judge(judged, q=q)
         self._refuse_conflict(choice, "sync")
         winner = choice.winner
         joining = {k: rep for k, rep in _replicas(results).items() if k not in judged}
@@ -130,18 +133,19 @@ class Sync(Replicas):
                 else ""
             )
             raise UsageError(f"No valid replica of the state of {self.dep.name!r} exists; nothing to sync.{more}")
+        self._need_decoded(judged, "sync", q)
         env = winner.envelope
         stamp = stamp_of(env)
         text = encode_envelope(env)
         reps = _replicas(results)
-        # A corrupt replica that promised a newer stamp than the winner's may hold the
-        # newest confirmed write (edited by hand since): overwriting it with the older
-        # winner would roll that write back. A person must look first.
-        newer = sorted(k for k in choice.corrupt if (reps[k].promise or stamp) > stamp)
+        # A corrupt replica that names a newer stamp than the winner's (in its promise or its
+        # envelope, whoever owns them) may hold the newest confirmed write: overwriting it
+        # with the older winner would roll that write back. A person must look first.
+        newer = sorted(k for k in choice.corrupt if reps[k].bound > stamp)
         if newer:
             raise StateConflictError(
-                f"Refusing to sync {self.dep.name!r}: the corrupt replica(s) on {', '.join(newer)} promised a "
-                f"newer write than the newest readable one (version {env.version} on {winner.cluster}), so "
+                f"Refusing to sync {self.dep.name!r}: the corrupt replica(s) on {', '.join(newer)} carry a "
+                f"newer stamp than the newest readable one (version {env.version} on {winner.cluster}), so "
                 "the newest confirmed state may be theirs. Nothing was written. Inspect them (`kubectl get "
                 f"configmap {self.name} -o yaml`), then write the right document with `coordinator state "
                 f"apply {self.dep.name} -f FILE` under the lock."
@@ -162,7 +166,15 @@ class Sync(Replicas):
             else:
                 holds_other.append(k)
         saved = {k: str(self._save_replica(reps[k], backup_dir, why)) for k, why in corrupt.items()}
-        targets = {k: Kind.REPAIR for k in stale} | {k: Kind.OVERWRITE for k in corrupt}
+        # A member's corrupt replica takes the value as a write, judged again on every
+        # compare-and-swap retry: should a newer write land on it meanwhile, it refuses the
+        # older value. A joining member's object is not this deployment's state yet: it is
+        # overwritten whatever it names.
+        targets = (
+            {k: Kind.REPAIR for k in stale}
+            | {k: Kind.OVERWRITE for k in corrupt}
+            | {k: Kind.WRITE for k in choice.corrupt}
+        )
         fixed = await fan_out(
             list(targets),
             lambda c: self._cas(reps[c], stamp, targets[c], text),

@@ -154,6 +154,8 @@ class Writes(Replicas):
             base = current
             if base is None and not replaces:
                 self._refuse_unreadable(results, choice, "change")
+            if not replaces:
+                self._need_decoded(results, "change")
         newer = newer_token(reps.values(), token, evidence)
         if newer is not None:
             raise StateConflictError(

@@ -244,7 +244,14 @@ def test_a_well_formed_envelope_another_client_wrote_is_not_the_state(dep3: Env)
     diff = json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)
     rows = {r["name"]: r for r in diff}
     assert rows["c1"]["status"] == "corrupt" and "another client" in rows["c1"]["detail"], rows["c1"]
-    # The holder's next write replaces them; the state is the holder's again.
+    # They may hide a newer confirmed write: a write that builds on the data needs a
+    # majority of replicas that decode (exit 6: every member answered), until the holder
+    # writes c3's state over them.
+    refused = dep3.cli("state", "set", "web", "replicas:=4", env=env)
+    assert refused.returncode == 6 and "counts as unanswered" in refused.stderr, refused.stdout + refused.stderr
+    adopted = dep3.cli("state", "sync", "web", "--from", "c3", env=env)
+    assert adopted.returncode == 0, adopted.stderr
+    assert dep3.cli("state", "get", "web", "replicas").stdout.strip() == "3"
     assert dep3.cli("state", "set", "web", "replicas:=4", env=env).returncode == 0
     assert dep3.cli("state", "get", "web", "replicas").stdout.strip() == "4"
 

@@ -443,3 +443,53 @@ def test_an_envelope_or_promise_another_client_wrote_is_corrupt() -> None:
     assert "with no recorded writer" in (stripped.corrupt or ""), stripped.corrupt
     bfa = reg.decode_replica("c1", owned_by("before-first-apply", data | promise), "configmap")
     assert "before-first-apply" in (bfa.corrupt or ""), bfa.corrupt
+
+
+def _unowned(rep: Replica, manager: str = "ancient-changes") -> dict[str, Any]:
+    """``rep``'s object with every field handed to ``manager`` (the API server's cap on
+    managedFields entries merges coordinator's into ``ancient-changes``)."""
+    fields = {"f:data": {"f:" + reg.DATA_KEY: {}}, "f:metadata": {"f:annotations": {"f:" + reg.PROMISE_ANNOTATION: {}}}}
+    return {**rep.obj, "metadata": {**rep.obj["metadata"], "managedFields": [{"manager": manager, "fieldsV1": fields}]}}
+
+
+def test_a_corrupt_replica_keeps_the_stamps_it_names_as_a_bound() -> None:
+    held, promised = Stamp(3, 4, "bb"), Stamp(3, 5, "cc")
+    for storage in ("configmap", "secret"):
+        rep = reg.decode_replica(
+            "c1", _unowned(replica("c1", {"k": "B"}, held, promise=promised, storage=storage)), storage
+        )
+        assert rep.corrupt and "ancient-changes" in rep.corrupt
+        # not its word: no value, no promise; but the newest stamp it names is its bound
+        assert rep.envelope is None and rep.promise is None and rep.reserved == NO_STAMP
+        assert rep.claimed == promised and rep.bound == promised
+    # The envelope names the bound when the promise does not parse, and the reverse.
+    obj = _unowned(replica("c1", {"k": "B"}, held, promise=held))
+    obj["metadata"]["annotations"][reg.PROMISE_ANNOTATION] = "garbage"
+    assert reg.decode_replica("c1", obj, "configmap").claimed == held
+    obj["data"][reg.DATA_KEY] = "garbled"
+    assert reg.decode_replica("c1", obj, "configmap").claimed == NO_STAMP
+    obj["metadata"]["annotations"][reg.PROMISE_ANNOTATION] = str(promised)
+    assert reg.decode_replica("c1", obj, "configmap").claimed == promised
+    # A replica that is coordinator's word claims nothing beyond what it holds and promised.
+    ok = replica("c1", {"k": "B"}, held, promise=promised)
+    assert ok.corrupt is None and ok.claimed == NO_STAMP and ok.bound == promised
+
+
+def test_a_corrupt_replica_takes_no_stamp_below_its_bound() -> None:
+    newer = Stamp(3, 2, "bb")  # a newer holder's confirmed write, then capped
+    rep = reg.decode_replica("c1", _unowned(replica("c1", {"owner": "B"}, newer, promise=newer)), "configmap")
+    fenced = Stamp(2, 9, "aa")
+    for kind in (Kind.PROMISE, Kind.WRITE):
+        verdict = reg.judge(rep, fenced, kind)
+        assert not verdict.accept and "fencing token 3 > 2" in verdict.reason, verdict
+        assert not reg.judge(rep, Stamp(3, 1, "zz"), kind).accept  # older version, same token
+        assert reg.judge(rep, Stamp(3, 3, "aa"), kind).accept  # newer: the next write replaces it
+        assert reg.judge(rep, newer, kind).accept  # the same attempt, retried
+    assert reg.judge(rep, fenced, Kind.OVERWRITE).accept  # `state sync --from`, deliberately
+    # A writer is fenced out by the token, and draws its version above the bound.
+    assert reg.newer_token([rep], 2, evidence=3) == 3
+    assert reg.next_stamp([rep], 3, 3, "ww") == Stamp(3, 3, "ww")
+    # A token no lease of a majority has seen is suspect: it neither fences nor raises versions.
+    planted = reg.decode_replica("c1", _unowned(replica("c1", {"k": 1}, Stamp(10**9, 10**9, "x"))), "configmap")
+    assert reg.suspicion(planted, 3) and "corrupt and carries fencing token" in (reg.suspicion(planted, 3) or "")
+    assert reg.newer_token([planted], 3, 3) is None and reg.next_stamp([planted], 3, 3, "w") == Stamp(3, 1, "w")

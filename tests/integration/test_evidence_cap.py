@@ -1,0 +1,256 @@
+"""A state replica coordinator no longer owns keeps what it says as a bound, never as its word.
+
+Another client can make a replica corrupt without touching a byte coordinator wrote: the API
+server keeps at most 10 Update entries in managedFields, so 11 annotations under 11 field
+managers (``cap``) merge coordinator's entry into ``ancient-changes``; stripping managedFields
+(``strip``) names nobody. Or it garbles the envelope. Such a replica is not the state, and
+it is not an answer either: a write that builds on the data, and `state sync`, need a
+majority of replicas that decode, and a replica never takes (nor does sync write) a stamp
+below the newest one it carries, whoever owns the field. Each test acts as that client with
+the real kubectl, on real API servers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from coord_fixtures import Env
+from faults.kubectl import kubectl
+
+from coordinator.errors import NoQuorumError, StateConflictError
+from coordinator.kube.resources import configmaps_path
+from coordinator.register import Kind, Stamp, build_envelope, new_write_id
+from coordinator.state.results import Observed
+
+pytestmark = pytest.mark.integration
+
+STATE = "coordinator-state-web"
+
+
+def _k(env: Env, index: int, *args: str) -> None:
+    done = kubectl(env.kubeconfig, index, env.namespace, *args)
+    assert done.returncode == 0, done.stderr
+
+
+def _cap(env: Env, index: int) -> None:
+    """11 annotations of another client's own, under 11 field managers: nothing coordinator
+    wrote is touched, managedFields are neither stripped nor rewritten."""
+    for i in range(1, 12):
+        _k(env, index, "annotate", "configmap", STATE, f"--field-manager=tool-{i}", f"example.com/note-{i}=x")
+
+
+def _strip(env: Env, index: int) -> None:
+    _k(env, index, "patch", "configmap", STATE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
+
+
+def _garble(env: Env, index: int) -> None:
+    _k(env, index, "patch", "configmap", STATE, "--type=merge", "-p", '{"data":{"envelope.json":"garbled"}}')
+
+
+SPOIL = {"cap": _cap, "strip": _strip, "garble": _garble}
+
+
+def _object(env: Env, index: int) -> dict[str, Any]:
+    return anyio.run(env.raw, index, "GET", f"{configmaps_path(env.namespace)}/{STATE}")
+
+
+def _data(env: Env, index: int) -> Any:
+    return json.loads(_object(env, index)["data"]["envelope.json"])["data"]
+
+
+def _lock(env: Env) -> None:
+    proc = env.cli("-o", "json", "lock", "acquire", "web", "--ttl", "180s")
+    assert proc.returncode == 0, proc.stderr
+
+
+def _set(env: Env, *pairs: str) -> subprocess.CompletedProcess[str]:
+    return env.cli("state", "set", "web", *pairs)
+
+
+def _w1_on_c1_c2_only(env: Env) -> None:
+    """k=v0 everywhere, then k=W1 confirmed by c1 and c2 while c3 was paused: c3 is behind."""
+    _lock(env)
+    assert _set(env, "k=v0").returncode == 0
+    env.sandbox.pause(3)
+    try:
+        wrote = _set(env, "k=W1")
+        assert wrote.returncode == 0, wrote.stderr
+    finally:
+        env.sandbox.resume(3)
+    assert _data(env, 3) == {"k": "v0"}
+
+
+def test_a_fenced_out_write_never_replaces_a_confirmed_write_on_capped_replicas(dep3: Env) -> None:
+    async def scenario() -> None:
+        async with dep3.api() as c:
+            a = await c.acquire("web", ttl=2, holder="A")
+            state = c.state("web")
+            await state.set({"owner": "A"}, lock=a.lock_id)
+            # A's reads, before its lock lapses: what a holder paused between its reads
+            # and its writes holds when it resumes.
+            stale = {k: (await state._read_one(k, with_lease=False)).replica for k in ("c1", "c2")}
+            b = await c.acquire("web", ttl=60, holder="B", wait=20)
+            assert b.fencing_token > a.fencing_token
+            await state.set({"owner": "B"}, lock=b.lock_id)
+            for i in (1, 2):
+                _cap(dep3, i)
+            # A resumes: its promise and its data, by compare-and-swap on what it read
+            # (the server refuses the stale resourceVersion; the replica is judged again).
+            late = Stamp(a.fencing_token, 99, new_write_id())
+            doc, text = build_envelope(
+                None, {"owner": "A-late"}, late, who="A", host="h", command="t",
+                now=datetime.now(UTC), members=["c1", "c2", "c3"], member_ids={}, namespace=dep3.namespace,
+                storage="configmap", keys=["owner"], deployment="web",
+            )  # fmt: skip
+            for k, rep in stale.items():
+                for kind, body in ((Kind.PROMISE, None), (Kind.WRITE, text)):
+                    got = await state._cas(rep, late, kind, body)
+                    assert not got.ok and "fencing token" in got.detail, (k, kind, got.outcome, got.detail)
+            # A's whole write with its old token, c3 (which holds B's write) unreachable.
+            dep3.sandbox.pause(3)
+            try:
+                with pytest.raises(StateConflictError) as err:
+                    await state.write(
+                        lambda _d: {"owner": "A-late"}, lock=a.lock_id, replaces=True, _token=a.fencing_token
+                    )
+                assert "fencing token" in err.value.message
+            finally:
+                dep3.sandbox.resume(3)
+            assert doc.data == {"owner": "A-late"}
+            for i in (1, 2, 3):
+                obj = await dep3.raw(i, "GET", f"{configmaps_path(dep3.namespace)}/{STATE}")
+                assert json.loads(obj["data"]["envelope.json"])["data"] == {"owner": "B"}, i
+            # Two replicas that are not coordinator's word leave one that decodes: no read
+            # decides until B writes a whole state over them (saving them first).
+            with pytest.raises(NoQuorumError):
+                await state.get()
+            await state.adopt("c3", lock=b.lock_id)
+            assert await state.get() == {"owner": "B"}
+
+    anyio.run(scenario)
+
+
+@pytest.mark.parametrize("how", ["strip", "cap", "garble"])
+def test_one_corrupt_replica_and_one_down_refuse_a_write_rather_than_lose_a_confirmed_one(dep3: Env, how: str) -> None:
+    _w1_on_c1_c2_only(dep3)
+    dep3.sandbox.pause(2)
+    try:
+        SPOIL[how](dep3, 1)
+        refused = _set(dep3, "other=x")
+        # c1 counts as unanswered: one replica that decodes (c3) is no majority, and c2
+        # may make one when it answers.
+        assert refused.returncode == 4, refused.stdout + refused.stderr
+        assert "counts as unanswered" in refused.stderr, refused.stderr
+    finally:
+        dep3.sandbox.resume(2)
+    if how != "garble":  # untouched: the refused write saved and replaced nothing
+        assert _data(dep3, 1) == {"k": "W1"}
+    assert dep3.cli("state", "get", "web", "k").stdout.strip() == "W1"
+    # With c2 back the next write builds on W1 and replaces c1.
+    wrote = _set(dep3, "other=x")
+    assert wrote.returncode == 0, wrote.stderr
+    assert json.loads(dep3.cli("-o", "json", "state", "get", "web").stdout) == {"k": "W1", "other": "x"}
+    assert _data(dep3, 1) == {"k": "W1", "other": "x"}
+
+
+@pytest.mark.parametrize("how", ["cap", "strip"])
+def test_sync_does_not_roll_a_confirmed_write_back_over_unowned_replicas(dep3: Env, how: str, tmp_path: Path) -> None:
+    _w1_on_c1_c2_only(dep3)
+    for i in (1, 2):
+        SPOIL[how](dep3, i)
+    rows = {r["name"]: r for r in json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)}
+    assert rows["c1"]["status"] == rows["c2"]["status"] == "corrupt", rows
+    sync = dep3.cli("-o", "json", "state", "sync", "web", "--backup-dir", str(tmp_path / "saved"))
+    # Every member answered, one replica decodes: no majority, and no retry makes one.
+    assert sync.returncode == 6, sync.stdout + sync.stderr
+    assert "counts as unanswered" in sync.stderr, sync.stderr
+    for i in (1, 2):
+        assert _data(dep3, i) == {"k": "W1"}, i
+    assert _data(dep3, 3) == {"k": "v0"}
+
+
+def test_sync_does_not_overwrite_a_capped_replica_with_an_older_value(dep3: Env, tmp_path: Path) -> None:
+    _lock(dep3)
+    assert _set(dep3, "k=v0").returncode == 0
+
+    async def partial_write_on_c1() -> None:
+        # A write that reached c1 only (promise and data), as a holder that lost the
+        # other members mid-write leaves it.
+        async with dep3.api() as c:
+            state = c.state("web")
+            seen: Observed = await state._read_one("c1", with_lease=False)
+            rep = seen.replica
+            stamp = Stamp(rep.stamp.token, rep.stamp.version + 1, new_write_id())
+            _doc, text = build_envelope(
+                rep.envelope, {"k": "W2"}, stamp, who="t", host="h", command="t", now=datetime.now(UTC),
+                members=["c1", "c2", "c3"], member_ids={}, namespace=dep3.namespace, storage="configmap",
+                keys=["k"], deployment="web",
+            )  # fmt: skip
+            promised = await state._cas(rep, stamp, Kind.PROMISE, None)
+            assert promised.ok and promised.value is not None, promised.detail
+            wrote = await state._cas(promised.value, stamp, Kind.WRITE, text)
+            assert wrote.ok, wrote.detail
+
+    anyio.run(partial_write_on_c1)
+    assert _data(dep3, 1) == {"k": "W2"}
+    _cap(dep3, 1)
+    sync = dep3.cli("-o", "json", "state", "sync", "web", "--backup-dir", str(tmp_path / "saved"))
+    assert sync.returncode == 6, sync.stdout + sync.stderr
+    assert "replica(s) on c1 carry a newer stamp" in sync.stderr, sync.stderr
+    assert _data(dep3, 1) == {"k": "W2"}
+
+
+def test_sync_does_not_overwrite_a_newer_write_that_reached_a_corrupt_replica_meanwhile(
+    dep3: Env, tmp_path: Path
+) -> None:
+    _lock(dep3)
+    assert _set(dep3, "k=v0").returncode == 0
+    _cap(dep3, 1)
+
+    async def scenario() -> None:
+        async with dep3.api() as c:
+            state = c.state("web")
+            save = state._save_replica
+
+            def save_then_write(rep: Any, backup_dir: Path | None, reason: str) -> Path:
+                # Between sync's read (c1 corrupt, naming v0) and its compare-and-swap, a
+                # write reaches every member, c1 included.
+                path = save(rep, backup_dir, reason)
+                wrote = _set(dep3, "k=W2")
+                assert wrote.returncode == 0, wrote.stderr
+                return path
+
+            state._save_replica = save_then_write  # type: ignore[method-assign]
+            result = await state.sync(backup_dir=tmp_path / "saved")
+            assert result["winner"] != "c1" and "c1" in result["failed"], result
+
+    anyio.run(scenario)
+    for i in (1, 2, 3):
+        assert _data(dep3, i) == {"k": "W2"}, i
+
+
+def test_a_planted_bound_no_lease_has_seen_costs_one_replica_until_sync_from_overwrites_it(
+    dep3: Env, tmp_path: Path
+) -> None:
+    _lock(dep3)
+    assert _set(dep3, "k=v0").returncode == 0
+    _k(dep3, 1, "annotate", "--overwrite", "configmap", STATE, "coordinator.io/state-promise=999999/1/x")
+    # The token is above every token the leases have seen: no holder promised it. c1 is
+    # suspect and refuses the write below its bound; the others take it.
+    wrote = _set(dep3, "k=v1")
+    assert wrote.returncode == 0, wrote.stderr
+    rows = {r["name"]: r for r in json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)}
+    assert rows["c1"]["status"] == "suspect" and "999999" in rows["c1"]["detail"], rows["c1"]
+    assert (rows["c2"]["status"], rows["c3"]["status"]) == ("current", "current"), rows
+    assert dep3.cli("state", "get", "web", "k").stdout.strip() == "v1"
+    adopted = dep3.cli("state", "sync", "web", "--from", "c2", "--backup-dir", str(tmp_path / "saved"))
+    assert adopted.returncode == 0, adopted.stderr
+    rows = {r["name"]: r for r in json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)}
+    assert {r["status"] for r in rows.values()} == {"current"}, rows
+    assert _data(dep3, 1) == {"k": "v1"}
