@@ -28,6 +28,8 @@ class Reads(Replicas):
         choice, evidence = self._judge(results)
         odd = choice.corrupt or choice.suspect or choice.conflict or evidence is None
         odd = odd or not self._members_verdict(results).ok
+        # A missing object is no answer (``_need_decoded``): hear the others before deciding.
+        odd = odd or any(not rep.exists for rep in _replicas(results).values())
         if len(results) < self.n and (odd or len(choice.current) + len(choice.stale) < self.q):
             # Something is off: hear every member (with fresh leases) before deciding.
             results = await self._read_all()
@@ -46,6 +48,8 @@ class Reads(Replicas):
         )
         if winner is None or winner.envelope is None:
             self._refuse_unreadable(results, choice, "read")
+        self._need_decoded(results, "read")
+        if winner is None or winner.envelope is None:
             return report
         if not repair:
             return report

@@ -258,29 +258,37 @@ class Replicas:
 
     def _need_decoded(self, results: Mapping[str, ClusterResult[Observed]], what: str, q: int | None = None) -> None:
         """A value is chosen from replicas that decode: a corrupt replica may hide the newest
-        confirmed write, so it counts as unanswered. Fewer than a majority of replicas that
-        decode is no majority: exit 4 while some member did not answer (its answer may
-        make one), else exit 6 (the corrupt replicas must be written over first)."""
+        confirmed write, and so may a missing object (deleted by anyone who may delete in
+        the namespace, or never made there), so both count as unanswered — unless no
+        member holds an object at all and every member said so (nothing was written, or
+        nothing is left to lose). Fewer than a majority of replicas that decode is no
+        majority: exit 4 while some member did not answer (its answer may make one), else
+        exit 6 (the corrupt or missing replicas must be written first)."""
         q = q or self.q
         answered = _replicas(results)
-        decoded = sorted(k for k, rep in answered.items() if not rep.corrupt)
+        if len(answered) == len(results) and not any(rep.exists for rep in answered.values()):
+            return
+        decoded = sorted(k for k, rep in answered.items() if rep.exists and not rep.corrupt)
         if len(decoded) >= q:
             return
         from coordinator.text import printable
 
         why = [f"{k}: corrupt ({printable(rep.corrupt or '')})" for k, rep in sorted(answered.items()) if rep.corrupt]
+        why += [f"{k}: no state object (deleted?)" for k, rep in sorted(answered.items()) if not rep.exists]
         unanswered = [f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(results.items()) if not r.ok]
+        if q == self.q:
+            unanswered += [f"{k}: not heard" for k in self.members if k not in results]
         name = self.dep.name
         head = (
             f"Cannot {what} the state of {name!r}: {len(decoded)} of {len(results)} clusters answered with a "
             f"replica that decodes ({', '.join(decoded) or 'none'}), {q} are needed to know the newest "
-            f"confirmed state, and a corrupt replica counts as unanswered ({'; '.join(why + unanswered)}). "
+            f"confirmed state, and a corrupt or missing replica counts as unanswered ({'; '.join(why + unanswered)}). "
             "Nothing was changed."
         )
         recover = (
             f"`coordinator state diff {name}` shows every replica; `coordinator state sync {name} --from "
             f"CLUSTER` (a replica that decodes) or `coordinator state apply {name} -f FILE`, under the lock, "
-            "writes a whole state over the corrupt ones, saving them to files first."
+            "writes a whole state over the corrupt and missing ones, saving the corrupt ones to files first."
         )
         if unanswered:
             raise NoQuorumError(

@@ -254,3 +254,26 @@ def test_a_planted_bound_no_lease_has_seen_costs_one_replica_until_sync_from_ove
     rows = {r["name"]: r for r in json.loads(dep3.cli("-o", "json", "state", "diff", "web").stdout)}
     assert {r["status"] for r in rows.values()} == {"current"}, rows
     assert _data(dep3, 1) == {"k": "v1"}
+
+
+def test_a_deleted_state_object_is_no_answer_to_a_read_or_a_write(dep3: Env) -> None:
+    # k=W1 is confirmed by c1 and c2 only; another client deletes c1's state object and c2
+    # stops answering. c3 (behind) and c1 (nothing there) are no majority that knows the
+    # newest confirmed state: a read must not return k=v0, nor a write build on it.
+    _w1_on_c1_c2_only(dep3)
+    _k(dep3, 1, "delete", "configmap", STATE)
+    dep3.sandbox.pause(2)
+    try:
+        got = dep3.cli("state", "get", "web", "k")
+        assert got.returncode == 4, got.stdout + got.stderr
+        assert "no state object (deleted?)" in got.stderr, got.stderr
+        wrote = _set(dep3, "other=x")
+        assert wrote.returncode == 4, wrote.stdout + wrote.stderr
+    finally:
+        dep3.sandbox.resume(2)
+    # Every member answers again: c2's k=W1 is the newest confirmed state; the write and
+    # the read go through, and the missing object is written again.
+    wrote = _set(dep3, "other=x")
+    assert wrote.returncode == 0, wrote.stderr
+    assert dep3.cli("state", "get", "web", "k").stdout.strip() == "W1"
+    assert _data(dep3, 1) == {"k": "W1", "other": "x"}
