@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias, assert_never
 
-from coordinator import cas
+from coordinator import cas, clock
 from coordinator.clusters import ClusterSet, failed
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -107,7 +107,7 @@ def history_path(namespace: str, deployment: str) -> str:
 
 
 def now_text() -> str:
-    return micro_time(datetime.now(UTC))
+    return micro_time(clock.wall_now())
 
 
 def event(kind: str, lock_id: str, *, at: str | None = None, token: int | None = None, **text: str) -> dict[str, Any]:
@@ -259,7 +259,7 @@ def stored(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def _latest(now: datetime | None) -> datetime:
-    return (now or datetime.now(UTC)) + timedelta(seconds=MAX_FUTURE_S)
+    return (now or clock.wall_now()) + timedelta(seconds=MAX_FUTURE_S)
 
 
 def decode(obj: Mapping[str, Any] | None, *, now: datetime | None = None) -> list[dict[str, Any]]:

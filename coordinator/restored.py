@@ -14,10 +14,9 @@ before such a lease can be taken, and the next token is proven by the other memb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, assert_never
 
-from coordinator import cas
+from coordinator import cas, clock
 from coordinator.clusters import ClusterSet
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeClient, KubeError
@@ -64,7 +63,7 @@ async def _tombstone(client: KubeClient, item: dict[str, Any]) -> Tombstoned | N
     namespace = str(meta.get("namespace", ""))
     deployment = lease[len(LEASE_PREFIX) :]
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
-    now = micro_time(datetime.now(UTC))
+    now = micro_time(clock.wall_now())
 
     async def read() -> dict[str, Any]:
         body: dict[str, Any] = (await client.request("GET", path)).body

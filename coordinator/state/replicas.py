@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, assert_never
 
-from coordinator import cas, quorum
+from coordinator import cas, clock, quorum
 from coordinator.clusters import ClusterSet
 from coordinator.errors import IdentityMismatchError, NoQuorumError, StateConflictError
 from coordinator.fanout import ClusterResult, fan_out
@@ -296,7 +295,7 @@ class Replicas:
         from coordinator.files import write_private
 
         folder = backup_dir or Path(platformdirs.user_state_dir("coordinator")) / "corrupt-replicas"
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = clock.wall_now().strftime("%Y%m%dT%H%M%S%fZ")
         # The replica may hold secret state: 0600 in a 0700 folder (the default one narrowed).
         path = write_private(
             folder / f"{self.dep.name}-{rep.cluster}-{stamp}.json",
