@@ -124,6 +124,17 @@ class ApiError(Exception):
         return out
 
 
+def clone(value: Any) -> Any:
+    """A copy of a JSON document (dicts, lists and scalars): what copy.deepcopy gives,
+    several times faster, since nothing in a document is shared or cyclic."""
+    kind = type(value)
+    if kind is dict:
+        return {k: clone(v) for k, v in value.items()}
+    if kind is list:
+        return [clone(v) for v in value]
+    return value
+
+
 def not_found(kind: Kind, name: str) -> ApiError:
     return ApiError(404, "NotFound", f'{kind.qualified} "{name}" not found', kind.details(name))
 
