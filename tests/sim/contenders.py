@@ -277,7 +277,9 @@ class CommandHolder(Contender):
                 async with self.sim.coordinator(self.name) as c:
                     return await c.release(DEPLOYMENT, lock_id=lock_id, holder=self.name)
 
-            await self.command("release", release)
+            rc, _ = await self.command("release", release)
+            if rc == 0:
+                self.check_released(lock_id)
         if not self.stopping() and self.rng.random() < 0.3:
             async with self.sim.coordinator(self.name) as c:
                 await self.read(c.state(DEPLOYMENT))
@@ -325,11 +327,40 @@ class CommandHolder(Contender):
         left = now()
         self.emit("exit", t=min(left, valid_until), overstay=left > valid_until)
 
+    def check_released(self, lock_id: str) -> None:
+        """A release that exits 0 has cleared its lock id from a majority: what stays
+        (on members it did not reach) is less than a majority. Read from the stores."""
+        from coordinator.lease import lock_id_of
+        from coordinator.quorum import quorum_size
+
+        members = self.sim.members
+        still = [
+            c
+            for c in members
+            if (obj := self.sim.world.clusters[c].store.objects.get(_lease_key())) is not None
+            and lock_id_of((obj.get("spec") or {}).get("holderIdentity")) == lock_id
+        ]
+        if len(still) >= quorum_size(len(members)):
+            self.problem("release exit 0", f"lock {lock_id} still held on {still} after its release exited 0")
+
+
+def _lease_key() -> tuple[str, str, str]:
+    from coordinator.kube.resources import lease_name
+    from sim.simulate import NAMESPACE
+
+    return ("leases", NAMESPACE, lease_name(DEPLOYMENT))
+
 
 class Reader(Contender):
     """Reads the state without the lock, and now and then runs ``state sync``."""
 
     mode = "read"
+
+    def _sync(self, state: StateClient) -> Callable[[], Awaitable[Any]]:
+        async def sync() -> Any:
+            return await state.sync(self.sim.workdir / "sync")
+
+        return sync
 
     async def run(self) -> None:
         with clock.using(self.clock, self.chance):
@@ -338,7 +369,7 @@ class Reader(Contender):
                 while not self.stopping():
                     state = c.state(DEPLOYMENT)
                     if self.rng.random() < 0.1:
-                        rc, _ = await self.command("sync", lambda s=state: s.sync(self.sim.workdir / "sync"))
+                        rc, _ = await self.command("sync", self._sync(state))
                         self.stat(f"sync exit {rc}")
                     else:
                         await self.read(state)

@@ -46,6 +46,9 @@ KINDS = (
 # Kinds done at once (no episode to undo).
 INSTANT = frozenset({"compact", "delete-lease-one", "delete-lease-all", "delete-state-one", "recreate-namespace"})
 OTHER_MANAGER = "sim-other-client"
+# Fields of the evidence table on the state object that foreign writes edit besides the
+# fault suite's: the promise (rewritten by another client the replica is corrupt).
+STATE_EVIDENCE = ("coordinator.io/state-promise",)
 
 
 @dataclass(frozen=True)
@@ -243,12 +246,12 @@ class Injector:
             return undo_reject
         if kind == "freeze-holder":
             inside = sorted(sim.recorder.inside)
-            who = rng.choice(inside) if inside else rng.choice(players)
-            sim.net.freeze(who)
-            sim.note(f"{fault.describe()}: {who} frozen")
+            stopped = rng.choice(inside) if inside else rng.choice(players)
+            sim.net.freeze(stopped)
+            sim.note(f"{fault.describe()}: {stopped} frozen")
 
             async def undo_freeze() -> None:
-                sim.net.thaw(who)
+                sim.net.thaw(stopped)
 
             return undo_freeze
         if kind == "break-holder":
@@ -477,7 +480,9 @@ class Injector:
         targets = self.majority(rng) if rng.random() < 0.5 else self.minority(rng)
         plan: _ForeignPlan | None = None
         if kind == "foreign-write":
-            fields = [(False, f) for f in LEASE_FIELDS] + [(True, f) for f in STATE_FIELDS]
+            fields = [(False, f) for f in LEASE_FIELDS] + [(True, f) for f in (*STATE_FIELDS, *STATE_EVIDENCE)]
+            if sim.opts.fields:
+                fields = [(on, f) for on, f in fields if f in sim.opts.fields]
             on_state, name = rng.choice(fields)
             numeric = name in ("coordinator.io/fencing-token", "token-floor", "coordinator.io/max-ttl")
             values = ("zero", "lower", "same", "higher", "huge", "empty", "garbage") if numeric else FOREIGN_VALUES
@@ -496,7 +501,7 @@ class Injector:
             with anyio.move_on_after(fault.duration):
                 while True:
                     once()
-                    await anyio.sleep(rng.uniform(0.3, 1.0))
+                    await anyio.sleep(rng.uniform(1.0, 3.0))
             done.set()
 
         once()
@@ -544,6 +549,8 @@ class Injector:
         found = ((obj.get("metadata") or {}).get("annotations") or {}) if where == "annotation" else obj.get("spec")
         current = (found or {}).get(key)
         value = plan.render(str(current) if current is not None else None, rng)
+        if plan.field in STATE_EVIDENCE and current is not None and rng.random() < 0.7:
+            value = str(current)  # the same text, now another client's
         if where == "annotation":
             patch: dict[str, Any] = {"metadata": {"annotations": {key: value}}}
         elif key == "leaseDurationSeconds":

@@ -110,6 +110,7 @@ class Options:
     rate_skew: float = 0.009  # client clock rates within this of the true rate (1 %: the bound)
     server_skew: float = 0.0  # HA clusters: one API server off by up to this (5 s: the bound)
     kinds: tuple[str, ...] = ()  # fault kinds to draw from (all when empty)
+    fields: tuple[str, ...] = ()  # the evidence fields foreign writes edit (all when empty)
     faults: float = 1.0  # fault episodes per 10 s of workload
     keep: tuple[int, ...] | None = None  # schedule indices to keep (a shrunk schedule)
     plant: str | None = None  # a planted bug (sim/plants.py)
@@ -135,6 +136,8 @@ class Options:
                 out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         if self.kinds:
             out += ["--kinds", ",".join(self.kinds)]
+        if self.fields:
+            out += ["--fields", ",".join(self.fields)]
         if self.keep is not None:
             out += ["--keep", ",".join(map(str, self.keep)) or "none"]
         if self.plant:
@@ -179,7 +182,7 @@ class Result:
         return (
             f"seed {self.options.seed}: {len(self.sections)} lock sections, {len(self.operations)} state ops, "
             f"{sum(self.faults.values())} faults ({kinds}), {len(self.violations)} violations, "
-            f"{self.virtual_s:.0f}s virtual in {self.cpu_s:.2f}s CPU"
+            f"{self.virtual_s:.0f}s virtual in {self.cpu_s:.2f}s CPU, history {self.digest}"
         )
 
 
@@ -546,6 +549,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
     p.add_argument("--server-skew", type=float, default=0.0)
     p.add_argument("--faults", type=float, default=1.0, help="fault episodes per 10 virtual seconds")
     p.add_argument("--kinds", default="", help="fault kinds, comma-separated (default: all)")
+    p.add_argument("--fields", default="", help="the evidence fields foreign writes edit (default: all)")
     p.add_argument("--keep", default=None, help="schedule indices to keep (a shrunk schedule), or none")
     p.add_argument("--plant", default=None, help="a planted bug (sim/plants.py)")
     p.add_argument("-v", "--verbose", action="store_true", help="print each run's faults and violations")
@@ -554,6 +558,14 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
     if ns.keep is not None:
         keep = () if ns.keep == "none" else tuple(int(x) for x in ns.keep.split(",") if x)
     seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1, 10**9)
+    if ns.plant:
+        # What reaches the planted bug (its fault kinds, fields, server skew), unless given.
+        from sim.plants import PLANTS
+
+        given = {"kinds": ns.kinds, "fields": ns.fields, "server_skew": ns.server_skew}
+        for key, value in PLANTS[ns.plant].options.items():
+            if not given.get(key):
+                setattr(ns, key, ",".join(value) if isinstance(value, tuple) else value)
     opts = Options(
         seed=seed,
         clusters=ns.clusters,
@@ -566,6 +578,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
         rate_skew=ns.rate_skew,
         server_skew=ns.server_skew,
         kinds=tuple(k for k in ns.kinds.split(",") if k),
+        fields=tuple(f for f in ns.fields.split(",") if f),
         faults=ns.faults,
         keep=keep,
         plant=ns.plant,
