@@ -140,21 +140,16 @@ class Contender:
         self.end(op, "ok", data.get(KEY))
 
     async def late_write(self, state: StateClient, lock_id: str, token: int) -> None:
-        """Stopped (a GC pause, SIGSTOP) right before a write, for longer than the lock's
-        TTL: nothing this contender sends leaves meanwhile, its renewals included; then the
-        write goes out with the lock id, unchecked, as a holder that does not look at its
-        validity would send it. Fencing must refuse it once another holder has the lock."""
-        pause = self.ttl * self.rng.uniform(0.5, 2.5)
+        """Stopped (a GC pause, SIGSTOP) after checking its validity and before a write,
+        for longer than the lock's TTL: nothing this contender sends leaves meanwhile, its
+        renewals included; then the write goes out with the lock id, unchecked. Fencing
+        must refuse it once another holder has the lock."""
+        pause = self.ttl * self.rng.uniform(1.2, 3.0)
         self.sim.net.freeze(self.name)
         self.sim.note(f"{self.name} stops for {pause:.1f}s before a write")
-
-        async def thaw() -> None:
-            await anyio.sleep(pause)
-            self.sim.net.thaw(self.name)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(thaw)
-            await self.write(state, lock_id, token)
+        await anyio.sleep(pause)
+        self.sim.net.thaw(self.name)
+        await self.write(state, lock_id, token)
 
     async def run(self) -> None:
         with clock.using(self.clock, self.chance):
@@ -223,7 +218,7 @@ class ApiHolder(Contender):
             for _ in range(steps):
                 if self.stopping() or not held.valid or now() >= until() - MARGIN_S:
                     break
-                action = self.rng.choices(("write", "burst", "read", "hold", "late"), weights=(4, 1, 2, 4, 0.3))[0]
+                action = self.rng.choices(("write", "burst", "read", "hold", "late"), weights=(4, 1, 2, 4, 1))[0]
                 if action == "write":
                     await self.write(state, held, token)
                 elif action == "burst":
@@ -297,7 +292,7 @@ class CommandHolder(Contender):
                 if self.stopping() or now() >= self.true_until(boot_until) - MARGIN_S:
                     break
                 action = self.rng.choices(("write", "apply", "read", "renew", "hold", "late"),
-                                          weights=(5, 1, 2, 2, 1, 0.3))[0]  # fmt: skip
+                                          weights=(5, 1, 2, 2, 1, 1))[0]  # fmt: skip
                 async with self.sim.coordinator(self.name) as c:
                     state = c.state(DEPLOYMENT)
                     if action in ("write", "apply"):

@@ -258,8 +258,8 @@ _plant("minority-release", "a release that reached a minority exits 0", "2a1829c
 _plant("foreign-floor", "a token floor rewritten by another field manager believed", "8d7422d",
        _foreign_floor_believed, kinds=("foreign-write", "delete-lease-all"), fields=("token-floor",))  # fmt: skip
 _plant("foreign-token", "a token annotation another client wrote believed (LeaseView.parse)", "7a70e69",
-       _parse_then(_token_of_anyone), kinds=("foreign-write", "delete-lease-one"),
-       fields=("coordinator.io/fencing-token",))  # fmt: skip
+       _parse_then(_token_of_anyone), kinds=("foreign-write",),
+       fields=("coordinator.io/fencing-token", "token-floor"))  # fmt: skip
 _plant("holder-removed-free", "a holder field another client removed counted as free (_holder_edited)", "7a70e69",
        _holder_removed_is_free, kinds=("foreign-write",), fields=("spec.holderIdentity",))  # fmt: skip
 _plant("equal-token-taken", "an equal token not counted as taken (token_taken)", "2a1829c",

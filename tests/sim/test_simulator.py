@@ -81,3 +81,20 @@ def test_a_planted_bug_is_found_again_by_its_seed(plant: str) -> None:
     assert not found.passed, f"{plant}: {found.summary()}"
     clean = run(Options(seed=FOUND[plant], **options))
     assert clean.passed, f"without {plant}: {clean.summary()}: {clean.violations[:3]}"
+
+
+@pytest.mark.slow
+def test_paired_runs_fencing_refuses_every_stale_write_and_without_it_they_are_accepted() -> None:
+    """The same schedules with the writers' fencing and without it (the no-fencing plant):
+    holders stopped past their validity write late; with fencing none of those writes is
+    accepted once a newer token was granted, without it some are, and the check says so."""
+    kinds = ("freeze-holder", "delay", "answer-loss", "cut-minority")
+    on = off = 0
+    for seed in PAIRED_SEEDS:
+        fenced = run(Options(seed=seed, seconds=200, kinds=kinds))
+        unfenced = run(Options(seed=seed, seconds=200, kinds=kinds, plant="no-fencing"))
+        assert fenced.stale_accepted == 0, fenced.violations
+        on += fenced.stale_accepted
+        off += unfenced.stale_accepted
+    print(f"\nfencing on: {on} stale writes accepted; fencing off: {off}")
+    assert off > 0

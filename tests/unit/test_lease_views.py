@@ -1,7 +1,7 @@
 """What one parsed Lease says (coordinator/lease.py's LeaseView and its small helpers).
 
-The take-over rule (``standing``) has its own cases in test_lease_rules.py and its model
-in test_lease_model.py; here are the views and hints that feed it and the display: the
+The take-over rule (``standing``) has its own cases in test_lease_rules.py, and the real
+engines run it under faults in the simulator (tests/sim/test_simulator.py); here are the views and hints that feed it and the display: the
 pid, the break note, the Date-based hints, the reservation of the next turn, and whether
 a lease carries its cluster's token history. No cluster: every time is an argument.
 """
