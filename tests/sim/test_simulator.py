@@ -83,12 +83,16 @@ def test_a_planted_bug_is_found_again_by_its_seed(plant: str) -> None:
     assert clean.passed, f"without {plant}: {clean.summary()}: {clean.violations[:3]}"
 
 
+# Seeds of the paired runs in docs/simulator.md.
+PAIRED_SEEDS = (1, 2, 3)
+
+
 @pytest.mark.slow
 def test_paired_runs_fencing_refuses_every_stale_write_and_without_it_they_are_accepted() -> None:
     """The same schedules with the writers' fencing and without it (the no-fencing plant):
     holders stopped past their validity write late; with fencing none of those writes is
     accepted once a newer token was granted, without it some are, and the check says so."""
-    kinds = ("freeze-holder", "delay", "answer-loss", "cut-minority")
+    kinds = ("freeze-holder", "delay")
     on = off = 0
     for seed in PAIRED_SEEDS:
         fenced = run(Options(seed=seed, seconds=200, kinds=kinds))
