@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import getpass
 import os
-import secrets
 import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeAlias
 
+from coordinator import clock
 from coordinator.fanout import ClusterResult, outcomes, short_text
 from coordinator.lease import (
     DEFAULT_MAX_TTL_S,
@@ -69,11 +69,11 @@ def ci_job(env: Mapping[str, str], host: str) -> str | None:
 
 
 def new_lock_id() -> str:
-    return secrets.token_hex(8)
+    return clock.token_hex(8)
 
 
 def utc_now() -> datetime:
-    return datetime.now(UTC)
+    return clock.wall_now()
 
 
 @dataclass

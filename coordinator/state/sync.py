@@ -3,6 +3,7 @@ onto the new members of a member change."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from coordinator import quorum
 from coordinator.errors import NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import fan_out
 from coordinator.models import STATE_SCHEMA
-from coordinator.register import Kind, encode_envelope, stamp_of
+from coordinator.register import Kind, Replica, Stamp, encode_envelope, stamp_of
 from coordinator.state.replicas import Replicas
 from coordinator.state.results import _per_cluster, _replicas
 
@@ -137,7 +138,7 @@ class Sync(Replicas):
         # A corrupt replica that promised a newer stamp than the winner's may hold the
         # newest confirmed write (edited by hand since): overwriting it with the older
         # winner would roll that write back. A person must look first.
-        newer = sorted(k for k in choice.corrupt if (reps[k].promise or stamp) > stamp)
+        newer = corrupt_promised_newer(reps, choice.corrupt, stamp)
         if newer:
             raise StateConflictError(
                 f"Refusing to sync {self.dep.name!r}: the corrupt replica(s) on {', '.join(newer)} promised a "
@@ -182,3 +183,10 @@ class Sync(Replicas):
             "holds_other": holds_other,
             "holding": sorted({*current, *repaired}),
         }
+
+
+def corrupt_promised_newer(reps: Mapping[str, Replica], corrupt: Iterable[str], stamp: Stamp) -> list[str]:
+    """The corrupt replicas that promised a newer stamp than ``stamp`` (the newest
+    readable one's): they may hold the newest confirmed write, which a sync must not roll
+    back."""
+    return sorted(k for k in corrupt if (reps[k].promise or stamp) > stamp)

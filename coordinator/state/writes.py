@@ -7,10 +7,10 @@ import copy
 import os
 import socket
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from coordinator import clock
 from coordinator.errors import NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.lock.results import default_holder
@@ -186,7 +186,7 @@ class Writes(Replicas):
             who=default_holder(),
             host=socket.gethostname(),
             command=command,
-            now=datetime.now(UTC),
+            now=clock.wall_now(),
             members=self.members,
             member_ids={m: self.clusters.record(m).identity for m in self.members},
             namespace=self.dep.namespace,
