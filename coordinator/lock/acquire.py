@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
@@ -121,8 +119,8 @@ class Acquire(TokenFloor, Turns):
             history.take_events(
                 result.lock_id,
                 holder=result.holder,
-                host=socket.gethostname(),
-                pid=str(os.getpid()),
+                host=clock.host(),
+                pid=str(clock.pid()),
                 reason=reason,
                 token=result.fencing_token,
                 lapsed=lapsed,

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import getpass
 import os
-import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,15 +24,12 @@ from coordinator.membership import Check
 def default_holder() -> str:
     """``COORDINATOR_HOLDER``, else ``user@host`` and the CI job this runs in, if any
     (:func:`ci_job`): two jobs of one runner share the user and the host."""
-    env = os.environ.get("COORDINATOR_HOLDER")
+    environ = clock.environ()
+    env = environ.get("COORDINATOR_HOLDER")
     if env:
         return env
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    host = socket.gethostname()
-    job = ci_job(os.environ, host)
+    user, host = clock.user(), clock.host()
+    job = ci_job(environ, host)
     return f"{user}@{host} {job}" if job else f"{user}@{host}"
 
 
@@ -215,4 +209,4 @@ def renewed_ago(view: LeaseView) -> float | None:
 
 
 def current_command() -> str:
-    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(clock.argv()))[:200]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -184,7 +183,7 @@ class Writes(Replicas):
             new,
             stamp,
             who=default_holder(),
-            host=socket.gethostname(),
+            host=clock.host(),
             command=command,
             now=clock.wall_now(),
             members=self.members,

@@ -13,7 +13,7 @@ import anyio
 
 from coordinator import clock
 from coordinator.lease import remaining_validity
-from sim.simulate import DEPLOYMENT, KEY, SeededChance, Sim, SimClock, now
+from sim.simulate import DEPLOYMENT, KEY, SeededChance, Sim, SimClock, SimProcess, now
 
 if TYPE_CHECKING:
     from coordinator.api import Coordinator, HeldLock
@@ -58,6 +58,8 @@ class Contender:
             wall_offset=self.rng.uniform(-600, 600),
         )
         self.chance = SeededChance(random.Random(f"{seed}:{name}:chance"))
+        # A generator of its own, so that the contender's other draws stay as they were.
+        self.process = SimProcess(name, random.Random(f"{seed}:{name}:pid").randrange(2, 4_194_304))
         self.ttl = float(self.rng.choice((5, 8, 10, 15)))
         self.values = 0
         self.ops = 0
@@ -152,7 +154,7 @@ class Contender:
         await self.write(state, lock_id, token)
 
     async def run(self) -> None:
-        with clock.using(self.clock, self.chance):
+        with clock.using(self.clock, self.chance, self.process):
             self.emit("start", mode=self.mode)
             while not self.stopping():
                 await self.iteration()
@@ -168,7 +170,7 @@ class ApiHolder(Contender):
     mode = "api"
 
     async def run(self) -> None:
-        with clock.using(self.clock, self.chance):
+        with clock.using(self.clock, self.chance, self.process):
             self.emit("start", mode=self.mode)
             while not self.stopping():
                 async with self.sim.coordinator(self.name) as c:
@@ -353,12 +355,12 @@ class Reader(Contender):
 
     def _sync(self, state: StateClient) -> Callable[[], Awaitable[Any]]:
         async def sync() -> Any:
-            return await state.sync(self.sim.workdir / "sync")
+            return await state.sync(self.sim.workdir / self.name / "sync")  # a directory of its own
 
         return sync
 
     async def run(self) -> None:
-        with clock.using(self.clock, self.chance):
+        with clock.using(self.clock, self.chance, self.process):
             self.emit("start", mode=self.mode)
             async with self.sim.coordinator(self.name) as c:
                 while not self.stopping():

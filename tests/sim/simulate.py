@@ -231,6 +231,30 @@ class SeededChance(clock.Chance):
         return self.rng.random()
 
 
+class SimProcess(clock.Process):
+    """A contender's process: a host of its own, a pid drawn from the seed, no environment,
+    as each contender of a real deployment is a process of its own, on a machine of its own."""
+
+    def __init__(self, name: str, pid: int) -> None:
+        self.name = name
+        self._pid = pid
+
+    def host(self) -> str:
+        return f"{self.name}.sim"
+
+    def pid(self) -> int:
+        return self._pid
+
+    def user(self) -> str:
+        return "sim"
+
+    def environ(self) -> dict[str, str]:
+        return {}
+
+    def argv(self) -> list[str]:
+        return [self.name]
+
+
 def server_time() -> datetime:
     return EPOCH + timedelta(seconds=now())
 
@@ -346,7 +370,8 @@ def run(opts: Options) -> Result:
 async def _run(opts: Options, schedule: list[Any], workdir: Path) -> Result:
 
     _T0[0] = anyio.current_time()
-    with clock.using(SimClock(1.0, 0.0, 0.0), SeededChance(random.Random(f"{opts.seed}:harness"))):
+    harness = (SimClock(1.0, 0.0, 0.0), SeededChance(random.Random(f"{opts.seed}:harness")), SimProcess("harness", 1))
+    with clock.using(*harness):
         return await _run_in(opts, schedule, workdir)
 
 
@@ -469,19 +494,27 @@ def _judge(sim: Sim, schedule: list[Any]) -> Result:
         stale_accepted=len(checks[-1].violations),
         notes=list(sim.notes),
     )
-    result.digest = _digest(result)
+    result.digest = _digest(result, sim.world)
     return result
 
 
-def _digest(result: Result) -> str:
-    """A fingerprint of the history: equal for equal runs (the replay check)."""
+def _digest(result: Result, world: World) -> str:
+    """A fingerprint of the history and of every object the API servers hold at the end
+    (leases, state objects, the lock history, with what each contender wrote into them):
+    equal for equal runs (the replay check)."""
     import hashlib
+    import json
 
+    stores = {
+        name: sorted((repr(key), json.dumps(obj, sort_keys=True, default=str)) for key, obj in c.store.objects.items())
+        for name, c in sorted(world.clusters.items())
+    }
     text = repr(
         (
             [(s["process"], s["token"], round(s["enter"], 6), round(s["exit"], 6)) for s in result.sections],
             [(o["process"], o["kind"], o["value"], o["status"], round(o["invoke"], 6)) for o in result.operations],
             sorted(result.faults.items()),
+            stores,
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -3,14 +3,16 @@ and from the system's otherwise."""
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 from datetime import UTC, datetime
 
 import anyio
 
 from coordinator import clock
 from coordinator.lease import boot_clock
-from coordinator.lock.results import new_lock_id, utc_now
+from coordinator.lock.results import current_command, default_holder, new_lock_id, utc_now
 from coordinator.register import new_write_id
 
 
@@ -62,3 +64,31 @@ def test_tasks_started_inside_the_block_inherit_the_clock() -> None:
 
     anyio.run(main)
     assert seen[0] == 7.0 and seen[1] != 7.0
+
+
+class Elsewhere(clock.Process):
+    def host(self) -> str:
+        return "box7"
+
+    def pid(self) -> int:
+        return 4242
+
+    def user(self) -> str:
+        return "ana"
+
+    def environ(self) -> dict[str, str]:
+        return {"CI_JOB_ID": "9"}
+
+    def argv(self) -> list[str]:
+        return ["/usr/bin/coordinator", "lock", "acquire", "web"]
+
+
+def test_the_engines_name_the_process_that_was_set() -> None:
+    """What a holder records of itself (the default holder name, the command, host and
+    pid) comes from the process set, as the time does: a simulated contender is a
+    process of its own, not the one that runs the simulator."""
+    with clock.using(process=Elsewhere()):
+        assert default_holder() == "ana@box7 ci-job:9"
+        assert current_command() == "coordinator lock acquire web"
+        assert (clock.host(), clock.pid()) == ("box7", 4242)
+    assert clock.pid() == os.getpid() and clock.host() == socket.gethostname()
