@@ -566,7 +566,12 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
 
     p = argparse.ArgumentParser(prog="simulate.py", description="The deterministic simulator (tests/sim/simulate.py).")
     p.add_argument("--seed", type=int, default=None, help="the first seed (default: a fresh one)")
-    p.add_argument("--runs", type=int, default=1, help="how many seeds, from --seed on")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="how many seeds, from --seed on (default 1; with --until-found, no limit)",
+    )
     p.add_argument("--sections", type=int, default=0, help="run seeds until this many lock sections")
     p.add_argument("--cpu-minutes", type=float, default=0.0, help="stop starting runs after this much CPU")
     p.add_argument("--until-found", action="store_true", help="stop at the first failing seed")
@@ -659,7 +664,9 @@ def paired(opts: Options, runs: int) -> int:
 def main(argv: Sequence[str]) -> int:
     opts, ns = parse(argv)
     if ns.paired:
-        return paired(opts, ns.runs)
+        return paired(opts, ns.runs or 1)
+    # Without a limit, --until-found tries seeds until one fails.
+    limit = ns.runs if ns.runs is not None else (0 if ns.until_found or ns.sections or ns.cpu_minutes else 1)
     sections = cpu = 0.0
     failed: list[Result] = []
     runs = 0
@@ -684,7 +691,7 @@ def main(argv: Sequence[str]) -> int:
             break
         if ns.cpu_minutes and cpu >= ns.cpu_minutes * 60:
             break
-        if not ns.sections and not ns.cpu_minutes and runs >= ns.runs:
+        if limit and runs >= limit:
             break
     rate = sections / cpu * 3600 if cpu else 0.0
     print(
