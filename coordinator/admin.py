@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
+from coordinator import clock
 from coordinator.clusters import ClusterSet, failed
 from coordinator.config import ConfigStore
 from coordinator.errors import (
@@ -277,19 +277,19 @@ async def cluster_info(
         namespace=namespace,
         storage=list(storages),
     )
-    started = time.monotonic()
+    started = clock.monotonic()
     try:
         await client.open()  # reading the kubeconfig is not part of the round trip
-        started = time.monotonic()
+        started = clock.monotonic()
         resp = await client.request("GET", "/version")
-        info.latency_ms = round((time.monotonic() - started) * 1000, 1)
+        info.latency_ms = round((clock.monotonic() - started) * 1000, 1)
         info.version = str(resp.body.get("gitVersion"))
         info.reachable = True
         info.server = client.server or info.server
     except KubeError as err:
         if err.kind == kube.FORBIDDEN:
             info.reachable = True
-            info.latency_ms = round((time.monotonic() - started) * 1000, 1)
+            info.latency_ms = round((clock.monotonic() - started) * 1000, 1)
         else:
             info.error = f"{err.kind}: {err.detail}"
             return info

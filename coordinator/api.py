@@ -8,7 +8,6 @@ async with Coordinator.from_config() as c:
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from coordinator import clock
 from coordinator.clusters import ClusterSet
 from coordinator.config import ConfigStore
 from coordinator.errors import (
@@ -213,7 +213,7 @@ class Coordinator:
         # The local record must be writable before any lease is taken: a lock taken and
         # then not recorded would be left behind, held until its TTL.
         self._check_record_writable()
-        deadline = time.monotonic() + wait
+        deadline = clock.monotonic() + wait
         while True:
             try:
                 result = await engine.acquire(
@@ -221,7 +221,7 @@ class Coordinator:
                     holder=who,
                     reason=reason,
                     command=current_command(),
-                    wait_s=max(0.0, deadline - time.monotonic()),
+                    wait_s=max(0.0, deadline - clock.monotonic()),
                     on_wait=on_wait,
                     lock_id=lock_id,
                 )
@@ -277,7 +277,7 @@ class Coordinator:
         while True:
             if self._reload_record(deployment, used):
                 return True
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 return False
             await anyio.sleep(0.25)
 

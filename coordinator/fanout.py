@@ -9,7 +9,6 @@ lease that landed after the attempt was already lost).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -17,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from coordinator import clock
 from coordinator.kube.client import request_events
 from coordinator.logs import get_logger
 from coordinator.outcome import Outcome
@@ -82,7 +82,7 @@ class _Traffic:
         elif event == "answered":
             self.answered += 1
             if self.first_answer_s is None:
-                self.first_answer_s = time.monotonic() - self.started
+                self.first_answer_s = clock.monotonic() - self.started
 
     def timed_out(self, cluster: str, timeout: float) -> ClusterResult[Any]:
         if self.answered == 0:
@@ -152,7 +152,7 @@ async def fan_out(
     decided = anyio.Event()
     waited_for = anyio.Event()  # every cluster not known silent has answered
     closed = False
-    begun = time.monotonic()
+    begun = clock.monotonic()
     traffics: dict[str, _Traffic] = {}
     running = len(names)
     all_finished = anyio.Event()
@@ -173,7 +173,7 @@ async def fan_out(
                 all_finished.set()
 
     async def one(name: str) -> None:
-        started = time.monotonic()
+        started = clock.monotonic()
         traffic = traffics[name] = _Traffic(started)
         request_events.set(traffic.tell)  # this task's context (and its children's) only
         with anyio.CancelScope() as scope:
@@ -192,7 +192,7 @@ async def fan_out(
                 return  # dropped once decided (shielded): a straggler, as below
             if limit.cancelled_caught:
                 result = traffic.timed_out(name, timeout)
-            result.elapsed_s = time.monotonic() - started
+            result.elapsed_s = clock.monotonic() - started
             if silent is not None:
                 if limit.cancelled_caught and traffic.sent > traffic.answered:
                     silent.add(name)
@@ -222,7 +222,7 @@ async def fan_out(
             if not waited_for.is_set():
                 # The grace is a wait like the one above: a cancellation landing in it
                 # finds writes on the wire all the same.
-                with anyio.move_on_after(grace_factor * (time.monotonic() - begun) + 0.01):
+                with anyio.move_on_after(grace_factor * (clock.monotonic() - begun) + 0.01):
                     await waited_for.wait()
         except anyio.get_cancelled_exc_class():
             if finish_on_cancel is not None:

@@ -32,16 +32,15 @@ Read-only, and a view: decisions (take, release, break) stay with ``lock.py``.
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 
-from coordinator import quorum
+from coordinator import clock, quorum
 from coordinator.clusters import ClusterSet, outcome_of
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -441,7 +440,7 @@ class FleetWatch:
         self.changed = anyio.Event()
 
     def fleet(self) -> Fleet:
-        now = datetime.now(UTC)
+        now = clock.wall_now()
         listed: dict[str, ClusterResult[list[LeaseView]]] = {}
         for name, m in self.mirrors.items():
             if m.outcome is not Outcome.OK:
@@ -464,7 +463,7 @@ class FleetWatch:
         m = self.mirrors[name]
         items = resp.body.get("items")
         m.objects = {_object_key(obj): obj for obj in items if _is_lock_lease(obj)} if isinstance(items, list) else {}
-        m.offset = resp.server_time - datetime.now(UTC) if resp.server_time is not None else None
+        m.offset = resp.server_time - clock.wall_now() if resp.server_time is not None else None
         m.outcome, m.detail = Outcome.OK, ""
         self._tell()
         return _resource_version(resp.body)
@@ -538,20 +537,20 @@ class FleetWatch:
                 backoff = min(backoff * 2, RETRY_S[1])
                 continue
             backoff = RETRY_S[0]
-            started = time.monotonic()
+            started = clock.monotonic()
             try:
                 while True:  # a watch the server ended normally goes on from where it was
-                    started = time.monotonic()
+                    started = clock.monotonic()
                     rv = await self._watch(name, rv)
                     rewatch = RETRY_S[0]
-                    if time.monotonic() - started < 1.0:
+                    if clock.monotonic() - started < 1.0:
                         await anyio.sleep(1.0)  # a server ending watches at once: do not spin
             except _Gone:
                 log.info("fleet watch: resourceVersion gone, listing again", cluster=name)
             except (KubeError, TimeoutError) as err:
                 # What was mirrored stays shown until the LIST that follows says otherwise
                 # (unless the server stopped answering: `_watch` said so already).
-                rewatch = rewatch_wait(rewatch, time.monotonic() - started)
+                rewatch = rewatch_wait(rewatch, clock.monotonic() - started)
                 if isinstance(err, KubeError) and err.kind == kube.FORBIDDEN and not refused:
                     refused = True
                     log.warning(

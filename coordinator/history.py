@@ -52,13 +52,12 @@ What this module promises, and what it does not:
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias, assert_never
 
-from coordinator import cas
+from coordinator import cas, clock
 from coordinator.clusters import ClusterSet, failed
 from coordinator.evidence import with_records
 from coordinator.fanout import ClusterResult, fan_out
@@ -109,7 +108,7 @@ def history_path(namespace: str, deployment: str) -> str:
 
 
 def now_text() -> str:
-    return micro_time(datetime.now(UTC))
+    return micro_time(clock.wall_now())
 
 
 def event(kind: str, lock_id: str, *, at: str | None = None, token: int | None = None, **text: str) -> dict[str, Any]:
@@ -261,7 +260,7 @@ def stored(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def _latest(now: datetime | None) -> datetime:
-    return (now or datetime.now(UTC)) + timedelta(seconds=MAX_FUTURE_S)
+    return (now or clock.wall_now()) + timedelta(seconds=MAX_FUTURE_S)
 
 
 def decode(obj: Mapping[str, Any] | None, *, now: datetime | None = None) -> list[dict[str, Any]]:
@@ -474,7 +473,7 @@ class HistoryStore:
             if copy[0] is None:
                 await client.request("POST", configmaps_path(self.namespace), body=body, query=query)
             else:
-                body = with_records(body, copy[0], secrets.token_hex(6))
+                body = with_records(body, copy[0], clock.token_hex(6))
                 await client.request("PUT", self.path, body=body, query=query)
             return count
 

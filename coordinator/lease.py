@@ -36,7 +36,6 @@ has passed since it was recorded, by the same stamps.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -102,11 +101,11 @@ UNREADABLE = (ValueError, TypeError, KeyError, IndexError, OverflowError, Recurs
 
 def boot_clock() -> float:
     """Seconds on CLOCK_BOOTTIME: like the monotonic clock, but it keeps counting while
-    the machine sleeps, so a suspended holder wakes up knowing its lease ran out."""
-    try:
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-    except (AttributeError, OSError):  # not Linux
-        return time.monotonic()
+    the machine sleeps, so a suspended holder wakes up knowing its lease ran out. Read
+    through coordinator/clock.py (the system's, unless a caller set another)."""
+    from coordinator import clock
+
+    return clock.boot()
 
 
 def drift_allowance(ttl_s: float) -> float:

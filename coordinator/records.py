@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal, Self, cast
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -24,7 +24,9 @@ MAX_DEPLOYMENT_NAME = 63 - len("coordinator-state-")
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    from coordinator import clock
+
+    return clock.wall_now()
 
 
 def check_dns_label(value: str, *, what: str, max_len: int = 63) -> str:

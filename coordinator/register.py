@@ -53,7 +53,6 @@ import copy
 import hashlib
 import json
 import re
-import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -118,7 +117,9 @@ NO_STAMP = Stamp(0, 0, "")
 
 def new_write_id() -> str:
     """128 random bits: two write attempts never draw the same id."""
-    return secrets.token_hex(16)
+    from coordinator import clock
+
+    return clock.token_hex(16)
 
 
 def legacy_write_id(checksum_text: str) -> str:

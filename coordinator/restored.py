@@ -13,12 +13,10 @@ before such a lease can be taken, and the next token is proven by the other memb
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, assert_never
 
-from coordinator import cas
+from coordinator import cas, clock
 from coordinator.clusters import ClusterSet
 from coordinator.evidence import with_records
 from coordinator.kube import client as kube
@@ -66,7 +64,7 @@ async def _tombstone(client: KubeClient, item: dict[str, Any]) -> Tombstoned | N
     namespace = str(meta.get("namespace", ""))
     deployment = lease[len(LEASE_PREFIX) :]
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
-    now = micro_time(datetime.now(UTC))
+    now = micro_time(clock.wall_now())
 
     async def read() -> dict[str, Any]:
         body: dict[str, Any] = (await client.request("GET", path)).body
@@ -76,7 +74,7 @@ async def _tombstone(client: KubeClient, item: dict[str, Any]) -> Tombstoned | N
         return cas.Put(tombstone_body(obj, now))
 
     async def write(obj: dict[str, Any], body: dict[str, Any]) -> None:
-        body = with_records(body, obj, secrets.token_hex(6))
+        body = with_records(body, obj, clock.token_hex(6))
         await client.request("PUT", path, body=body, query={"fieldManager": FIELD_MANAGER})
 
     result = await cas.compare_and_swap(read, decide, write, current=item)

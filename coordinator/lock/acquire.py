@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import random
-import socket
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 import anyio
 
-from coordinator import history
+from coordinator import clock, history
 from coordinator.clusters import failed
 from coordinator.errors import IdentityMismatchError, LockHeldError, NoQuorumError
 from coordinator.fanout import ClusterResult, fan_out
@@ -47,7 +43,7 @@ class Acquire(TokenFloor, Turns):
         report; returns an :class:`AcquireResult` on success.
         """
         lock_id = lock_id or new_lock_id()
-        deadline = time.monotonic() + wait_s
+        deadline = clock.monotonic() + wait_s
         if wait_s <= 0:
             taken = self._settle(await self._attempt(lock_id, ttl_s, holder, reason, command), final=True)
             return await self._remember_take(taken, reason)
@@ -75,7 +71,7 @@ class Acquire(TokenFloor, Turns):
                         # the servers' clocks at the first reads (one skewed server cannot
                         # move it much), the same on every cluster so that all agree.
                         wake.mine = TurnClaim(sorted(stamps)[(len(stamps) - 1) // 2], lock_id, holder)
-                    left = deadline - time.monotonic()
+                    left = deadline - clock.monotonic()
                     if result.acquired or left <= 0 or self._mismatch(result) or self._moved(result):
                         break
                     if on_wait is not None:
@@ -85,7 +81,7 @@ class Acquire(TokenFloor, Turns):
                     if wake.mine is not None:
                         await self._claim_turns(result, wake.mine, wake.claimed)
                     expiry = next_expiry(result, self.max_ttl_s, self.max_server_skew_s)
-                    sleep = min(left, backoff * (0.5 + random.random()), expiry)
+                    sleep = min(left, backoff * (0.5 + clock.fraction()), expiry)
                     backoff = min(backoff * 2, 2.0)
                     with anyio.move_on_after(max(0.0, sleep)):
                         await wake.event.wait()
@@ -93,7 +89,7 @@ class Acquire(TokenFloor, Turns):
                             # Several waiters woken by the same release, one of them
                             # first in line: the others spread out a little. The first
                             # goes at once (its turn is reserved for it).
-                            await anyio.sleep(random.random() * 0.03)
+                            await anyio.sleep(clock.fraction() * 0.03)
             finally:
                 watchers.cancel_scope.cancel()
                 # Claims this call leaves behind would reserve the next turn for nobody:
@@ -123,8 +119,8 @@ class Acquire(TokenFloor, Turns):
             history.take_events(
                 result.lock_id,
                 holder=result.holder,
-                host=socket.gethostname(),
-                pid=str(os.getpid()),
+                host=clock.host(),
+                pid=str(clock.pid()),
                 reason=reason,
                 token=result.fencing_token,
                 lapsed=lapsed,

@@ -5,10 +5,9 @@ Pure: no I/O; the engine passes what it knows of the deployment."""
 from __future__ import annotations
 
 import math
-import os
-import socket
 from typing import Any
 
+from coordinator import clock
 from coordinator.kube.resources import micro_time, owned_metadata
 from coordinator.lease import (
     A_COMMAND,
@@ -109,8 +108,8 @@ def lease_body(
         ann.update(
             {
                 A_HOLDER: holder or "",
-                A_HOST: socket.gethostname(),
-                A_PID: str(os.getpid()),
+                A_HOST: clock.host(),
+                A_PID: str(clock.pid()),
                 A_REASON: reason or "",
                 A_COMMAND: command or "",
             }

@@ -4,7 +4,6 @@ compare-and-swap of one lease, and handing events to the lock's history."""
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, assert_never
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 import anyio
 from anyio.abc import TaskGroup
 
-from coordinator import quorum
+from coordinator import clock, quorum
 from coordinator.clusters import ClusterSet, failed
 from coordinator.errors import IdentityMismatchError
 from coordinator.evidence import with_records
@@ -246,7 +245,7 @@ class EngineCore:
         nonce under the probe manager): the second stamp of the expiry rule. Also checks
         the response's Date against it, to know whether this cluster's Date can serve as
         a hint."""
-        body = with_annotation(view.obj, A_PROBE, secrets.token_hex(6))
+        body = with_annotation(view.obj, A_PROBE, clock.token_hex(6))
         new = await self._write(cluster, view, body, manager=PROBE_MANAGER)
         stamp = manager_time(new.obj, PROBE_MANAGER)
         if stamp is not None and new.server_now is not None:
@@ -337,7 +336,7 @@ class EngineCore:
         client = self.clusters.client(cluster)
         query = {"fieldManager": manager}
         if view.exists:
-            body = with_records(body, view.obj, secrets.token_hex(6))
+            body = with_records(body, view.obj, clock.token_hex(6))
             resp = await client.request("PUT", self.path, body=body, query=query)
         else:
             resp = await client.request("POST", leases_path(self.dep.namespace), body=body, query=query)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
 from collections.abc import Mapping
 from typing import Any, assert_never
 
 import anyio
 
-from coordinator import cas
+from coordinator import cas, clock
 from coordinator.clusters import failed
 from coordinator.errors import CoordinatorError, NoQuorumError
 from coordinator.evidence import with_records
@@ -300,7 +299,7 @@ class TokenFloor(Release):
             if obj is None:
                 await client.request("POST", collection, body=body, query=query)
             else:
-                body = with_records(body, obj, secrets.token_hex(6))
+                body = with_records(body, obj, clock.token_hex(6))
                 await client.request("PUT", path, body=body, query=query)  # resourceVersion: CAS
             return token
 

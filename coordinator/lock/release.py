@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import anyio
 
-from coordinator import history
+from coordinator import clock, history
 from coordinator.clusters import failed
 from coordinator.errors import NoQuorumError, StateConflictError
 from coordinator.fanout import ClusterResult, fan_out
@@ -130,7 +129,7 @@ class Release(Members):
         nobody can name, is left alone and answered ``held-by-other``, so that a break
         decided on what `lock status` showed never clears a lock taken since."""
         await self.verify_members()
-        note = {"by": by, "host": socket.gethostname(), "at": micro_time(utc_now()), "reason": reason}
+        note = {"by": by, "host": clock.host(), "at": micro_time(utc_now()), "reason": reason}
         # A malformed fencing token is replaced by the highest valid one on the other
         # members, so that tokens keep rising after the break; those clusters wait (a
         # bounded while) for the other reads.

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import getpass
 import os
-import secrets
-import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeAlias
 
+from coordinator import clock
 from coordinator.fanout import ClusterResult, outcomes, short_text
 from coordinator.lease import (
     DEFAULT_MAX_TTL_S,
@@ -27,15 +24,12 @@ from coordinator.membership import Check
 def default_holder() -> str:
     """``COORDINATOR_HOLDER``, else ``user@host`` and the CI job this runs in, if any
     (:func:`ci_job`): two jobs of one runner share the user and the host."""
-    env = os.environ.get("COORDINATOR_HOLDER")
+    environ = clock.environ()
+    env = environ.get("COORDINATOR_HOLDER")
     if env:
         return env
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    host = socket.gethostname()
-    job = ci_job(os.environ, host)
+    user, host = clock.user(), clock.host()
+    job = ci_job(environ, host)
     return f"{user}@{host} {job}" if job else f"{user}@{host}"
 
 
@@ -69,11 +63,11 @@ def ci_job(env: Mapping[str, str], host: str) -> str | None:
 
 
 def new_lock_id() -> str:
-    return secrets.token_hex(8)
+    return clock.token_hex(8)
 
 
 def utc_now() -> datetime:
-    return datetime.now(UTC)
+    return clock.wall_now()
 
 
 @dataclass
@@ -215,4 +209,4 @@ def renewed_ago(view: LeaseView) -> float | None:
 
 
 def current_command() -> str:
-    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(clock.argv()))[:200]

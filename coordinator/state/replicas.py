@@ -4,13 +4,11 @@ of one replica, and the checks every read and write makes on what was read."""
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, assert_never
 
-from coordinator import cas, quorum
+from coordinator import cas, clock, quorum
 from coordinator.clusters import ClusterSet
 from coordinator.errors import IdentityMismatchError, NoQuorumError, StateConflictError
 from coordinator.evidence import with_records
@@ -102,7 +100,7 @@ class Replicas:
         client = self.clusters.client(rep.cluster)
         query = {"fieldManager": FIELD_MANAGER}
         if rep.exists:
-            body = with_records(body, rep.obj, secrets.token_hex(6))
+            body = with_records(body, rep.obj, clock.token_hex(6))
             resp = await client.request("PUT", self.path, body=body, query=query)
         else:
             resp = await client.request("POST", self.collection, body=body, query=query)
@@ -339,7 +337,7 @@ class Replicas:
         from coordinator.files import write_private
 
         folder = backup_dir or Path(platformdirs.user_state_dir("coordinator")) / "corrupt-replicas"
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = clock.wall_now().strftime("%Y%m%dT%H%M%S%fZ")
         # The replica may hold secret state: 0600 in a 0700 folder (the default one narrowed).
         path = write_private(
             folder / f"{self.dep.name}-{rep.cluster}-{stamp}.json",

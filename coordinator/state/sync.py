@@ -3,6 +3,7 @@ onto the new members of a member change."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from coordinator import quorum
 from coordinator.errors import NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import fan_out
 from coordinator.models import STATE_SCHEMA
-from coordinator.register import NO_STAMP, Kind, encode_envelope, stamp_of
+from coordinator.register import NO_STAMP, Kind, Replica, Stamp, encode_envelope, stamp_of
 from coordinator.state.replicas import Replicas
 from coordinator.state.results import _per_cluster, _replicas
 
@@ -141,7 +142,7 @@ class Sync(Replicas):
         # A corrupt replica that names a newer stamp than the winner's (in its promise or its
         # envelope, whoever owns them) may hold the newest confirmed write: overwriting it
         # with the older winner would roll that write back. A person must look first.
-        newer = sorted(k for k in choice.corrupt if reps[k].bound > stamp)
+        newer = corrupt_promised_newer(reps, choice.corrupt, stamp)
         if newer:
             raise StateConflictError(
                 f"Refusing to sync {self.dep.name!r}: the corrupt replica(s) on {', '.join(newer)} carry a "
@@ -194,3 +195,10 @@ class Sync(Replicas):
             "holds_other": holds_other,
             "holding": sorted({*current, *repaired}),
         }
+
+
+def corrupt_promised_newer(reps: Mapping[str, Replica], corrupt: Iterable[str], stamp: Stamp) -> list[str]:
+    """The corrupt replicas that name a newer stamp than ``stamp`` (the newest readable
+    one's) in their promise or envelope, whoever owns them (``Replica.bound``): they may
+    hold the newest confirmed write, which a sync must not roll back."""
+    return sorted(k for k in corrupt if reps[k].bound > stamp)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from coordinator import clock
 from coordinator.errors import NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.lock.results import default_holder
@@ -186,9 +185,9 @@ class Writes(Replicas):
             new,
             stamp,
             who=default_holder(),
-            host=socket.gethostname(),
+            host=clock.host(),
             command=command,
-            now=datetime.now(UTC),
+            now=clock.wall_now(),
             members=self.members,
             member_ids={m: self.clusters.record(m).identity for m in self.members},
             namespace=self.dep.namespace,

@@ -44,7 +44,6 @@ not reached yet answers 504 at once (the real one waits 3 s); bookmarks come onc
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 from collections import deque
@@ -75,6 +74,7 @@ from sim.objects import (
     ApiError,
     Kind,
     bad_request,
+    clone,
     field_selector,
     label_selector,
 )
@@ -110,26 +110,26 @@ class Store:
 
     def get(self, key: Key) -> JSON | None:
         found = self.objects.get(key)
-        return copy.deepcopy(found) if found is not None else None
+        return clone(found) if found is not None else None
 
     def put(self, key: Key, obj: JSON) -> JSON:
         """Store ``obj`` under a new revision; return it as stored."""
         prev = self.objects.get(key)
         self.revision += 1
-        stored = copy.deepcopy(obj)
+        stored = clone(obj)
         stored["metadata"]["resourceVersion"] = str(self.revision)
         self.objects[key] = stored
         self._record(Change(self.revision, "ADDED" if prev is None else "MODIFIED", key, stored, prev))
-        return copy.deepcopy(stored)
+        return clone(stored)
 
     def delete(self, key: Key) -> JSON:
         """Remove the object; return it as it was, with the revision of its deletion."""
         prev = self.objects.pop(key)
         self.revision += 1
-        gone = copy.deepcopy(prev)
+        gone = clone(prev)
         gone["metadata"]["resourceVersion"] = str(self.revision)
         self._record(Change(self.revision, "DELETED", key, gone, prev))
-        return copy.deepcopy(gone)
+        return clone(gone)
 
     def _record(self, change: Change) -> None:
         self.history.append(change)
@@ -446,7 +446,7 @@ class _Watch:
             for key in sorted(store.objects):
                 obj = store.objects[key]
                 if self._wanted(key, obj):
-                    self.queue.append({"type": "ADDED", "object": copy.deepcopy(obj)})
+                    self.queue.append({"type": "ADDED", "object": clone(obj)})
             self.since = store.revision
             return
         self.since = int(rv)  # checked by the caller
@@ -482,13 +482,13 @@ class _Watch:
         was_in = change.prev is not None and self._wanted(change.key, change.prev)
         if change.type == "DELETED":
             if was_in:
-                self.queue.append({"type": "DELETED", "object": copy.deepcopy(change.obj)})
+                self.queue.append({"type": "DELETED", "object": clone(change.obj)})
         elif now_in and was_in:
-            self.queue.append({"type": "MODIFIED", "object": copy.deepcopy(change.obj)})
+            self.queue.append({"type": "MODIFIED", "object": clone(change.obj)})
         elif now_in:
-            self.queue.append({"type": "ADDED", "object": copy.deepcopy(change.obj)})
+            self.queue.append({"type": "ADDED", "object": clone(change.obj)})
         elif was_in:
-            gone = copy.deepcopy(change.prev)
+            gone = clone(change.prev)
             assert gone is not None
             gone["metadata"]["resourceVersion"] = str(change.revision)
             self.queue.append({"type": "DELETED", "object": gone})

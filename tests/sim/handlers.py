@@ -4,7 +4,6 @@ validation, admission, storage), patches and server-side apply, deletes and fina
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import uuid
@@ -23,6 +22,7 @@ from sim.objects import (
     Kind,
     bad_request,
     check_stored_size,
+    clone,
     decode,
     field_selector,
     label_selector,
@@ -135,7 +135,7 @@ class Handler:
                 continue
             obj = self.store.objects[key]
             if labels(obj["metadata"].get("labels") or {}) and names(obj):
-                item = copy.deepcopy(obj)
+                item = clone(obj)
                 del item["kind"], item["apiVersion"]
                 items.append(item)
         body = {
@@ -385,7 +385,7 @@ class Handler:
         cur = self.store.get(key)
         if cur is None:
             raise not_found(self.kind, self.name)
-        new = copy.deepcopy(cur)
+        new = clone(cur)
         finalizers = (obj.get("spec") or {}).get("finalizers") or []
         new["spec"] = {"finalizers": finalizers} if finalizers else {}
         return self._store_update(key, new, cur)
@@ -428,7 +428,7 @@ class Handler:
         if meta.get("finalizers") or namespace_kept:
             if meta.get("deletionTimestamp"):
                 return cur, cur
-            new = copy.deepcopy(cur)
+            new = clone(cur)
             new["metadata"]["deletionTimestamp"] = self.now()
             if self.kind.resource == "namespaces":
                 new["status"] = {"phase": "Terminating"}
@@ -596,7 +596,7 @@ def _merge_patch(target: Any, patch: Any, *, strategic: bool = False, key: str =
     if not isinstance(patch, dict):
         if strategic and key == "finalizers" and isinstance(target, list) and isinstance(patch, list):
             return target + [x for x in patch if x not in target]
-        return copy.deepcopy(patch)
+        return clone(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
@@ -608,7 +608,7 @@ def _merge_patch(target: Any, patch: Any, *, strategic: bool = False, key: str =
 
 def _json_patch(target: JSON, ops: Any) -> JSON:
     """RFC 6902 JSON patch (add, remove, replace, test)."""
-    doc: Any = copy.deepcopy(target)
+    doc: Any = clone(target)
     if not isinstance(ops, list):
         raise bad_request("a JSON patch is a list of operations")
     for op in ops:

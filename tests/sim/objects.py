@@ -15,11 +15,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sim.fields import SCHEMAS, Struct
 
 JSON = dict[str, Any]
+_T = TypeVar("_T")
 
 # Request bodies past this are refused before they are read (413).
 MAX_REQUEST_BYTES = 3 * 1024 * 1024
@@ -122,6 +123,17 @@ class ApiError(Exception):
             out["details"] = self.details
         out["code"] = self.code
         return out
+
+
+def clone(value: _T) -> _T:
+    """A copy of a JSON document (dicts, lists and scalars): what copy.deepcopy gives,
+    several times faster, since nothing in a document is shared or cyclic."""
+    kind = type(value)
+    if kind is dict:
+        return {k: clone(v) for k, v in value.items()}  # type: ignore[attr-defined,return-value]
+    if kind is list:
+        return [clone(v) for v in value]  # type: ignore[attr-defined,return-value]
+    return value
 
 
 def not_found(kind: Kind, name: str) -> ApiError:

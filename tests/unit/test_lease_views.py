@@ -1,7 +1,8 @@
 """What one parsed Lease says (coordinator/lease.py's LeaseView and its small helpers).
 
-The take-over rule (``standing``) has its own cases in test_lease_rules.py and its model
-in test_lease_model.py; here are the views and hints that feed it and the display: the
+The take-over rule (``standing``) has its own cases in test_lease_rules.py, and the real
+engines run it under faults in the simulator (tests/sim/test_simulator.py); here are the
+views and hints that feed it and the display: the
 pid, the break note, the Date-based hints, the reservation of the next turn, and whether
 a lease carries its cluster's token history. No cluster: every time is an argument.
 """
@@ -65,19 +66,38 @@ def view(
     fields: list[dict[str, Any]] = []
     if own_at is not None:
         notes = {"f:" + A_TOKEN: {}, "f:" + A_UID: {}}  # written with every take and renewal
-        fields.append({"manager": "coordinator", "operation": "Update", "time": _stamp(own_at),
-                       "fieldsV1": {"f:spec": {"f:holderIdentity": {}, "f:leaseDurationSeconds": {}},
-                                    "f:metadata": {"f:annotations": notes}}})
+        fields.append(
+            {
+                "manager": "coordinator",
+                "operation": "Update",
+                "time": _stamp(own_at),
+                "fieldsV1": {
+                    "f:spec": {"f:holderIdentity": {}, "f:leaseDurationSeconds": {}},
+                    "f:metadata": {"f:annotations": notes},
+                },
+            }
+        )
     if released_at is not None:
-        fields.append({"manager": RELEASE_MANAGER, "operation": "Update", "time": _stamp(released_at),
-                       "fieldsV1": {"f:metadata": {"f:annotations": {}}}})
+        fields.append(
+            {
+                "manager": RELEASE_MANAGER,
+                "operation": "Update",
+                "time": _stamp(released_at),
+                "fieldsV1": {"f:metadata": {"f:annotations": {}}},
+            }
+        )
     if annotations:  # written by coordinator (claims by the line's own manager), as the engine does
         line = {k for k in annotations if k == A_NEXT}
         mine = {k for k in annotations if k not in line}
         for manager, keys in (("coordinator", mine), (LINE_MANAGER, line)):
             if keys:
-                fields.append({"manager": manager, "operation": "Update",
-                               "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + k: {} for k in keys}}}})
+                fields.append(
+                    {
+                        "manager": manager,
+                        "operation": "Update",
+                        "fieldsV1": {"f:metadata": {"f:annotations": {"f:" + k: {} for k in keys}}},
+                    }
+                )
     ann: dict[str, str] = dict(annotations or {})
     if token is not None:
         ann[A_TOKEN] = token
@@ -85,9 +105,14 @@ def view(
         ann[A_UID] = uid_note
     spec: dict[str, Any] = {"leaseDurationSeconds": ttl, "holderIdentity": holder or ""}
     obj = {
-        "metadata": {"name": "coordinator-lock-web", "uid": uid, "resourceVersion": "7",
-                     "creationTimestamp": _stamp(T0 - timedelta(days=1)),
-                     "annotations": ann, "managedFields": fields},
+        "metadata": {
+            "name": "coordinator-lock-web",
+            "uid": uid,
+            "resourceVersion": "7",
+            "creationTimestamp": _stamp(T0 - timedelta(days=1)),
+            "annotations": ann,
+            "managedFields": fields,
+        },
         "spec": spec,
     }
     return LeaseView.parse(obj, date)
@@ -107,7 +132,17 @@ def test_pid_of_reads_ascii_digits(raw: str, pid: int) -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        None, 4242, 42.0, "", " 42", "42 ", "-1", "+1", "4_2", "0x10", "1e3",
+        None,
+        4242,
+        42.0,
+        "",
+        " 42",
+        "42 ",
+        "-1",
+        "+1",
+        "4_2",
+        "0x10",
+        "1e3",
         "²",  # a digit to str.isdigit, no number to int
         "٣",  # an Arabic-Indic three: int() reads it, but it is no ASCII pid
         "9" * 19,  # longer than any pid
@@ -137,14 +172,18 @@ def test_drift_and_validity_leave_the_holder_less_than_its_ttl() -> None:
 
 
 def test_manager_time_is_the_newest_stamp_of_that_manager_only() -> None:
-    obj = {"metadata": {"managedFields": [
-        {"manager": "coordinator", "time": "2026-12-01T12:00:00Z"},
-        {"manager": "coordinator", "time": "2026-12-01T12:00:09Z"},
-        {"manager": "kubectl", "time": "2026-12-01T13:00:00Z"},
-        {"manager": "coordinator", "time": "not a time"},
-        {"manager": "coordinator", "time": 5},
-        "not an entry",
-    ]}}
+    obj = {
+        "metadata": {
+            "managedFields": [
+                {"manager": "coordinator", "time": "2026-12-01T12:00:00Z"},
+                {"manager": "coordinator", "time": "2026-12-01T12:00:09Z"},
+                {"manager": "kubectl", "time": "2026-12-01T13:00:00Z"},
+                {"manager": "coordinator", "time": "not a time"},
+                {"manager": "coordinator", "time": 5},
+                "not an entry",
+            ]
+        }
+    }
     assert manager_time(obj, "coordinator") == T0 + timedelta(seconds=9)
     assert manager_time(obj, "kubectl") == T0 + timedelta(hours=1)
     assert manager_time(obj, "coordinator-release") is None
@@ -165,7 +204,7 @@ def test_broken_for_names_only_the_lock_id_the_break_cleared() -> None:
 
 @pytest.mark.parametrize(
     "note",
-    ["", "{", "[\"a1b2\"]", "\"a1b2\"", "{}", json.dumps({"previous": "a1b2"}), "[" * 5000],
+    ["", "{", '["a1b2"]', '"a1b2"', "{}", json.dumps({"previous": "a1b2"}), "[" * 5000],
 )
 def test_an_unreadable_or_empty_break_note_breaks_nobody(note: str) -> None:
     lease = view(holder=None, annotations={A_LAST_BREAK: note})
@@ -254,11 +293,9 @@ def test_reserved_left_s_of_a_freed_lease_counts_the_grace_from_the_release_stam
 
 
 def test_a_freed_lease_is_reserved_to_the_last_instant_of_the_grace() -> None:
-    at_edge = view(holder=None, released_at=T0, annotations=_claim(),
-                   date=T0 + timedelta(seconds=HANDOFF_GRACE_S))
+    at_edge = view(holder=None, released_at=T0, annotations=_claim(), date=T0 + timedelta(seconds=HANDOFF_GRACE_S))
     assert at_edge.reserved_left_s() == 0 and at_edge.claim_fresh()
-    past = view(holder=None, released_at=T0, annotations=_claim(),
-                date=T0 + timedelta(seconds=HANDOFF_GRACE_S + 1))
+    past = view(holder=None, released_at=T0, annotations=_claim(), date=T0 + timedelta(seconds=HANDOFF_GRACE_S + 1))
     assert not past.claim_fresh()
 
 

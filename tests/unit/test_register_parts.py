@@ -35,8 +35,18 @@ documents = st.dictionaries(st.text(min_size=1, max_size=6), json_values, max_si
 
 def _envelope(data: dict[str, Any], stamp: Stamp) -> tuple[StateEnvelope, str]:
     return reg.build_envelope(
-        None, data, stamp, who="me", host="h", command="test", now=NOW, members=["c1", "c2", "c3"],
-        member_ids={}, namespace="ns", storage="configmap", keys=sorted(data),
+        None,
+        data,
+        stamp,
+        who="me",
+        host="h",
+        command="test",
+        now=NOW,
+        members=["c1", "c2", "c3"],
+        member_ids={},
+        namespace="ns",
+        storage="configmap",
+        keys=sorted(data),
     )
 
 
@@ -66,8 +76,13 @@ def test_legacy_write_ids_are_valid_stamps_and_differ_with_the_data(a: dict[str,
 
 
 def test_migrate_brings_schema_0_and_1_to_the_current_schema_without_touching_the_input() -> None:
-    raw: dict[str, Any] = {"version": 2, "token": 1, "checksum": reg.checksum({"a": 1}), "data": {"a": 1},
-                           "history": [{"who": "x"}, "junk"]}
+    raw: dict[str, Any] = {
+        "version": 2,
+        "token": 1,
+        "checksum": reg.checksum({"a": 1}),
+        "data": {"a": 1},
+        "history": [{"who": "x"}, "junk"],
+    }
     doc = reg.migrate(raw)
     assert doc["schema"] == STATE_SCHEMA == 2
     assert doc["write_id"] == reg.legacy_write_id(raw["checksum"])

@@ -1,0 +1,119 @@
+"""The simulator (sim/simulate.py) in CI, sized to a minute or two of CPU: a replay is the
+same run; recorded seeds of the real engines under every fault kind find no violation;
+each planted bug's recorded seed fails again while the same seed passes without it; and
+paired runs show fencing refusing the stale writes that get through without it. Big runs
+(long runs, searches for planted bugs) are `python scripts/simulate.py`'s
+(docs/simulator.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.plants import PLANTS
+from sim.simulate import SOAK_SECTIONS_PER_HOUR, Options, run
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_seed_is_a_run_in_this_process_and_in_another() -> None:
+    """The fingerprint covers the history and every object the servers hold at the end
+    (what each contender wrote into leases, the lock history and the state envelope: its
+    host, pid, command and holder name come from the simulated process, not this one)."""
+    first = run(Options(seed=5, seconds=60))
+    again = run(Options(seed=5, seconds=60))
+    assert len(first.sections) > 0 and first.digest == again.digest, (first.summary(), again.summary())
+    other = run(Options(seed=6, seconds=60))
+    assert other.digest != first.digest
+    # Other processes (scripts/simulate.py fixes string hashing; this one's is random):
+    # the same run, to the fingerprint. Only the CPU seconds, a measurement, may differ.
+    lines = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "simulate.py"), "--seed", "5", "--seconds", "60"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"},
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines.append(re.sub(r" in [0-9.]+s CPU", "", done.stdout.splitlines()[0]))
+    assert lines[0] == lines[1] == re.sub(r" in [0-9.]+s CPU", "", first.summary()), lines
+
+
+# Recorded seeds of the full workload under every fault kind (300 virtual seconds each):
+# about 450 lock sections, a CI-sized share of what `python scripts/simulate.py
+# --sections 100000` runs. Seed 2 is left out: it ends in the open finding that
+# docs/simulator.md describes (an exit 5 while answers from one member are lost).
+SOAK_SEEDS = (3, 4, 5)
+SOAK_MIN_SECTIONS = 400
+
+
+@pytest.mark.slow
+def test_recorded_seeds_under_every_fault_kind_find_no_violation() -> None:
+    cpu, sections = 0.0, 0
+    failed = []
+    for seed in SOAK_SEEDS:
+        result = run(Options(seed=seed, state=0.3, readers=1))
+        sections += len(result.sections)
+        cpu += result.cpu_s
+        if not result.passed:
+            failed.append(f"{result.summary()}\n  " + "\n  ".join(result.violations[:5]) + f"\n  replay: "
+                          f"{result.options.command()}")  # fmt: skip
+    rate = sections / cpu * 3600
+    print(
+        f"\n{sections} lock sections over seeds {SOAK_SEEDS} in {cpu:.0f}s CPU: {rate:,.0f} sections per CPU-hour, "
+        f"{rate / SOAK_SECTIONS_PER_HOUR:.0f}x the real-server soak's"
+    )
+    assert not failed, "\n".join(failed)
+    # The workload still reaches the lock: a run that stopped taking it would pass vacuously.
+    assert sections >= SOAK_MIN_SECTIONS, sections
+
+
+# Seeds that find each planted bug within 60 virtual seconds (the first failing seed of
+# `python scripts/simulate.py --seed 1000 --seconds 60 --plant NAME --until-found`),
+# replayed: the bug is found again, and the same run without the bug passes.
+# docs/simulator.md has the full-length search for every plant.
+FOUND = {
+    "creation-timestamp": 1000,
+    "missing-free": 1000,
+}
+FOUND_SECONDS = 60.0
+
+
+@pytest.mark.parametrize("plant", sorted(FOUND))
+def test_a_planted_bug_is_found_again_by_its_seed(plant: str) -> None:
+    options = dict(PLANTS[plant].options)
+    opts = Options(seed=FOUND[plant], seconds=FOUND_SECONDS, plant=plant, **options)
+    found = run(opts)
+    assert not found.passed, f"{plant}: {found.summary()}"
+    clean = run(Options(seed=FOUND[plant], seconds=FOUND_SECONDS, **options))
+    assert clean.passed, f"without {plant}: {clean.summary()}: {clean.violations[:3]}"
+
+
+# Seeds of the CI-sized paired runs (60 virtual seconds each; docs/simulator.md has longer ones).
+PAIRED_SEEDS = (1, 2)
+
+
+@pytest.mark.slow
+def test_paired_runs_fencing_refuses_every_stale_write_and_without_it_they_are_accepted() -> None:
+    """The same schedules with the writers' fencing and without it (the no-fencing plant):
+    holders stopped past their validity write late; with fencing none of those writes is
+    accepted once a newer token was granted, without it some are, and the check says so."""
+    kinds = ("freeze-holder", "delay")
+    on = off = 0
+    for seed in PAIRED_SEEDS:
+        fenced = run(Options(seed=seed, seconds=60, kinds=kinds))
+        unfenced = run(Options(seed=seed, seconds=60, kinds=kinds, plant="no-fencing"))
+        assert fenced.stale_accepted == 0, fenced.violations
+        on += fenced.stale_accepted
+        off += unfenced.stale_accepted
+    print(f"\nfencing on: {on} stale writes accepted; fencing off: {off}")
+    assert off > 0
