@@ -82,6 +82,9 @@ class StatusView(Protocol):
     @property
     def clusters(self) -> Sequence[StatusRow]: ...
 
+    @property
+    def unnamed(self) -> Sequence[str]: ...
+
 
 @dataclass(frozen=True)
 class StatusVerdict:
@@ -96,6 +99,9 @@ class StatusVerdict:
     not_seen: list[str]  # named for people: unreachable, forbidden, error, identity mismatch
     possible: list[str] = field(default_factory=list)  # "alice (lock 1f2e..., held on c1)"
     possible_unseen: bool = False
+    # observed, but held by a holder nobody can name (a deleted lease, a holder field
+    # another client wrote or whose writer's record is gone)
+    unnamed: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -109,17 +115,32 @@ class StatusVerdict:
         """The possible holders, in words: "alice (lock X, held on c1) or a holder not seen"."""
         parts = list(self.possible)
         if self.possible_unseen:
-            parts.append("a holder on the members not observed")
+            places = [name for name, _ in self.unobserved] + self.unnamed
+            parts.append(f"a holder nobody can name (on {', '.join(places)})" if places else "a holder not seen")
         return " or ".join(parts) or "nobody seen"
+
+    def why_undecided(self) -> str:
+        """Why the members seen do not decide it, in words."""
+        why = []
+        if self.unobserved:
+            why.append(", ".join(f"{name} ({status})" for name, status in self.unobserved) + " could not be observed")
+        if self.unnamed:
+            why.append(f"the leases on {', '.join(self.unnamed)} count as held by a holder nobody can name")
+        return "; ".join(why) or "the members seen do not decide it"
 
     def problem(self) -> NoQuorumError | None:
         """The error the command ends with (exit 4) when it cannot say who holds the lock."""
         if self.decided:
             return None
         unseen = ", ".join(f"{name} ({status})" for name, status in self.unobserved) or "none"
+        unnamed = (
+            f"; on {', '.join(self.unnamed)} the lease counts as held by a holder nobody can name"
+            if self.unnamed
+            else ""
+        )
         return NoQuorumError(
             f"Who holds the lock of {self.deployment!r} is unknown: {len(self.observed)} of {self.total} "
-            f"clusters could be observed (not observed: {unseen}), and with those it may be held by "
+            f"clusters could be observed (not observed: {unseen}){unnamed}, and with those it may be held by "
             f"{self.who_may_hold()}. Nobody is assumed to hold it or not, and an acquisition now would not "
             "take it; check the clusters with `coordinator cluster info NAME`."
         )
@@ -145,6 +166,7 @@ def status_verdict(st: StatusView) -> StatusVerdict:
         not_seen=[r.name for r in rows if r.status in UNOBSERVABLE_STATUSES],
         possible=[_possible_text(p) for p in st.possible],
         possible_unseen=st.possible_unseen,
+        unnamed=list(st.unnamed),
     )
 
 

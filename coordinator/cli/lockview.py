@@ -204,10 +204,9 @@ def status_text(st: Any) -> None:
         say(f"Taken {when(taken)}, {renewed}; command: {info.get('command') or '-'}")
     elif st.verdict == "unknown":
         verdict = status_verdict(st)
-        missing = ", ".join(f"{name} ({status})" for name, status in verdict.unobserved)
         say(
             f"{st.deployment}: UNKNOWN whether it is held. It may be held by {verdict.who_may_hold()}: "
-            f"{missing} could not be observed, and a majority of {st.quorum} may include them."
+            f"{verdict.why_undecided()}, and a majority of {st.quorum} may include them."
         )
     else:
         unseen = status_verdict(st).not_seen

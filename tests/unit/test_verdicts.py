@@ -74,6 +74,7 @@ class Status:
     possible_unseen: bool = False
     deployment: str = "pay"
     quorum: int = 2
+    unnamed: list[str] = field(default_factory=list)
 
 
 def test_status_that_is_decided_has_no_problem() -> None:
@@ -102,7 +103,19 @@ def test_status_unknown_with_too_few_observed_names_a_holder_not_seen() -> None:
     err = v.problem()
     assert isinstance(err, NoQuorumError)
     assert "(not observed: b (forbidden), c (identity-mismatch))" in err.message
-    assert "a holder on the members not observed" in err.message
+    assert "a holder nobody can name (on b, c)" in err.message
+
+
+def test_status_unknown_where_every_lease_was_read_says_which_hold_for_nobody_named() -> None:
+    # Every member read, but the leases block for a holder nobody can name: the reason is
+    # those leases, not members that "could not be observed" (there are none).
+    rows = [Row("a", "held"), Row("b", "held"), Row("c", "held")]
+    v = status_verdict(Status(rows, "unknown", possible_unseen=True, unnamed=["a", "b", "c"]))
+    err = v.problem()
+    assert isinstance(err, NoQuorumError)
+    assert "3 of 3 clusters could be observed (not observed: none); on a, b, c the lease counts as held" in err.message
+    assert "a holder nobody can name (on a, b, c)" in err.message
+    assert v.why_undecided() == "the leases on a, b, c count as held by a holder nobody can name"
 
 
 def test_status_counts_only_held_free_and_expired_as_observed() -> None:
