@@ -253,7 +253,9 @@ def release(
 MOVING = ("expires_in_s", "renewed_ago_s")
 
 
-def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
+def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None = None) -> None:
+    import dataclasses
+
     from coordinator.fleet import fleet_document, survey
 
     c = _coordinator(ctx)
@@ -266,13 +268,18 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
     def doc_of(fleet: Any) -> dict[str, Any]:
         return fleet_document(fleet, claim_document)
 
+    def scoped(fleet: Any) -> Any:
+        if namespace is None:
+            return fleet
+        return dataclasses.replace(fleet, deployments=[e for e in fleet.deployments if e.namespace == namespace])
+
     if not watch:
 
         async def once() -> Any:
             async with c:
                 return await survey(c.config, c.clusters)
 
-        fleet = run(once)
+        fleet = scoped(run(once))
         emit(ctx, doc_of(fleet), lambda: fleet_text(fleet))
         from coordinator.verdicts import fleet_problem
 
@@ -293,7 +300,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float) -> None:
             tg.start_soon(watch.run)
             await watch.ready.wait()
             while True:
-                fleet = watch.fleet()
+                fleet = scoped(watch.fleet())
                 doc = doc_of(fleet)
                 stable = {
                     **doc,
@@ -343,10 +350,19 @@ def _run_watch(c: Any, follow: Any) -> None:
     is_flag=True,
     help="Every deployment: known here or found on the connected clusters (the default without DEPLOYMENT).",
 )
+@click.option(
+    "--namespace",
+    "-n",
+    "namespace",
+    metavar="NS",
+    help="With the fleet: only the deployments in namespace NS.",
+)
 @click.option("--watch", "-w", is_flag=True, help="Keep printing changes until interrupted.")
 @click.option("--interval", default="1s", show_default=True, help="With --watch: how often to look.")
 @click.pass_context
-def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, interval: str) -> None:
+def status(
+    ctx: click.Context, deployment: str | None, all_: bool, namespace: str | None, watch: bool, interval: str
+) -> None:
     """Who holds the lock, where, since when, until when.
 
     Without DEPLOYMENT (or with --all): every deployment this machine knows and every
@@ -372,8 +388,15 @@ def status(ctx: click.Context, deployment: str | None, all_: bool, watch: bool, 
             from coordinator.errors import UsageError
 
             raise UsageError("--all shows every deployment: give either DEPLOYMENT or --all, not both.")
-        _fleet(ctx, watch, every)
+        _fleet(ctx, watch, every, namespace)
         return
+    if namespace is not None:
+        from coordinator.errors import UsageError
+
+        raise UsageError(
+            f"--namespace narrows the fleet view; {deployment!r} is one deployment, whose namespace its "
+            "record names. Give either DEPLOYMENT or --namespace, not both."
+        )
     c = _coordinator(ctx)
     fmt = app_of(ctx).output
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
+from coordinator import clock
 from coordinator.durations import format_duration
 from coordinator.evidence import RECORD_GONE_HOW, Writer
 from coordinator.fanout import ANSWERED, NOT_WAITED_FOR, ClusterResult
@@ -212,6 +214,7 @@ def acquire_report(result: AcquireResult) -> str:
         + ". "
     )
     advice = []
+    running: int | None = None
     if result.holder in holders:
         # The asker holds it already (under another lock id): not a lock to wait for or
         # to ask anyone about, but one to work under by its id, or to release.
@@ -220,6 +223,21 @@ def acquire_report(result: AcquireResult) -> str:
         )
         lid = ids[0] if len(ids) == 1 else "LOCK_ID"
         dep = result.deployment
+        running = _running_here(
+            v.info for vs in leases.values() for v in vs if v.lock_id in ids and v.info.get("holder") == result.holder
+        )
+    if result.holder in holders and running is not None:
+        # Another live process on this machine holds it under the same name (a `lock run`,
+        # another CI job on this runner): its lock is not this process's to work under or
+        # to release, so its id is not offered for that.
+        advice.append(
+            f"{result.holder} already holds this lock (lock {', '.join(ids) or '?'}, on "
+            f"{', '.join(holders[result.holder])}), taken by process {running} on this machine, which is "
+            "still running: it is that process's lock, not this one's. Wait for it with --wait, or give each "
+            "job a holder name of its own (--holder, COORDINATOR_HOLDER)."
+        )
+        holders = {h: cs for h, cs in holders.items() if h != result.holder}
+    elif result.holder in holders:
         advice.append(
             f"{result.holder} already holds this lock (lock {', '.join(ids) or '?'}, on "
             f"{', '.join(holders[result.holder])}): take it once and work under it by its lock id, e.g. "
@@ -256,3 +274,23 @@ def acquire_report(result: AcquireResult) -> str:
     # One line per cluster: a line break in what the clusters say (holder, reason, a
     # server's message) must not pass for a line of this report.
     return head + "Per cluster:\n" + "".join(f"  {printable(line)}\n" for line in lines) + printable(" ".join(advice))
+
+
+def _running_here(infos: Iterable[dict[str, str]]) -> int | None:
+    """The pid of a process on this machine, other than this one, that the lease notes
+    name as the taker and that is still alive; None if there is none."""
+    for info in infos:
+        try:
+            pid = int(info.get("pid") or "")
+        except ValueError:
+            continue
+        if info.get("host") != clock.host() or pid == clock.pid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except OSError:
+            pass  # alive, another user's
+        return pid
+    return None

@@ -101,7 +101,9 @@ def test_the_fleet_view_is_plain_columns_cut_at_the_terminal_width(dep3: Env, pa
     made = dep3.cli("deployment", "create", long_name, "-n", dep3.namespace, *members)
     assert made.returncode == 0, made.stderr
     _hold(dep3)
-    rows, _ = pane.run("lock", "status")
+    # This test's namespace only: other tests' deployments on the shared sandbox may be
+    # in any state.
+    rows, _ = pane.run("lock", "status", "-n", dep3.namespace)
     assert rows and rows[0].endswith("locked."), rows
     assert not BOXES & set("".join(rows)), "\n".join(rows)
     assert all(len(r) <= WIDTH for r in rows), "\n".join(rows)
@@ -111,7 +113,7 @@ def test_the_fleet_view_is_plain_columns_cut_at_the_terminal_width(dep3: Env, pa
     assert ours[long_name][:3] == [long_name, dep3.namespace, "free"], ours
     assert ours["web"][:4] == ["web", dep3.namespace, "held", "alice"], ours
     # In a pipe the same lines are whole, with the reason at the end.
-    piped = dep3.cli("lock", "status").stdout
+    piped = dep3.cli("lock", "status", "-n", dep3.namespace).stdout
     line = next(x for x in piped.splitlines() if x.split()[:2] == ["web", dep3.namespace])
     assert line.endswith(REASON) and len(line) > WIDTH, line
 
