@@ -48,7 +48,10 @@ class Reads(Replicas):
         )
         if winner is None or winner.envelope is None:
             self._refuse_unreadable(results, choice, "read")
-        self._need_decoded(results, "read")
+        if any(not rep.exists for rep in _replicas(results).values()):
+            # A missing object is no answer: the newest confirmed state may be where it was
+            # deleted (corrupt replicas are refused below, where repair cannot reach a majority).
+            self._need_decoded(results, "read", read=True)
         if winner is None or winner.envelope is None:
             return report
         if not repair:

@@ -254,14 +254,16 @@ class Replicas:
                 "cluster is never taken as empty; retry when they are reachable."
             )
 
-    def _need_decoded(self, results: Mapping[str, ClusterResult[Observed]], what: str, q: int | None = None) -> None:
+    def _need_decoded(
+        self, results: Mapping[str, ClusterResult[Observed]], what: str, q: int | None = None, *, read: bool = False
+    ) -> None:
         """A value is chosen from replicas that decode: a corrupt replica may hide the newest
         confirmed write, and so may a missing object (deleted by anyone who may delete in
         the namespace, or never made there), so both count as unanswered — unless no
         member holds an object at all and every member said so (nothing was written, or
         nothing is left to lose). Fewer than a majority of replicas that decode is no
         majority: exit 4 while some member did not answer (its answer may make one), else
-        exit 6 (the corrupt or missing replicas must be written first)."""
+        exit 6 (the corrupt or missing replicas must be written first); a read, always 4."""
         q = q or self.q
         answered = _replicas(results)
         if len(answered) == len(results) and not any(rep.exists for rep in answered.values()):
@@ -280,7 +282,8 @@ class Replicas:
         head = (
             f"Cannot {what} the state of {name!r}: {len(decoded)} of {len(results)} clusters answered with a "
             f"replica that decodes ({', '.join(decoded) or 'none'}), {q} are needed to know the newest "
-            f"confirmed state, and a corrupt or missing replica counts as unanswered ({'; '.join(why + unanswered)}). "
+            f"confirmed state, and a corrupt replica counts as unanswered, as does a missing one "
+            f"({'; '.join(why + unanswered)}). "
             "Nothing was changed."
         )
         recover = (
@@ -288,7 +291,8 @@ class Replicas:
             f"CLUSTER` (a replica that decodes) or `coordinator state apply {name} -f FILE`, under the lock, "
             "writes a whole state over the corrupt and missing ones, saving the corrupt ones to files first."
         )
-        if unanswered:
+        if unanswered or read:
+            # A read exits 4 whenever it cannot decide (README, exit codes).
             raise NoQuorumError(
                 f"{head} Retry when more clusters are reachable. If the corrupt ones stay so, {recover}"
             )
