@@ -19,7 +19,7 @@ from coordinator.lock.floor import TokenFloor, kept_set_speaks
 from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision, new_lock_id
 from coordinator.lock.turns import Turns, Wake
-from coordinator.membership import Check, Stored, Verdict
+from coordinator.membership import Check, Stored, Verdict, says_nothing
 from coordinator.outcome import Outcome
 
 
@@ -175,6 +175,12 @@ class Acquire(TokenFloor, Turns):
                     if speaks is not None:
                         stored[c] = speaks
                 verdict = self.check_members(stored)
+            if verdict.verdict is Verdict.UNCONFIRMED and evidence is None and not self._everyone(state_reads):
+                # Too few state objects answered to judge them: a member whose lease says
+                # nothing of the set may still be spoken for by its state object, so it is
+                # not observed (exit 4), not known to store nothing (exit 5).
+                unjudged = {c: s for c, s in stored.items() if not says_nothing(s, self.membership)}
+                verdict = self.check_members(unjudged)
             floors = [t for c in self._present(state_reads) if (found := state_reads[c].value) for t in found[:1]]
             chosen["token"] = self._token(reads, floors, evidence is not None) if enough else None
             members_check.append(verdict)

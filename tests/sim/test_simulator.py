@@ -49,10 +49,10 @@ def test_a_seed_is_a_run_in_this_process_and_in_another() -> None:
 
 
 # Recorded seeds of the full workload under every fault kind (300 virtual seconds each):
-# about 450 lock sections, a CI-sized share of what `python scripts/simulate.py
-# --sections 100000` runs. Seed 2 is left out: it ends in the open finding that
-# docs/simulator.md describes (an exit 5 while answers from one member are lost).
-SOAK_SEEDS = (3, 4, 5)
+# about 580 lock sections, a CI-sized share of what `python scripts/simulate.py
+# --sections 100000` runs. Seed 2 found an exit 5 where too few state objects answered
+# to tell (docs/simulator.md, *What it found*).
+SOAK_SEEDS = (2, 3, 4, 5)
 SOAK_MIN_SECTIONS = 400
 
 
