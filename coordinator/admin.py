@@ -595,7 +595,7 @@ async def _seed_state(
     from coordinator.lock import genesis_state_object
 
     collection, _ = state_paths(record.namespace, record.name, record.storage)
-    body = genesis_state_object(record.name, record.storage, membership)
+    body = genesis_state_object(record.name, record.storage, membership, seeded=True)
     try:
         await clusters.client(cluster).request("POST", collection, body=body, query={"fieldManager": FIELD_MANAGER})
     except KubeError as err:

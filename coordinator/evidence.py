@@ -265,6 +265,14 @@ EVIDENCE: tuple[Evidence, ...] = (
         "test_evidence_cap.py::test_a_fenced_out_write_never_replaces_a_confirmed_write_on_capped_replicas",
     ),
     Evidence(
+        "State object coordinator.io/seeded",
+        "an empty replica is the state `deployment create` made (an answer), not one made since",
+        "coordinator",
+        "another manager's, or none: the empty replica is no answer (as a missing object is none): it may "
+        "stand where a deleted replica held the newest write",
+        "test_evidence_cap.py::test_an_empty_object_a_lock_made_where_one_was_deleted_is_no_answer",
+    ),
+    Evidence(
         "History ConfigMap history.json",
         "lock history",
         "coordinator",

@@ -72,6 +72,11 @@ DATA_KEY = "envelope.json"
 NOTE_ANNOTATION = "coordinator.io/note"
 NOTE = "managed by coordinator: do not edit; read and change it with `coordinator state`"
 PROMISE_ANNOTATION = ANNOTATION_PREFIX + "state-promise"
+# On the empty state `deployment create` seeds: this empty replica is the state as it was
+# created, an answer like any other. An empty replica without it (made to carry a
+# promise, or a token floor where the object was missing) may stand where a deleted one
+# held the newest write: it is no answer.
+SEEDED_ANNOTATION = ANNOTATION_PREFIX + "seeded"
 # A ConfigMap or Secret may hold 1 MiB; keep room for metadata and the history.
 OBJECT_LIMIT = 1024 * 1024
 ENVELOPE_LIMIT = OBJECT_LIMIT - 16 * 1024
@@ -286,6 +291,17 @@ class Replica:
     # wrote them (see claimed_stamp). Never the replica's value or promise; a lower bound
     # on what it may hold or have promised.
     claimed: Stamp = NO_STAMP
+    seeded: bool = False  # the empty state `deployment create` made, as coordinator wrote it
+
+    @property
+    def answers(self) -> bool:
+        """Whether it counts as an answer to which state is newest: it holds a state (or
+        a newer schema's), or the empty state `deployment create` seeded. A missing
+        object, an empty one made since (where one may have been deleted) and a corrupt
+        one do not: the newest confirmed write may have been where they are."""
+        return (
+            self.exists and not self.corrupt and (self.envelope is not None or self.seeded or bool(self.newer_schema))
+        )
 
     @property
     def stamp(self) -> Stamp:
@@ -475,7 +491,9 @@ def _decode(
         rep.corrupt = f"written for deployment {env.deployment[:80]!r}, not {deployment!r} (a copy?)"
         return rep
     if env.version == 0:
-        return rep  # created to carry a promise: no state yet
+        # created by `deployment create`, to carry a promise, or for a token floor: no state yet
+        rep.seeded = SEEDED_ANNOTATION in annotations and writer(obj, annotation(SEEDED_ANNOTATION)) is Writer.OURS
+        return rep
     rep.envelope = env
     return rep
 

@@ -124,13 +124,19 @@ def kept_set_speaks(lease_set: Stored, kept: Stored, ours: Membership) -> Member
     return None
 
 
-def genesis_state_object(deployment: str, storage: str, membership: dict[str, Any]) -> dict[str, Any]:
-    """A state object holding the empty state of ``deployment`` and its member set."""
-    from coordinator.register import DATA_KEY, NOTE, NOTE_ANNOTATION, genesis_text
+def genesis_state_object(
+    deployment: str, storage: str, membership: dict[str, Any], *, seeded: bool = False
+) -> dict[str, Any]:
+    """A state object holding the empty state of ``deployment`` and its member set;
+    ``seeded`` for `deployment create`'s (an answer to reads, register.SEEDED_ANNOTATION),
+    not for one made later where the object was missing (it may have been deleted)."""
+    from coordinator.register import DATA_KEY, NOTE, NOTE_ANNOTATION, SEEDED_ANNOTATION, genesis_text
 
     text = genesis_text(deployment, membership)
     secret = storage == "secret"
     annotations = {NOTE_ANNOTATION: NOTE, A_TOKEN_FLOOR: "0"}  # no token granted yet
+    if seeded:
+        annotations[SEEDED_ANNOTATION] = "true"
     noted = Membership.parse(membership)
     if noted is not None:
         annotations[A_MEMBERSHIP] = noted.dump()

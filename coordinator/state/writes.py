@@ -32,7 +32,7 @@ from coordinator.register import (
 )
 from coordinator.state.data import changed_keys, plain_data_problem, set_path
 from coordinator.state.replicas import Replicas
-from coordinator.state.results import LockArg, Observed, WriteReport, _delivery, _per_cluster
+from coordinator.state.results import LockArg, Observed, WriteReport, _delivery, _per_cluster, _replicas
 
 
 class Writes(Replicas):
@@ -153,7 +153,10 @@ class Writes(Replicas):
             base = current
             if base is None and not replaces:
                 self._refuse_unreadable(results, choice, "change")
-            if not replaces:
+            if not replaces or len(_replicas(results)) < self.n:
+                # A whole state written over the rest still takes its stamp from what it
+                # reads: unless every member answered, a majority must be replicas that
+                # answer, or it may be ordered below a write a silent member holds.
                 self._need_decoded(results, "change")
         newer = newer_token(reps.values(), token, evidence)
         if newer is not None:
