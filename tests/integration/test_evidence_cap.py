@@ -23,7 +23,7 @@ import pytest
 from coord_fixtures import Env
 from faults.kubectl import kubectl
 
-from coordinator.errors import NoQuorumError, StateConflictError
+from coordinator.errors import NoQuorumError
 from coordinator.kube.resources import configmaps_path
 from coordinator.register import Kind, Stamp, build_envelope, new_write_id
 from coordinator.state.results import Observed
