@@ -483,6 +483,7 @@ async def create_deployment(
                 + ". Fix the kubeconfig context, or reconnect the cluster if it was really rebuilt."
             )
     await _refuse_planted_state(clusters, record)
+    await _refuse_existing(clusters, record)
     # The leases are made now, free, so that one missing later is known to have been
     # deleted (and is then treated as held by an unknown holder, never as free).
     from coordinator.lock import LockEngine
@@ -520,6 +521,54 @@ async def create_deployment(
                 raise UsageError(f"Cluster {m!r} was disconnected meanwhile; nothing changed.")
         live.deployments[name] = record
     return record, results
+
+
+async def _refuse_existing(clusters: ClusterSet, record: DeploymentRecord) -> None:
+    """Stop a create where the deployment exists on any member (a lease or a state object
+    of this name), or where a member cannot be asked. Creating it again would make free
+    leases where its leases were deleted (each such place counts as held by an unknown
+    holder until a maximum TTL has passed) and empty seeded state objects where its state
+    objects were deleted (which would then answer for the newest confirmed write): a
+    deployment that exists is taken up with `deployment import`, never created twice."""
+    _, state_path = state_paths(record.namespace, record.name, record.storage)
+    paths = (lease_path(record.namespace, lease_name(record.name)), state_path)
+
+    async def one(cluster: str) -> ClusterResult[list[str]]:
+        found = []
+        try:
+            for path, what in zip(paths, ("lease", "state object"), strict=True):
+                try:
+                    await clusters.client(cluster).request("GET", path)
+                    found.append(what)
+                except KubeError as err:
+                    if err.kind != kube.NOT_FOUND:
+                        raise
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+        return ClusterResult(cluster, Outcome.OK, found)
+
+    results = await fan_out(record.clusters, one, timeout=clusters.timeout)
+    there = {k: r.value for k, r in sorted(results.items()) if r.ok and r.value}
+    unseen = {k: r for k, r in sorted(results.items()) if not r.ok}
+    unseen.update(
+        {k: ClusterResult(k, Outcome.UNREACHABLE, detail="no answer") for k in record.clusters if k not in results}
+    )
+    name, ns = record.name, record.namespace
+    if there:
+        where = "; ".join(f"{k}: {' and '.join(v)}" for k, v in there.items())
+        raise StateConflictError(
+            f"Deployment {name!r} already exists in namespace {ns} ({where}). It is not created again: "
+            f"that would make free leases where its leases were deleted and empty state where its state "
+            f"was deleted. To use it from this machine, run `coordinator deployment import {name} --cluster "
+            f"{next(iter(there))} --namespace {ns}`. Nothing was created."
+        )
+    if unseen:
+        why = "; ".join(f"{k}: {r.outcome} ({r.detail})" for k, r in unseen.items())
+        raise NoQuorumError(
+            f"Cannot create deployment {name!r}: whether it already exists could not be checked on every "
+            f"member ({why}), and creating it where it exists would free its deleted leases. Nothing was "
+            "created; retry when every member answers."
+        )
 
 
 async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) -> None:

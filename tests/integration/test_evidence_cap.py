@@ -320,3 +320,39 @@ def test_a_whole_state_applied_with_a_member_silent_needs_a_majority_that_answer
     applied = dep3.cli("state", "apply", "web", "-f", str(doc))
     assert applied.returncode == 0, applied.stderr
     assert dep3.cli("state", "get", "web", "k").stdout.strip() == "APPLIED"
+
+
+def test_a_deployment_that_exists_is_never_created_again(dep3: Env, tmp_path: Path) -> None:
+    # Another machine (a fresh runner) runs `deployment create` for a deployment that
+    # exists, after another client deleted its lease and state object on c1 and c2 while
+    # A holds the lock. Creating it again would make free leases and seeded empty state
+    # there: a second holder with token 1, and empty state answering for k=W1.
+    _w1_on_c1_c2_only(dep3)
+    held = json.loads(dep3.cli("-o", "json", "lock", "status", "web").stdout)
+    assert held["held_by_majority"], held
+    for i in (1, 2):
+        _k(dep3, i, "delete", "configmap", STATE)
+        _k(dep3, i, "delete", "lease", "coordinator-lock-web")
+    other = str(tmp_path / "other" / "config.yaml")
+    for i in (1, 2, 3):
+        done = dep3.cli("--config", other, "cluster", "connect", f"c{i}", "--context", f"sandbox-{i}")
+        assert done.returncode == 0, done.stderr
+    again = ("--config", other, "deployment", "create", "web", "-n", dep3.namespace, "--cluster", "c1")
+    made = dep3.cli(*again, "--cluster", "c2", "--cluster", "c3")
+    assert made.returncode == 6, made.stdout + made.stderr
+    assert "already exists" in made.stderr and "deployment import web" in made.stderr, made.stderr
+    # With the member that still holds it silent, nothing says it is new: refused too.
+    dep3.sandbox.pause(3)
+    try:
+        made = dep3.cli(*again, "--cluster", "c2", "--cluster", "c3")
+        assert made.returncode == 4, made.stdout + made.stderr
+    finally:
+        dep3.sandbox.resume(3)
+    # Nothing was made where the objects were deleted: no lease there is free, and no
+    # other holder gets the lock (refused: held by an unknown holder, or, with lease and
+    # state gone on a majority, the member set unconfirmed).
+    for i in (1, 2):
+        got = kubectl(dep3.kubeconfig, i, dep3.namespace, "get", "configmap", STATE)
+        assert got.returncode != 0 and "NotFound" in got.stderr, got.stdout + got.stderr
+    st = dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "B")
+    assert st.returncode in (3, 5), st.stdout + st.stderr
