@@ -533,23 +533,38 @@ async def _refuse_existing(clusters: ClusterSet, record: DeploymentRecord) -> No
     _, state_path = state_paths(record.namespace, record.name, record.storage)
     paths = (lease_path(record.namespace, lease_name(record.name)), state_path)
 
+    from coordinator.evidence import Writer, writer
+    from coordinator.lease import A_UID
+    from coordinator.register import DATA_KEY
+
+    def coordinators(what: str, obj: dict[str, Any]) -> bool:
+        # Objects another client planted are left to the checks that name them as such.
+        meta = obj.get("metadata") or {}
+        if what == "lease":
+            return bool(meta.get("uid")) and (meta.get("annotations") or {}).get(A_UID) == meta.get("uid")
+        return writer(obj, ("data", DATA_KEY)) is Writer.OURS
+
     async def one(cluster: str) -> ClusterResult[list[str]]:
         found = []
         try:
             for path, what in zip(paths, ("lease", "state object"), strict=True):
                 try:
-                    await clusters.client(cluster).request("GET", path)
-                    found.append(what)
+                    obj = (await clusters.client(cluster).request("GET", path)).body
                 except KubeError as err:
                     if err.kind != kube.NOT_FOUND:
                         raise
+                    continue
+                if coordinators(what, obj):
+                    found.append(what)
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
         return ClusterResult(cluster, Outcome.OK, found)
 
     results = await fan_out(record.clusters, one, timeout=clusters.timeout)
     there = {k: r.value for k, r in sorted(results.items()) if r.ok and r.value}
-    unseen = {k: r for k, r in sorted(results.items()) if not r.ok}
+    # A member that forbids reading them gets nothing from this create either (its lease
+    # and state object are refused the same way): only one that does not answer is unknown.
+    unseen = {k: r for k, r in sorted(results.items()) if not r.ok and r.outcome is not Outcome.FORBIDDEN}
     unseen.update(
         {k: ClusterResult(k, Outcome.UNREACHABLE, detail="no answer") for k in record.clusters if k not in results}
     )

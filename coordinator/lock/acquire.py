@@ -179,7 +179,14 @@ class Acquire(TokenFloor, Turns):
                 # Too few state objects answered to judge them: a member whose lease says
                 # nothing of the set may still be spoken for by its state object, so it is
                 # not observed (exit 4), not known to store nothing (exit 5).
-                unjudged = {c: s for c, s in stored.items() if not says_nothing(s, self.membership)}
+                def may_speak(c: str) -> bool:
+                    r = state_reads.get(c)
+                    if r is None or not r.ok:
+                        return True
+                    kept = r.value[1] if r.value is not None else None
+                    return kept_set_speaks(stored.get(c), kept, self.membership) is not None
+
+                unjudged = {c: s for c, s in stored.items() if not (says_nothing(s, self.membership) and may_speak(c))}
                 verdict = self.check_members(unjudged)
             floors = [t for c in self._present(state_reads) if (found := state_reads[c].value) for t in found[:1]]
             chosen["token"] = self._token(reads, floors, evidence is not None) if enough else None

@@ -142,7 +142,10 @@ def test_secret_storage_lets_a_granted_user_turn_the_state_secret_into_a_token_s
             sandbox3.admin(2).delete(path)  # accepted before the policy was in force: undo
             time.sleep(0.5)
         assert refused is not None and "must be of type Opaque" in refused, refused
-        # The deleted replica is written again, Opaque, by the next write.
+        # u1 holds the token Secret and u2's replica may have been deleted above: with one
+        # replica that answers, writes refuse until the owner copies a good one over the
+        # others; then the deleted replica is written again, Opaque.
+        _ok(env.cli("state", "sync", "app", "--from", "u3"))
         _ok(env.cli("state", "set", "app", "owner=ops"))
         rewritten = sandbox3.admin(2).get(path)
         assert rewritten is not None and rewritten["type"] == "Opaque", rewritten

@@ -120,9 +120,15 @@ def test_the_fleet_view_is_plain_columns_cut_at_the_terminal_width(dep3: Env, pa
 
 def test_a_refusal_is_grouped_by_holder_and_wrapped_at_word_boundaries(dep3: Env, pane: Pane) -> None:
     _hold(dep3)
-    rows, _ = pane.run("lock", "acquire", "web", "--holder", "bob")
+    # A refusal is decided once a majority refused: a busy machine may print the third
+    # member as "not waited for" in one run and not the other. Compare two runs that both
+    # heard all three.
+    for _ in range(5):
+        rows, _ = pane.run("lock", "acquire", "web", "--holder", "bob")
+        piped = dep3.cli("lock", "acquire", "web", "--holder", "bob")
+        if "not waited for" not in " ".join(rows) + piped.stderr:
+            break
     assert all(len(r) <= WIDTH for r in rows), "\n".join(rows)
-    piped = dep3.cli("lock", "acquire", "web", "--holder", "bob")
     assert piped.returncode == 3, piped.stderr
     # The same words in the same order: wrapped between words, never inside one.
     assert _words(" ".join(rows)) == _words(piped.stderr), "\n".join(rows) + "\n---\n" + piped.stderr
