@@ -37,6 +37,8 @@ from coordinator.kube.resources import (
     IDENTITY_CONFIGMAP,
     LABEL_MANAGED_BY,
     LABEL_VALUE,
+    configmaps_path,
+    history_name,
     lease_name,
     lease_path,
     namespace_path,
@@ -524,58 +526,59 @@ async def create_deployment(
 
 
 async def _refuse_existing(clusters: ClusterSet, record: DeploymentRecord) -> None:
-    """Stop a create where the deployment exists on any member (a lease or a state object
-    of this name), or where a member cannot be asked. Creating it again would make free
-    leases where its leases were deleted (each such place counts as held by an unknown
-    holder until a maximum TTL has passed) and empty seeded state objects where its state
-    objects were deleted (which would then answer for the newest confirmed write): a
-    deployment that exists is taken up with `deployment import`, never created twice."""
-    _, state_path = state_paths(record.namespace, record.name, record.storage)
-    paths = (lease_path(record.namespace, lease_name(record.name)), state_path)
-
-    from coordinator.evidence import Writer, writer
+    """Stop a create where anything of the deployment's name is on any member (its lease,
+    a state object of either storage kind, its lock history), or where a member cannot be
+    asked. Creating it again would make free leases where its leases were deleted (each
+    such place counts as held by an unknown holder until a maximum TTL has passed) and
+    empty seeded state where its state objects were deleted (which would then answer for
+    the newest confirmed write): a deployment that exists is taken up with `deployment
+    import`, never created twice. An object coordinator did not make is named as
+    possibly planted; whoever owns the namespace removes it."""
     from coordinator.lease import A_UID
-    from coordinator.register import DATA_KEY
 
-    def coordinators(what: str, obj: dict[str, Any]) -> bool:
-        # Objects another client planted are left to the checks that name them as such.
-        meta = obj.get("metadata") or {}
-        if what == "lease":
-            return bool(meta.get("uid")) and (meta.get("annotations") or {}).get(A_UID) == meta.get("uid")
-        return writer(obj, ("data", DATA_KEY)) is Writer.OURS
+    ns, name = record.namespace, record.name
+    paths = (
+        ("lease", lease_path(ns, lease_name(name))),
+        ("state ConfigMap", state_paths(ns, name, "configmap")[1]),
+        ("state Secret", state_paths(ns, name, "secret")[1]),
+        ("lock history", f"{configmaps_path(ns)}/{history_name(name)}"),
+    )
 
     async def one(cluster: str) -> ClusterResult[list[str]]:
         found = []
         try:
-            for path, what in zip(paths, ("lease", "state object"), strict=True):
+            for what, path in paths:
                 try:
                     obj = (await clusters.client(cluster).request("GET", path)).body
                 except KubeError as err:
-                    if err.kind != kube.NOT_FOUND:
-                        raise
-                    continue
-                if coordinators(what, obj):
-                    found.append(what)
+                    # A kind this user may not read is one this create does not make either.
+                    if err.kind in (kube.NOT_FOUND, kube.FORBIDDEN):
+                        continue
+                    raise
+                meta = obj.get("metadata") or {}
+                named = what != "lease" or (
+                    bool(meta.get("uid")) and (meta.get("annotations") or {}).get(A_UID) == meta.get("uid")
+                )
+                found.append(what if named else f"{what} coordinator did not make (planted?)")
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
         return ClusterResult(cluster, Outcome.OK, found)
 
     results = await fan_out(record.clusters, one, timeout=clusters.timeout)
     there = {k: r.value for k, r in sorted(results.items()) if r.ok and r.value}
-    # A member that forbids reading them gets nothing from this create either (its lease
-    # and state object are refused the same way): only one that does not answer is unknown.
     unseen = {k: r for k, r in sorted(results.items()) if not r.ok and r.outcome is not Outcome.FORBIDDEN}
     unseen.update(
         {k: ClusterResult(k, Outcome.UNREACHABLE, detail="no answer") for k in record.clusters if k not in results}
     )
-    name, ns = record.name, record.namespace
     if there:
-        where = "; ".join(f"{k}: {' and '.join(v)}" for k, v in there.items())
+        where = "; ".join(f"{k}: {', '.join(v)}" for k, v in there.items())
+        first = next(iter(there))
         raise StateConflictError(
-            f"Deployment {name!r} already exists in namespace {ns} ({where}). It is not created again: "
-            f"that would make free leases where its leases were deleted and empty state where its state "
-            f"was deleted. To use it from this machine, run `coordinator deployment import {name} --cluster "
-            f"{next(iter(there))} --namespace {ns}`. Nothing was created."
+            f"Deployment {name!r} already exists in namespace {ns}, or something is in its place ({where}). "
+            "It is not created again: that would make free leases where its leases were deleted and empty "
+            f"state where its state was deleted. If it is yours, use it from this machine with `coordinator "
+            f"deployment import {name} --cluster {first} --namespace {ns}`; an object coordinator did not "
+            "make may be planted: look at it with kubectl before anything else. Nothing was created."
         )
     if unseen:
         why = "; ".join(f"{k}: {r.outcome} ({r.detail})" for k, r in unseen.items())

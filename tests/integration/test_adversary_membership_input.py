@@ -242,7 +242,8 @@ def test_a_lease_planted_for_a_future_deployment_stops_its_create(dep3: Env, tmp
     _plant(dep3, 1, "ledger", {A_MEMBERSHIP: forged}, as_user=minted)
     made = dep3.cli("deployment", "create", "ledger", "-n", dep3.namespace,
                     "--cluster", "c1", "--cluster", "c2", "--cluster", "c3")  # fmt: skip
-    assert made.returncode == 5, made.stderr + made.stdout
+    assert made.returncode == 6, made.stderr + made.stdout
+    assert "planted" in made.stderr, made.stderr
     assert "ledger" not in ConfigStore(dep3.config).load().deployments
 
 
@@ -252,7 +253,7 @@ def test_following_the_advice_after_a_planted_lease_does_not_adopt_its_member_se
     _plant(dep3, 1, "ledger", {A_MEMBERSHIP: forged}, as_user=minted)
     made = dep3.cli("deployment", "create", "ledger", "-n", dep3.namespace,
                     "--cluster", "c1", "--cluster", "c2", "--cluster", "c3")  # fmt: skip
-    assert made.returncode == 5, made.stderr
+    assert made.returncode == 6, made.stderr
     # The refusal says what it found and that it may be planted; any import it advises,
     # and the import from the one cluster that stores the set, must not adopt it.
     assert "planted" in made.stderr, made.stderr

@@ -331,7 +331,7 @@ def test_a_deployment_that_exists_is_never_created_again(dep3: Env, tmp_path: Pa
     held = json.loads(dep3.cli("-o", "json", "lock", "status", "web").stdout)
     assert held["held_by_majority"], held
     for i in (1, 2):
-        _k(dep3, i, "delete", "configmap", STATE)
+        _k(dep3, i, "delete", "configmap", STATE, "coordinator-history-web")
         _k(dep3, i, "delete", "lease", "coordinator-lock-web")
     other = str(tmp_path / "other" / "config.yaml")
     for i in (1, 2, 3):
@@ -356,3 +356,33 @@ def test_a_deployment_that_exists_is_never_created_again(dep3: Env, tmp_path: Pa
         assert got.returncode != 0 and "NotFound" in got.stderr, got.stdout + got.stderr
     st = dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "B")
     assert st.returncode in (3, 5), st.stdout + st.stderr
+
+
+@pytest.mark.parametrize("left", ["state-of-the-other-kind", "lease-without-its-uid-note"])
+def test_whatever_is_left_of_a_deployment_stops_its_create(dep3: Env, tmp_path: Path, left: str) -> None:
+    # A holds the lock. Another client deletes every lease (the ConfigMap state stays, and
+    # a create asks for Secret storage), or deletes everything but c3's lease and strips
+    # that lease's uid note. Either way a create from a fresh config must refuse: free
+    # leases would give a second holder token 1.
+    assert dep3.cli("lock", "acquire", "web", "--ttl", "180s", "--holder", "A").returncode == 0
+    storage = "configmap"
+    if left == "state-of-the-other-kind":
+        for i in (1, 2, 3):
+            _k(dep3, i, "delete", "lease", "coordinator-lock-web")
+        storage = "secret"
+    else:
+        for i in (1, 2, 3):
+            _k(dep3, i, "delete", "configmap", STATE, "coordinator-history-web")
+        for i in (1, 2):
+            _k(dep3, i, "delete", "lease", "coordinator-lock-web")
+        _k(dep3, 3, "annotate", "lease", "coordinator-lock-web", "coordinator.io/uid-")
+    other = str(tmp_path / "other" / "config.yaml")
+    for i in (1, 2, 3):
+        assert dep3.cli("--config", other, "cluster", "connect", f"c{i}", "--context", f"sandbox-{i}").returncode == 0
+    members = ("--cluster", "c1", "--cluster", "c2", "--cluster", "c3")
+    made = dep3.cli(
+        "--config", other, "deployment", "create", "web", "-n", dep3.namespace, "--storage", storage, *members
+    )
+    assert made.returncode == 6, made.stdout + made.stderr
+    b = dep3.cli("--config", other, "lock", "acquire", "web", "--holder", "B")
+    assert b.returncode != 0, b.stdout + b.stderr
