@@ -408,9 +408,9 @@ def test_a_date_header_from_a_clock_ahead_never_takes_a_live_lease(dep3: Env, tm
     says it is seconds old, so Bob is refused."""
     from dateproxy import DateShiftingProxy, proxy_kubeconfig
 
-    from coordinator.admin import connect_cluster, create_deployment
-    from coordinator.clusters import ClusterSet
+    from coordinator.admin import connect_cluster
     from coordinator.config import ConfigStore
+    from coordinator.records import DeploymentRecord
 
     a = acquire(dep3, "alice", "--ttl", "60s")
     assert a.returncode == 0, a.stderr
@@ -425,13 +425,11 @@ def test_a_date_header_from_a_clock_ahead_never_takes_a_live_lease(dep3: Env, tm
         async def setup() -> None:
             for i in (1, 2, 3):
                 await connect_cluster(store, f"c{i}", f"proxied-{i}", str(kc))
-            cs = ClusterSet(store.load(), timeout=5)
-            try:
-                await create_deployment(store, cs, "web", dep3.namespace, ["c1", "c2", "c3"], "configmap")
-            finally:
-                await cs.aclose()
 
         anyio.run(setup)
+        # The deployment exists: bob's machine records it (as `deployment import` would).
+        with store.edit() as cfg:
+            cfg.deployments["web"] = DeploymentRecord(name="web", namespace=dep3.namespace, clusters=["c1", "c2", "c3"])
         b = bob.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob")
         assert b.returncode == 3, b.stderr
         assert all(p.requests > 0 for p in proxies)
