@@ -534,7 +534,7 @@ async def _refuse_existing(clusters: ClusterSet, record: DeploymentRecord) -> No
     the newest confirmed write): a deployment that exists is taken up with `deployment
     import`, never created twice. An object coordinator did not make is named as
     possibly planted; whoever owns the namespace removes it."""
-    from coordinator.lease import A_UID
+    from coordinator.lease import LeaseView
 
     ns, name = record.namespace, record.name
     paths = (
@@ -555,10 +555,7 @@ async def _refuse_existing(clusters: ClusterSet, record: DeploymentRecord) -> No
                     if err.kind in (kube.NOT_FOUND, kube.FORBIDDEN):
                         continue
                     raise
-                meta = obj.get("metadata") or {}
-                named = what != "lease" or (
-                    bool(meta.get("uid")) and (meta.get("annotations") or {}).get(A_UID) == meta.get("uid")
-                )
+                named = what != "lease" or LeaseView.parse(obj).names_itself
                 found.append(what if named else f"{what} coordinator did not make (planted?)")
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
@@ -596,7 +593,7 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
     put it there for this deployment's readers to take; or it is left from an earlier
     deployment of that name whose leases were deleted. Members that do not answer are
     not checked (the seeding after the leases closes the name on the others)."""
-    from coordinator.lease import A_UID
+    from coordinator.lease import LeaseView
     from coordinator.register import decode_replica
 
     _, path = state_paths(record.namespace, record.name, record.storage)
@@ -606,8 +603,7 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
         try:
             try:
                 lease = (await client.request("GET", lease_path(record.namespace, lease_name(record.name)))).body
-                meta = lease.get("metadata") or {}
-                if meta.get("uid") and (meta.get("annotations") or {}).get(A_UID) == meta.get("uid"):
+                if LeaseView.parse(lease).names_itself:
                     return ClusterResult(cluster, Outcome.OK, "")  # a lease coordinator made and named
                 # A lease not named by coordinator (planted by someone who may create
                 # Leases, or from a version before leases were named) vouches for nothing.

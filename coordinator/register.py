@@ -304,6 +304,12 @@ class Replica:
         )
 
     @property
+    def blank(self) -> bool:
+        """Missing, or an empty object made since the deployment was created: not corrupt,
+        yet no answer (it may stand where a deleted replica held the newest write)."""
+        return not self.answers and not self.corrupt
+
+    @property
     def stamp(self) -> Stamp:
         """The stamp of the envelope it holds (NO_STAMP for none)."""
         return stamp_of(self.envelope) if self.envelope is not None else NO_STAMP

@@ -29,7 +29,7 @@ class Reads(Replicas):
         odd = choice.corrupt or choice.suspect or choice.conflict or evidence is None
         odd = odd or not self._members_verdict(results).ok
         # A missing object is no answer (``_need_decoded``): hear the others before deciding.
-        odd = odd or any(not rep.answers and not rep.corrupt for rep in _replicas(results).values())
+        odd = odd or any(rep.blank for rep in _replicas(results).values())
         if len(results) < self.n and (odd or len(choice.current) + len(choice.stale) < self.q):
             # Something is off: hear every member (with fresh leases) before deciding.
             results = await self._read_all()
@@ -48,7 +48,7 @@ class Reads(Replicas):
         )
         if winner is None or winner.envelope is None:
             self._refuse_unreadable(results, choice, "read")
-        if any(not rep.answers and not rep.corrupt for rep in _replicas(results).values()):
+        if any(rep.blank for rep in _replicas(results).values()):
             # A missing object is no answer: the newest confirmed state may be where it was
             # deleted (corrupt replicas are refused below, where repair cannot reach a majority).
             self._need_decoded(results, "read", read=True)

@@ -266,7 +266,7 @@ class Replicas:
         exit 6 (the corrupt or missing replicas must be written first); a read, always 4."""
         q = q or self.q
         answered = _replicas(results)
-        if len(answered) == len(results) and not any(rep.answers or rep.corrupt for rep in answered.values()):
+        if len(answered) == len(results) and all(rep.blank for rep in answered.values()):
             return  # nothing anywhere: no state was written, or none is left to lose
         decoded = sorted(k for k, rep in answered.items() if rep.answers)
         if len(decoded) >= q:
@@ -278,7 +278,7 @@ class Replicas:
         why += [
             f"{k}: an empty object made since the deployment was created (deleted before?)"
             for k, rep in sorted(answered.items())
-            if rep.exists and not rep.corrupt and not rep.answers
+            if rep.exists and rep.blank
         ]
         unanswered = [f"{k}: {r.outcome} ({r.detail})" for k, r in sorted(results.items()) if not r.ok]
         if q == self.q:
