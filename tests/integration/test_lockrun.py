@@ -428,10 +428,30 @@ def test_wait_reports_progress(dep3: Any) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    time.sleep(3)
-    assert dep3.cli("lock", "release", "web", "--lock-id", taken["lock_id"]).returncode == 0
-    code, err = _finish(proc)
-    assert code == 0, err
+    # Released once bob says he waits (a fixed pause is shorter than a busy machine's start-up).
+    lines: list[str] = []
+    waiting = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "waiting for web" in line:
+                waiting.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert waiting.wait(60), "".join(lines)
+        assert dep3.cli("lock", "release", "web", "--lock-id", taken["lock_id"]).returncode == 0
+        assert proc.wait(60) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    err = "".join(lines)
+    assert not _watchdogs(proc.pid), "the watchdog outlived `lock run`"
     assert "waiting for web: held by alice" in err, err
     assert "released lock" in err, err
 
