@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env
-from test_member_changes import _identities, _ok, _pay, _replica_data, _stored
+from helpers.members import identities, pay, replica_data, stored_set, succeeded
 
 from coordinator.admin import connect_cluster
 from coordinator.config import ConfigStore
@@ -110,7 +110,7 @@ def test_import_does_not_adopt_a_member_set_forged_on_one_member(dep3: Env, tmp_
     newcomer = _connected_machine(dep3, tmp_path / "newcomer")
     imported = newcomer.cli("deployment", "import", "web", "--cluster", "c2", "-n", dep3.namespace)
     if imported.returncode == 0:
-        shown = json.loads(_ok(newcomer.cli("-o", "json", "deployment", "show", "web")).stdout)
+        shown = json.loads(succeeded(newcomer.cli("-o", "json", "deployment", "show", "web")).stdout)
         # the members that really hold the deployment, never the set one cluster was told
         assert shown["clusters"] == ["c1", "c2", "c3"], shown
     else:
@@ -128,7 +128,7 @@ def test_a_forged_member_set_on_one_member_stops_or_is_overwritten_by_the_legit_
     _annotate(dep3, 2, "web", {A_MEMBERSHIP: forged.dump()})
     got = dep3.cli("-o", "json", "--timeout", "3s", "lock", "acquire", "web", "--holder", "legit")
     assert got.returncode in (0, 5), got.stderr
-    real = Membership.of(_identities(dep3, "c1", "c2", "c3"), epoch=1)
+    real = Membership.of(identities(dep3, "c1", "c2", "c3"), epoch=1)
     for i in (1, 2, 3):
         lease = anyio.run(dep3.raw, i, "GET", lease_path(dep3.namespace, "coordinator-lock-web"))
         holder = (lease.get("spec") or {}).get("holderIdentity")
@@ -226,10 +226,10 @@ def _plant(
 def _restricted(env: Env, tmp_path: Path, deployment: str) -> Any:
     """A freshly minted user granted exactly what `rbac print --deployment` prints for
     ``deployment`` (as test_rbac_live applies it)."""
-    from test_rbac_live import _grant, _user
+    from helpers.rbac import grant, mint_user
 
-    user, minted = _user(env.sandbox, tmp_path, "planter")
-    _grant(env.sandbox, env, env.namespace, user, deployments=(deployment,))
+    user, minted = mint_user(env.sandbox, tmp_path, "planter")
+    grant(env.sandbox, env, env.namespace, user, deployments=(deployment,))
     return minted
 
 
@@ -262,9 +262,9 @@ def test_following_the_advice_after_a_planted_lease_does_not_adopt_its_member_se
     for attempt in attempts:
         imported = dep3.cli(*attempt, "-n", dep3.namespace)
         if imported.returncode == 0:
-            shown = json.loads(_ok(dep3.cli("-o", "json", "deployment", "show", "ledger")).stdout)
+            shown = json.loads(succeeded(dep3.cli("-o", "json", "deployment", "show", "ledger")).stdout)
             assert shown["clusters"] != ["c1"], "the planted set was adopted: " + json.dumps(shown)
-            _ok(dep3.cli("deployment", "delete", "ledger"))
+            succeeded(dep3.cli("deployment", "delete", "ledger"))
         else:
             assert imported.returncode == 5, imported.stderr
 
@@ -300,19 +300,21 @@ def test_add_cluster_does_not_take_over_another_deployments_member(dep5: Env, tm
     """Deployment `pay` on c1..c3 (this machine) and another `pay` on c4, c5 in the same
     namespace (another machine: a second fleet sharing clusters). Adding c4 to the first
     must not overwrite the second's lease or state on c4."""
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     other = _connected_machine(dep5, tmp_path / "other")
-    _ok(other.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c4", "--cluster", "c5"))
-    lock = json.loads(_ok(other.cli("-o", "json", "lock", "acquire", "pay", "--holder", "b", "--ttl", "30s")).stdout)
-    _ok(other.cli("state", "set", "pay", "release=B", "--lock-id", lock["lock_id"]))
-    _ok(other.cli("lock", "release", "pay", "--holder", "b"))
-    theirs = _stored(dep5, 4)
-    assert set(theirs.members) == _identities(dep5, "c4", "c5")
+    succeeded(other.cli("deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c4", "--cluster", "c5"))
+    lock = json.loads(
+        succeeded(other.cli("-o", "json", "lock", "acquire", "pay", "--holder", "b", "--ttl", "30s")).stdout
+    )
+    succeeded(other.cli("state", "set", "pay", "release=B", "--lock-id", lock["lock_id"]))
+    succeeded(other.cli("lock", "release", "pay", "--holder", "b"))
+    theirs = stored_set(dep5, 4)
+    assert set(theirs.members) == identities(dep5, "c4", "c5")
 
     added = dep5.cli("--timeout", "3s", "deployment", "add-cluster", "pay", "c4")
     # whatever the first deployment's machine was told, the second deployment is intact on c4
-    assert _replica_data(dep5, 4)["release"] == "B"
-    assert _stored(dep5, 4) == theirs
+    assert replica_data(dep5, 4)["release"] == "B"
+    assert stored_set(dep5, 4) == theirs
     assert added.returncode != 0, added.stdout
     again = other.cli("-o", "json", "lock", "acquire", "pay", "--holder", "b2", "--ttl", "30s")
     assert again.returncode == 0, again.stderr
@@ -356,7 +358,7 @@ def test_a_stale_machine_is_refused_after_a_change_killed_before_its_record_foll
     followed: a machine whose record predates the change is refused (the members store
     a newer epoch) and cannot write the state."""
     after = 1
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     stale = _stale_machine(dep5, tmp_path / "stale", "pay", ["c1", "c2", "c3"])
     killed = _killed_change(dep5, tmp_path, after, "deployment", "add-cluster", "pay", "c4", "--ttl", "5s")
     assert killed.returncode == -9, killed.stderr
@@ -364,7 +366,7 @@ def test_a_stale_machine_is_refused_after_a_change_killed_before_its_record_foll
     assert refused.returncode == 5, refused.stderr
     wrote = stale.cli("--timeout", "3s", "state", "set", "pay", "release=stale")
     assert wrote.returncode != 0
-    assert _replica_data(dep5, 1)["release"] == "1.2.0"
+    assert replica_data(dep5, 1)["release"] == "1.2.0"
 
 
 @pytest.mark.slow
@@ -372,15 +374,15 @@ def test_a_stale_machine_is_refused_after_a_change_killed_before_its_record_foll
 def test_a_change_killed_before_its_record_followed_is_finished_by_running_it_again(
     dep5: Env, tmp_path: Path, after: int
 ) -> None:
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     killed = _killed_change(dep5, tmp_path, after, "deployment", "add-cluster", "pay", "c4", "--ttl", "5s")
     assert killed.returncode == -9, killed.stderr
     again = dep5.cli("deployment", "add-cluster", "pay", "c4", "--wait", "30s")
     assert again.returncode == 0, again.stderr + again.stdout
     for i in (1, 2, 3, 4):
-        assert _stored(dep5, i).epoch == 3
-        assert set(_stored(dep5, i).members) == _identities(dep5, "c1", "c2", "c3", "c4")
-    assert _replica_data(dep5, 4)["release"] == "1.2.0"
+        assert stored_set(dep5, i).epoch == 3
+        assert set(stored_set(dep5, i).members) == identities(dep5, "c1", "c2", "c3", "c4")
+    assert replica_data(dep5, 4)["release"] == "1.2.0"
 
 
 # -- removing a member "dead" that is alive
@@ -389,13 +391,13 @@ def test_a_change_killed_before_its_record_followed_is_finished_by_running_it_ag
 @pytest.mark.slow
 def test_force_dead_removes_a_paused_member_and_the_rest_decide(dep5: Env) -> None:
     """c3 is gone (paused); removing it with --force-dead leaves c1, c2 deciding alone."""
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     dep5.sandbox.pause(3)
     removed = dep5.cli("--timeout", "2s", "deployment", "remove-cluster", "pay", "c3", "--force-dead")
     assert removed.returncode == 0, removed.stderr + removed.stdout
     assert "given up" in removed.stdout or "gives up" in removed.stdout, removed.stdout
     for i in (1, 2):
-        assert set(_stored(dep5, i).members) == _identities(dep5, "c1", "c2")
+        assert set(stored_set(dep5, i).members) == identities(dep5, "c1", "c2")
     got = dep5.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "pay", "--holder", "after", "--ttl", "30s")
     assert got.returncode == 0, got.stderr
     assert {c["name"] for c in json.loads(got.stdout)["clusters"]} == {"c1", "c2"}
@@ -407,14 +409,16 @@ def test_force_dead_on_a_live_member_does_not_take_a_live_holders_lock(dep5: Env
     must not take the lock over the remaining members while H holds it, nor change the
     set. (While --force-dead cannot succeed at all, see the test above, this holds for
     that reason too; it is here to keep holding once that is fixed.)"""
-    _pay(dep5, "c1", "c2", "c3")
-    held = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "H", "--ttl", "120s")).stdout)
+    pay(dep5, "c1", "c2", "c3")
+    held = json.loads(
+        succeeded(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "H", "--ttl", "120s")).stdout
+    )
     removed = dep5.cli("--timeout", "3s", "deployment", "remove-cluster", "pay", "c3", "--force-dead")
     assert removed.returncode != 0, removed.stdout
     for i in (1, 2, 3):
         lease = anyio.run(dep5.raw, i, "GET", lease_path(dep5.namespace, "coordinator-lock-pay"))
         assert held["lock_id"] in str(lease["spec"].get("holderIdentity")), lease["spec"]
-        assert _stored(dep5, i).epoch == 1
+        assert stored_set(dep5, i).epoch == 1
     still = dep5.cli("state", "set", "pay", "release=2.0", "--lock-id", held["lock_id"])
     assert still.returncode == 0, still.stderr
 
@@ -461,8 +465,10 @@ def test_bombs_are_refused_as_usage_errors(text: str) -> None:
 
 
 def test_state_apply_of_a_huge_integer_exits_2_and_writes_nothing(dep3: Env, tmp_path: Path) -> None:
-    lock = json.loads(_ok(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "w", "--ttl", "60s")).stdout)
-    _ok(dep3.cli("state", "set", "web", "keep=1", "--lock-id", lock["lock_id"]))
+    lock = json.loads(
+        succeeded(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "w", "--ttl", "60s")).stdout
+    )
+    succeeded(dep3.cli("state", "set", "web", "keep=1", "--lock-id", lock["lock_id"]))
     bomb = tmp_path / "bomb.json"
     bomb.write_text(f'{{"a": {HUGE_INT}}}')
     applied = dep3.cli("state", "apply", "web", "-f", str(bomb), "--lock-id", lock["lock_id"])
@@ -479,13 +485,15 @@ def test_a_typed_value_too_long_to_convert_is_a_usage_error() -> None:
 
 
 def test_what_state_set_writes_state_apply_takes_back(dep3: Env, tmp_path: Path) -> None:
-    lock = json.loads(_ok(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "w", "--ttl", "60s")).stdout)
+    lock = json.loads(
+        succeeded(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "w", "--ttl", "60s")).stdout
+    )
     deep = "[" * 150 + "]" * 150
     wrote = dep3.cli("state", "set", "web", f"nested:={deep}", "--lock-id", lock["lock_id"])
     if wrote.returncode != 0:  # refused as apply refuses it: consistent
         assert wrote.returncode == 2, wrote.stderr
         return
-    printed = _ok(dep3.cli("-o", "json", "state", "get", "web")).stdout
+    printed = succeeded(dep3.cli("-o", "json", "state", "get", "web")).stdout
     saved = tmp_path / "state.json"
     saved.write_text(printed)
     back = dep3.cli("state", "apply", "web", "-f", str(saved), "--lock-id", lock["lock_id"])
@@ -512,8 +520,10 @@ def test_a_backup_written_over_a_planted_symlink_does_not_write_through_it(dep3:
     """Someone who can write the folder the user backs up into plants the backup's name as a
     symlink to a file of the user's: the backup replaces the link, readable by the user
     alone, and the file it pointed at is untouched."""
-    lock = json.loads(_ok(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "w", "--ttl", "60s")).stdout)
-    _ok(dep3.cli("state", "set", "web", "secret=s3cr3t", "--lock-id", lock["lock_id"]))
+    lock = json.loads(
+        succeeded(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "w", "--ttl", "60s")).stdout
+    )
+    succeeded(dep3.cli("state", "set", "web", "secret=s3cr3t", "--lock-id", lock["lock_id"]))
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me\n")
     victim.chmod(0o644)
@@ -521,7 +531,7 @@ def test_a_backup_written_over_a_planted_symlink_does_not_write_through_it(dep3:
     shared.mkdir()
     link = shared / "web-state.json"
     link.symlink_to(victim)
-    _ok(dep3.cli("state", "backup", "web", "-f", str(link)))
+    succeeded(dep3.cli("state", "backup", "web", "-f", str(link)))
     assert victim.read_text() == "keep me\n"
     assert not link.is_symlink()
     assert (link.stat().st_mode & 0o777) == 0o600

@@ -20,15 +20,12 @@ import pytest
 from coord_fixtures import Env, make_env
 from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl as run_kubectl
-from test_lock_hardening import LEASE, acquire, doc, holder_on, kubectl
-from test_rbac_live import _connect, _env, _grant, _ok, _user
+from helpers.rbac import connect, grant, mint_user, stdout_ok, user_env
+from helpers.web import FLOOR, LEASE, STATE, acquire, doc, holder_on, kubectl
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-STATE = "coordinator-state-web"
-FLOOR = "coordinator.io/token-floor"
 
 
 @pytest.fixture
@@ -199,14 +196,14 @@ def subprocess_kubectl(env: Env, index: int, *args: str) -> int:
 def test_a_planted_lease_next_to_a_planted_state_does_not_pass_the_state_off_as_the_new_deployments(
     sandbox3: Any, namespace: str, tmp_path: Path
 ) -> None:
-    mallory, mallory_kc = _user(sandbox3, tmp_path, "mallory")
-    env = _env(sandbox3, tmp_path, namespace, "mallory")
-    _grant(sandbox3, env, namespace, mallory, deployments=("mine",))
-    _connect(env, mallory_kc)
+    mallory, mallory_kc = mint_user(sandbox3, tmp_path, "mallory")
+    env = user_env(sandbox3, tmp_path, namespace, "mallory")
+    grant(sandbox3, env, namespace, mallory, deployments=("mine",))
+    connect(env, mallory_kc)
     members = ("--cluster", "u1", "--cluster", "u2", "--cluster", "u3")
-    _ok(env.cli("deployment", "create", "mine", "-n", namespace, *members))
-    _ok(env.cli("lock", "acquire", "mine", "--ttl", "60s"))
-    _ok(env.cli("state", "set", "mine", "image=evil:latest"))
+    stdout_ok(env.cli("deployment", "create", "mine", "-n", namespace, *members))
+    stdout_ok(env.cli("lock", "acquire", "mine", "--ttl", "60s"))
+    stdout_ok(env.cli("state", "set", "mine", "image=evil:latest"))
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
     leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
@@ -230,10 +227,10 @@ def test_a_planted_lease_next_to_a_planted_state_does_not_pass_the_state_off_as_
                 await client.close()
 
     anyio.run(plant)
-    owner, owner_kc = _user(sandbox3, tmp_path, "owner")
-    theirs = _env(sandbox3, tmp_path, namespace, "owner")
-    _grant(sandbox3, theirs, namespace, owner, deployments=("theirs",))
-    _connect(theirs, owner_kc)
+    owner, owner_kc = mint_user(sandbox3, tmp_path, "owner")
+    theirs = user_env(sandbox3, tmp_path, namespace, "owner")
+    grant(sandbox3, theirs, namespace, owner, deployments=("theirs",))
+    connect(theirs, owner_kc)
     created = theirs.cli("deployment", "create", "theirs", "-n", namespace, *members)
     if created.returncode == 6:
         return  # refused, naming the plant: safe

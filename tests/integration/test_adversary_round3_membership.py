@@ -11,116 +11,43 @@ imported the deployment before the change)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from coord_fixtures import COMMIT_EVERYWHERE, COMMIT_TIMEOUT_S, Env
-from faults.admission import add_policy, remove_policy
-from faults.kubectl import kubectl
+from helpers.members import (
+    DEP,
+    LEASE,
+    PY,
+    STATE,
+    acquire,
+    drop_policies,
+    ids,
+    json_doc,
+    kubectl_on,
+    machine,
+    pay,
+    record,
+    refuse_state_data,
+    replica,
+    stored_on,
+    succeeded,
+    write_partially,
+)
 
-from coordinator.config import ConfigStore
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
-from coordinator.kube.resources import configmaps_path, lease_path
+from coordinator.kube.resources import configmaps_path
 from coordinator.membership import A_MEMBERSHIP, Membership
 from coordinator.register import checksum
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DEP = "pay"
-LEASE = f"coordinator-lock-{DEP}"
-STATE = f"coordinator-state-{DEP}"
-PY = [sys.executable, "-m", "coordinator"]
-
 
 # -- helpers
-
-
-def _ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}{proc.stdout}"
-    return proc
-
-
-def _doc(proc: subprocess.CompletedProcess[str]) -> Any:
-    assert proc.stdout.strip(), proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _machine(env: Env, tmp_path: Path, label: str) -> Env:
-    """Another machine: a copy of this machine's config as it is now (its own lock book)."""
-    other = tmp_path / label / "config.yaml"
-    other.parent.mkdir(parents=True)
-    shutil.copy(env.config, other)
-    return Env(sandbox=env.sandbox, config=other, namespace=env.namespace, deployment=DEP,
-               clusters=list(env.clusters))  # fmt: skip
-
-
-def _lease(env: Env, index: int) -> dict[str, Any] | None:
-    try:
-        return anyio.run(env.raw, index, "GET", lease_path(env.namespace, LEASE))
-    except KubeError as err:
-        assert err.kind == "not-found"
-        return None
-
-
-def _stored(env: Env, index: int) -> Membership | None:
-    lease = _lease(env, index)
-    raw = None if lease is None else (lease["metadata"].get("annotations") or {}).get(A_MEMBERSHIP)
-    return None if raw is None else Membership.parse(raw)
-
-
-def _ids(env: Env, *names: str) -> list[str]:
-    cfg = ConfigStore(env.config).load()
-    return sorted(cfg.clusters[n].identity for n in names)
-
-
-def _record(env: Env) -> Any:
-    return ConfigStore(env.config).load().deployments[DEP]
-
-
-def _pay(env: Env, *members: str, max_ttl: str | None = None) -> None:
-    """Deployment `pay` on ``members``, with release=1.2.0 written on all of them."""
-    args = [a for m in members for a in ("--cluster", m)]
-    if max_ttl:
-        args += ["--max-ttl", max_ttl]
-    _ok(env.cli("deployment", "create", DEP, "-n", env.namespace, *args))
-    lock = _doc(_ok(env.cli("-o", "json", "lock", "acquire", DEP, "--holder", "w", "--ttl", "30s")))
-    _ok(env.cli("state", "set", DEP, "release=1.2.0", "--lock-id", lock["lock_id"]))
-    _ok(env.cli("lock", "release", DEP, "--holder", "w"))
-
-
-def _acquire(env: Env, holder: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return env.cli("-o", "json", "--timeout", "3s", "lock", "acquire", DEP, "--holder", holder, *extra)
-
-
-def _kubectl(env: Env, index: int, *args: str) -> subprocess.CompletedProcess[str]:
-    return kubectl(env.kubeconfig, index, env.namespace, *args)
-
-
-def _write_partially(env: Env, value: str, paused: int) -> None:
-    """Write release=VALUE under a fresh lock while cluster ``paused`` is paused: the write
-    is confirmed on the two other members only."""
-    lock = _doc(_ok(_acquire(env, "p", "--ttl", "30s")))
-    env.sandbox.pause(paused)
-    try:
-        _ok(env.cli("--timeout", "2s", "state", "set", DEP, f"release={value}", "--lock-id", lock["lock_id"]))
-    finally:
-        env.sandbox.resume(paused)
-    _ok(env.cli("lock", "release", DEP, "--holder", "p"))
-
-
-def _replica(env: Env, index: int) -> dict[str, Any] | None:
-    try:
-        obj = anyio.run(env.raw, index, "GET", f"{configmaps_path(env.namespace)}/{STATE}")
-    except KubeError as err:
-        assert err.kind == "not-found"
-        return None
-    return dict(json.loads(obj["data"]["envelope.json"]))
 
 
 # -- 1. a change made under a lock that a longer-lived process holds (`lock run`)
@@ -137,19 +64,19 @@ def test_a_change_run_inside_lock_run_is_not_undone_by_its_release(dep5: Env, tm
     step: the change picks the lock id up from COORDINATOR_LOCK_ID. After it, the old
     members must store the committed set, so a machine whose record predates the change
     is refused, and this machine (whose record followed) can take the lock."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
     run = dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--",
                    *PY, "deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "6s",
                    env=COMMIT_EVERYWHERE)  # fmt: skip
-    _ok(run)
-    rec = _record(dep5)
+    succeeded(run)
+    rec = record(dep5)
     assert rec.clusters == ["c1", "c2", "c4"] and rec.epoch == 3, rec
-    refused = _acquire(stale, "bob", "--ttl", "10s")
-    stored = {i: _stored(dep5, i) for i in (1, 2, 3, 4)}
+    refused = acquire(stale, "bob", "--ttl", "10s")
+    stored = {i: stored_on(dep5, i) for i in (1, 2, 3, 4)}
     assert refused.returncode == 5, (refused.returncode, {i: s and s.epoch for i, s in stored.items()})
     assert all(s is not None and s.epoch == 3 for s in stored.values()), stored
-    ok = _acquire(dep5, "alice", "--ttl", "10s", "--wait", "30s", "--max-server-skew", "0s")
+    ok = acquire(dep5, "alice", "--ttl", "10s", "--wait", "30s", "--max-server-skew", "0s")
     assert ok.returncode == 0, ok.stderr
 
 
@@ -164,20 +91,20 @@ def test_two_changes_inside_one_lock_run_never_give_two_holders(dep5: Env, tmp_p
     """{c1,c2,c3} becomes {c1,c4,c5} by two replaces run under one `lock run`. A machine
     whose record still says {c1,c2,c3} and this machine (record {c1,c4,c5}) must never both
     hold the lock: their majorities {c2,c3} and {c4,c5} are disjoint."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
     py = " ".join(PY)
     step = (f"{py} deployment replace-cluster {DEP} c3 c4 --ttl 6s && "
             f"{py} deployment replace-cluster {DEP} c2 c5 --ttl 6s")  # fmt: skip
-    _ok(dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--", "sh", "-c", step))
-    assert _record(dep5).clusters == ["c1", "c4", "c5"]
-    b = _acquire(stale, "bob", "--ttl", "60s")
-    a = _acquire(dep5, "alice", "--ttl", "60s", "--wait", "40s", "--max-server-skew", "0s")
+    succeeded(dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--", "sh", "-c", step))
+    assert record(dep5).clusters == ["c1", "c4", "c5"]
+    b = acquire(stale, "bob", "--ttl", "60s")
+    a = acquire(dep5, "alice", "--ttl", "60s", "--wait", "40s", "--max-server-skew", "0s")
     both = a.returncode == 0 and b.returncode == 0
-    tokens = (_doc(a).get("fencing_token"), _doc(b).get("fencing_token")) if both else None
+    tokens = (json_doc(a).get("fencing_token"), json_doc(b).get("fencing_token")) if both else None
     assert not both, (
-        f"two holders: alice on {[c['name'] for c in _doc(a)['clusters'] if c['outcome'] == 'ok']}, "
-        f"bob on {[c['name'] for c in _doc(b)['clusters'] if c['outcome'] == 'ok']}, tokens {tokens}"
+        f"two holders: alice on {[c['name'] for c in json_doc(a)['clusters'] if c['outcome'] == 'ok']}, "
+        f"bob on {[c['name'] for c in json_doc(b)['clusters'] if c['outcome'] == 'ok']}, tokens {tokens}"
     )
 
 
@@ -189,15 +116,15 @@ def test_two_changes_inside_one_lock_run_never_give_two_holders(dep5: Env, tmp_p
 def test_a_change_inside_the_python_api_lock_block_is_not_undone_by_its_release(dep5: Env) -> None:
     from coordinator.reconfig import change_members
 
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
 
     async def main() -> None:
         async with dep5.api(timeout=COMMIT_TIMEOUT_S) as c, c.lock(DEP, ttl=6, holder="api") as held:
             await change_members(c, DEP, ["c1", "c2", "c4"], lock_id=held.lock_id, ttl=6)
 
     anyio.run(main)
-    assert _record(dep5).epoch == 3
-    stored = {i: _stored(dep5, i) for i in (1, 2, 4)}
+    assert record(dep5).epoch == 3
+    stored = {i: stored_on(dep5, i) for i in (1, 2, 4)}
     assert all(s is not None and s.epoch == 3 for s in stored.values()), {i: s and s.epoch for i, s in stored.items()}
 
 
@@ -211,51 +138,22 @@ def test_a_release_from_a_machine_whose_record_is_stale_does_not_undo_a_change(d
     """A CI job takes the lock on one runner; a later step on another runner changes the
     members under that lock id; the first runner releases at the end. The release must
     not put the old member set back."""
-    _pay(dep5, "c1", "c2", "c3")
-    runner = _machine(dep5, tmp_path, "runner-2")
-    lock = _doc(_ok(_acquire(dep5, "ci", "--ttl", "30s")))
-    _ok(runner.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--lock-id", lock["lock_id"], "--ttl", "30s"))
+    pay(dep5, "c1", "c2", "c3")
+    runner = machine(dep5, tmp_path, "runner-2")
+    lock = json_doc(succeeded(acquire(dep5, "ci", "--ttl", "30s")))
+    succeeded(
+        runner.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--lock-id", lock["lock_id"], "--ttl", "30s")
+    )
     released = dep5.cli("lock", "release", DEP, "--holder", "ci")
     assert released.returncode in (0, 5), released.stderr
     for i in (1, 2, 3):
-        stored = _stored(dep5, i)
+        stored = stored_on(dep5, i)
         assert stored is not None and stored.epoch == 3, (i, stored)
-    refused = _acquire(dep5, "again", "--ttl", "10s")
+    refused = acquire(dep5, "again", "--ttl", "10s")
     assert refused.returncode == 5, refused.stderr
 
 
 # -- 2. the state copy to the new member
-
-
-def _refuse_state_data(env: Env, indices: tuple[int, ...]) -> list[tuple[int, str]]:
-    """A ValidatingAdmissionPolicy on each of ``indices`` that refuses creating the state
-    object and changing its data (annotation-only updates pass: promises, token floors)."""
-    ns = env.namespace
-    name = f"freeze-state-{ns}"
-    expr = (f"request.namespace != '{ns}' || !(object.metadata.name in ['{STATE}', 'vap-probe']) || "
-            "(oldObject != null && object.data == oldObject.data)")  # fmt: skip
-    made = []
-    for i in indices:
-        add_policy(env.sandbox.admin(i), name, expr, "state data frozen", exist_ok=False)
-        made.append((i, name))
-    for i in indices:
-        deadline = time.monotonic() + 30
-        while _kubectl(env, i, "create", "configmap", "vap-probe", "--from-literal=a=b",
-                       "--dry-run=server").returncode == 0:  # fmt: skip
-            assert time.monotonic() < deadline, "the policy never took effect"
-            time.sleep(0.5)
-    return made
-
-
-def _drop_policies(env: Env, made: list[tuple[int, str]]) -> None:
-    for i, name in made:
-        remove_policy(env.sandbox.admin(i), name)
-    for i, _ in made:
-        deadline = time.monotonic() + 30
-        while _kubectl(env, i, "create", "configmap", "vap-probe", "--from-literal=a=b",
-                       "--dry-run=server").returncode != 0:  # fmt: skip
-            assert time.monotonic() < deadline, "the policy never went away"
-            time.sleep(0.5)
 
 
 # Broke before the fix: reconfig.py:change_members ignores what StateClient.sync could not repair:
@@ -269,22 +167,22 @@ def test_a_replace_whose_state_copy_failed_does_not_lose_a_confirmed_write(dep5:
     was down). If the copy cannot bring it to a majority of the new set {c1,c2,c4}, the
     change must not commit; a read with one member of the new set down must never return
     the older value."""
-    _pay(dep5, "c1", "c2", "c3")
-    _write_partially(dep5, "1.3.0", paused=2)
-    made = _refuse_state_data(dep5, (2, 4))
+    pay(dep5, "c1", "c2", "c3")
+    write_partially(dep5, "1.3.0", paused=2)
+    made = refuse_state_data(dep5, (2, 4))
     try:
         changed = dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4")
     finally:
-        _drop_policies(dep5, made)
+        drop_policies(dep5, made)
     if changed.returncode != 0:
         return  # refused to commit without the copy: safe
     dep5.sandbox.pause(1)
     try:
         got = dep5.cli("--timeout", "2s", "state", "get", DEP, "release")
         # the next holder writes on what it read (c1 still down) ...
-        lock = _doc(_ok(_acquire(dep5, "next", "--ttl", "30s")))
-        _ok(dep5.cli("--timeout", "2s", "state", "set", DEP, "note=after", "--lock-id", lock["lock_id"]))
-        _ok(dep5.cli("--timeout", "2s", "lock", "release", DEP, "--holder", "next"))
+        lock = json_doc(succeeded(acquire(dep5, "next", "--ttl", "30s")))
+        succeeded(dep5.cli("--timeout", "2s", "state", "set", DEP, "note=after", "--lock-id", lock["lock_id"]))
+        succeeded(dep5.cli("--timeout", "2s", "lock", "release", DEP, "--holder", "next"))
     finally:
         dep5.sandbox.resume(1)
     # ... and once c1 is back, the confirmed 1.3.0 must still be the value
@@ -303,10 +201,10 @@ def test_a_replace_with_the_new_member_down_keeps_the_state_readable_with_anothe
     be a removed member that was wiped: test_adversary_round5_membership.py), so the read
     is refused as unobservable (exit 4) rather than answered from c1 alone; with c2 back
     the newest value is returned and c4 is repaired."""
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     dep5.sandbox.pause(4)
     try:
-        _ok(dep5.cli("--timeout", "2s", "deployment", "replace-cluster", DEP, "c3", "c4"))
+        succeeded(dep5.cli("--timeout", "2s", "deployment", "replace-cluster", DEP, "c3", "c4"))
     finally:
         dep5.sandbox.resume(4)
     dep5.sandbox.pause(2)
@@ -316,15 +214,15 @@ def test_a_replace_with_the_new_member_down_keeps_the_state_readable_with_anothe
         dep5.sandbox.resume(2)
     assert refused.returncode == 4, refused.stdout + refused.stderr
     assert "c4 store no member set" in refused.stderr and "c2 could not be read" in refused.stderr
-    got = _ok(dep5.cli("--timeout", "2s", "state", "get", DEP, "release"))
+    got = succeeded(dep5.cli("--timeout", "2s", "state", "get", DEP, "release"))
     assert got.stdout.strip() == "1.2.0"
-    assert (_replica(dep5, 4) or {}).get("data", {}).get("release") == "1.2.0"
+    assert (replica(dep5, 4) or {}).get("data", {}).get("release") == "1.2.0"
 
 
 def _forged_envelope(env: Env, data: dict[str, Any], token: int) -> str:
     """An envelope in coordinator's format (the code is public), for deployment `pay`,
     with a token as high as the attacker likes."""
-    doc = _replica(env, 1)
+    doc = replica(env, 1)
     assert doc is not None
     doc.update(data=data, checksum=checksum(data), token=token, version=doc["version"] + 1, write_id="ab" * 16)
     return json.dumps(doc, separators=(",", ":"))
@@ -342,11 +240,11 @@ def test_add_cluster_does_not_copy_a_state_planted_on_the_new_member(dep5: Env, 
     can create objects under any name, and can change nothing of `pay`. Planting `pay`'s
     lease and state object on a cluster before it is added must not let it rewrite `pay`'s
     state on the members."""
-    from test_rbac_live import _grant, _user
+    from helpers.rbac import grant, mint_user
 
-    _pay(dep5, "c1", "c2", "c3")
-    user, minted = _user(dep5.sandbox, tmp_path, "other-team")
-    _grant(dep5.sandbox, dep5, dep5.namespace, user, clusters=(4,), deployments=("other",))
+    pay(dep5, "c1", "c2", "c3")
+    user, minted = mint_user(dep5.sandbox, tmp_path, "other-team")
+    grant(dep5.sandbox, dep5, dep5.namespace, user, clusters=(4,), deployments=("other",))
     ns = dep5.namespace
     planted_lease = {
         "apiVersion": "coordination.k8s.io/v1",
@@ -373,7 +271,7 @@ def test_add_cluster_does_not_copy_a_state_planted_on_the_new_member(dep5: Env, 
 
     anyio.run(plant)
     added = dep5.cli("deployment", "add-cluster", DEP, "c4")
-    after = {i: ((_replica(dep5, i) or {}).get("data") or {}).get("release") for i in (1, 2, 3)}
+    after = {i: ((replica(dep5, i) or {}).get("data") or {}).get("release") for i in (1, 2, 3)}
     got = dep5.cli("state", "get", DEP, "release")
     assert after == {1: "1.2.0", 2: "1.2.0", 3: "1.2.0"}, (added.returncode, added.stdout, after)
     assert got.returncode != 0 or got.stdout.strip() == "1.2.0", got.stdout
@@ -393,22 +291,22 @@ def test_an_edited_member_set_on_removed_members_never_gives_two_holders(dep5: E
     """Someone with write access to the namespace edits the member-set annotation of the
     two removed members' leases. README: a set not written by coordinator stops commands
     (exit 5); a lease whose set is gone must not pass for one from before member sets."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
-    old = json.dumps({"epoch": 1, "members": _ids(dep5, "c1", "c2", "c3")}, separators=(",", ":"))
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4"))
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c2", "c5"))
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    old = json.dumps({"epoch": 1, "members": ids(dep5, "c1", "c2", "c3")}, separators=(",", ":"))
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4"))
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c2", "c5"))
     for i in (2, 3):
         if edit == "remove-annotation":
             args = ["annotate", "lease", LEASE, f"{A_MEMBERSHIP}-"]
         else:
             args = ["annotate", "--overwrite", "lease", LEASE, f"{A_MEMBERSHIP}={old}"]
-        done = _kubectl(dep5, i, *args)
+        done = kubectl_on(dep5, i, *args)
         assert done.returncode == 0, done.stderr
     dep5.sandbox.pause(1)
     try:
-        b = _acquire(stale, "bob", "--ttl", "60s")
-        a = _acquire(dep5, "alice", "--ttl", "60s")
+        b = acquire(stale, "bob", "--ttl", "60s")
+        a = acquire(dep5, "alice", "--ttl", "60s")
     finally:
         dep5.sandbox.resume(1)
     assert not (a.returncode == 0 and b.returncode == 0), (a.stdout, b.stdout)
@@ -424,12 +322,12 @@ def test_a_stale_record_cannot_read_old_state_once_leases_are_deleted(dep5: Env,
     """README: a member whose lease was deleted stores nothing, and state envelopes speak
     for deleted leases. A stale machine's state read must stop (exit 5) rather than
     return a value older than a confirmed write."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4"))
-    _write_partially(dep5, "2.0", paused=2)  # confirmed on c1, c4
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4"))
+    write_partially(dep5, "2.0", paused=2)  # confirmed on c1, c4
     for i in (2, 3):
-        assert _kubectl(dep5, i, "delete", "lease", LEASE).returncode == 0
+        assert kubectl_on(dep5, i, "delete", "lease", LEASE).returncode == 0
     dep5.sandbox.pause(1)
     try:
         got = stale.cli("--timeout", "2s", "state", "get", DEP, "release")
@@ -464,8 +362,8 @@ def test_a_change_killed_after_renewing_during_the_copy_still_leaves_the_joint_s
     """README: an interrupted change leaves the joint set stored; every other command on a
     record that did not follow stops with exit 5. Here the change is killed after its
     record followed (joint), during a slow state copy through which it kept renewing."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
     script = tmp_path / "slow_killer.py"
     script.write_text(_SLOW_THEN_KILLED)
     killed = subprocess.run(
@@ -476,11 +374,11 @@ def test_a_change_killed_after_renewing_during_the_copy_still_leaves_the_joint_s
         timeout=120,
     )
     assert killed.returncode == -9, killed.stderr
-    assert _record(dep5).joint == ["c1", "c2", "c3", "c4"]
-    stored = {i: _stored(dep5, i) for i in (1, 2, 3, 4)}
-    b = _acquire(stale, "bob", "--ttl", "10s", "--wait", "20s", "--max-server-skew", "0s")
+    assert record(dep5).joint == ["c1", "c2", "c3", "c4"]
+    stored = {i: stored_on(dep5, i) for i in (1, 2, 3, 4)}
+    b = acquire(stale, "bob", "--ttl", "10s", "--wait", "20s", "--max-server-skew", "0s")
     assert b.returncode == 5, (b.returncode, {i: s and (s.epoch, s.joint is not None) for i, s in stored.items()})
-    _ok(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s"))
+    succeeded(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s"))
 
 
 def test_import_during_a_joint_configuration_then_the_commit_elsewhere(dep5: Env, tmp_path: Path) -> None:
@@ -488,37 +386,37 @@ def test_import_during_a_joint_configuration_then_the_commit_elsewhere(dep5: Env
     imports at that moment: it gets the joint set (a majority of both sets store it), may
     take the lock under it (a majority of both), may not write the state. Once the first
     machine finishes the change, the importer is refused (exit 5). Held."""
-    _pay(dep5, "c1", "c2", "c3")
-    importer = _machine(dep5, tmp_path, "importer")
-    _ok(importer.cli("deployment", "delete", DEP))
+    pay(dep5, "c1", "c2", "c3")
+    importer = machine(dep5, tmp_path, "importer")
+    succeeded(importer.cli("deployment", "delete", DEP))
     killed = dep5.cli("deployment", "add-cluster", DEP, "c4", "--ttl", "5s",
                       env={"COORDINATOR_TEST_KILL_AFTER": "joint"})  # fmt: skip
     assert killed.returncode == -9, killed.stderr
-    _ok(importer.cli("--timeout", "3s", "deployment", "import", DEP, "--cluster", "c2", "-n", dep5.namespace))
-    rec = _record(importer)
+    succeeded(importer.cli("--timeout", "3s", "deployment", "import", DEP, "--cluster", "c2", "-n", dep5.namespace))
+    rec = record(importer)
     assert rec.joint == ["c1", "c2", "c3", "c4"] and rec.epoch == 2, rec
-    held = _doc(_ok(_acquire(importer, "imp", "--ttl", "10s", "--wait", "30s", "--max-server-skew", "0s")))
+    held = json_doc(succeeded(acquire(importer, "imp", "--ttl", "10s", "--wait", "30s", "--max-server-skew", "0s")))
     assert held["fencing_token"] is not None
     wrote = importer.cli("state", "set", DEP, "release=joint", "--lock-id", held["lock_id"])
     assert wrote.returncode != 0
-    _ok(importer.cli("lock", "release", DEP, "--holder", "imp"))
-    _ok(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s", env=COMMIT_EVERYWHERE))
-    refused = _acquire(importer, "imp2", "--ttl", "10s")
+    succeeded(importer.cli("lock", "release", DEP, "--holder", "imp"))
+    succeeded(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s", env=COMMIT_EVERYWHERE))
+    refused = acquire(importer, "imp2", "--ttl", "10s")
     assert refused.returncode == 5, refused.stderr
-    stored = {i: _stored(dep5, i) for i in (1, 2, 3, 4)}
+    stored = {i: stored_on(dep5, i) for i in (1, 2, 3, 4)}
     assert all(s is not None and s.epoch == 3 for s in stored.values()), {
         i: s and (s.epoch, s.joint is not None) for i, s in stored.items()
     }
     for i in (1, 2, 3, 4):
-        assert ((_replica(dep5, i) or {}).get("data") or {}).get("release") == "1.2.0"
+        assert ((replica(dep5, i) or {}).get("data") or {}).get("release") == "1.2.0"
 
 
 def test_two_machines_changing_the_members_at_once(dep5: Env, tmp_path: Path) -> None:
     """Machine A replaces c3 by c4 while machine B (same record) replaces c3 by c5, both
     started at once. At most one commits; the members agree on one set; the two machines
     never both hold the lock afterwards, and tokens keep rising. Held."""
-    _pay(dep5, "c1", "c2", "c3")
-    b = _machine(dep5, tmp_path, "machine-b")
+    pay(dep5, "c1", "c2", "c3")
+    b = machine(dep5, tmp_path, "machine-b")
     pa = dep5.popen("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s",
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     pb = b.popen("deployment", "replace-cluster", DEP, "c3", "c5", "--ttl", "10s",
@@ -527,12 +425,12 @@ def test_two_machines_changing_the_members_at_once(dep5: Env, tmp_path: Path) ->
     codes = [pa.returncode, pb.returncode]
     assert codes.count(0) == 1, (codes, outs)  # one commits, the other is refused (3: held, 5: changed)
     winner, loser = (dep5, b) if codes[0] == 0 else (b, dep5)
-    members = _record(winner).clusters
-    sets = {i: _stored(dep5, i) for i in (1, 2, 3, 4, 5)}
-    committed = Membership.of(_ids(dep5, *members), 3)
+    members = record(winner).clusters
+    sets = {i: stored_on(dep5, i) for i in (1, 2, 3, 4, 5)}
+    committed = Membership.of(ids(dep5, *members), 3)
     assert all(sets[int(m[1:])] == committed for m in members), sets
-    la = _acquire(winner, "w", "--ttl", "30s", "--wait", "30s", "--max-server-skew", "0s")
-    lb = _acquire(loser, "l", "--ttl", "30s")
+    la = acquire(winner, "w", "--ttl", "30s", "--wait", "30s", "--max-server-skew", "0s")
+    lb = acquire(loser, "l", "--ttl", "30s")
     assert la.returncode == 0, la.stderr
     assert lb.returncode == 5, lb.stderr
 
@@ -542,23 +440,23 @@ def test_force_dead_on_a_paused_member_that_comes_back(dep5: Env, tmp_path: Path
     the old set (and a lease it still stores as epoch 1). Held: a machine with the old
     record is refused even when it reads c3 (another member tells it), the new set locks
     with a higher token, and c3 cannot be added back while it stores the old state."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
-    before = _doc(_ok(_acquire(dep5, "t0", "--ttl", "10s")))
-    _ok(dep5.cli("lock", "release", DEP, "--holder", "t0"))
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    before = json_doc(succeeded(acquire(dep5, "t0", "--ttl", "10s")))
+    succeeded(dep5.cli("lock", "release", DEP, "--holder", "t0"))
     dep5.sandbox.pause(3)
     try:
-        _ok(dep5.cli("--timeout", "2s", "deployment", "remove-cluster", DEP, "c3", "--force-dead"))
+        succeeded(dep5.cli("--timeout", "2s", "deployment", "remove-cluster", DEP, "c3", "--force-dead"))
     finally:
         dep5.sandbox.resume(3)
-    assert _stored(dep5, 3) is not None and _stored(dep5, 3).epoch == 1  # type: ignore[union-attr]
+    assert stored_on(dep5, 3) is not None and stored_on(dep5, 3).epoch == 1  # type: ignore[union-attr]
     for paused in (1, 2):  # the stale machine reads c3 and one other member
         dep5.sandbox.pause(paused)
         try:
-            refused = _acquire(stale, "old", "--ttl", "10s")
+            refused = acquire(stale, "old", "--ttl", "10s")
         finally:
             dep5.sandbox.resume(paused)
         assert refused.returncode in (4, 5), refused.stderr  # never 0
-    after = _doc(_ok(_acquire(dep5, "t1", "--ttl", "10s")))
+    after = json_doc(succeeded(acquire(dep5, "t1", "--ttl", "10s")))
     assert after["fencing_token"] > before["fencing_token"]
-    _ok(dep5.cli("lock", "release", DEP, "--holder", "t1"))
+    succeeded(dep5.cli("lock", "release", DEP, "--holder", "t1"))

@@ -20,7 +20,6 @@ import os
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,32 +27,17 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
-from served import served
+from helpers.hostile import BUG, FORGED, HOSTILE_ANSWERS, TITLE, Hostile, clean, minted_user, no_crash, request_as
 
 # The fixture `throttled` of test_throttling: a minted user with exactly the printed rights,
 # and an admission webhook that can answer 429 (registered under its own name).
-from test_throttling import throttled  # noqa: F401
+from helpers.throttle import throttled  # noqa: F401
+from served import served
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.resources import LABEL_DEPLOYMENT, LABEL_MANAGED_BY, LABEL_VALUE, configmaps_path, lease_path
 
-TITLE = "\x1b]0;pwned\x07"
-RAW = ("\x1b", "\x9b", "\r", "\x07", "\x08", "\u202e")
-FORGED = "Error: forged line"
-
 integration = pytest.mark.integration
-
-
-def _clean(text: str) -> None:
-    for ch in RAW:
-        assert ch not in text, (ch, text)
-    for line in text.splitlines():
-        assert not line.lstrip().startswith(FORGED), line
-
-
-def _no_crash(proc: subprocess.CompletedProcess[str]) -> None:
-    assert proc.returncode != 1, f"exit 1: {proc.stdout}\n{proc.stderr}"
-    assert "Internal error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 # ================================================================== pure: parsers of cluster text
@@ -261,7 +245,7 @@ def test_a_backup_with_a_planted_key_cannot_forge_a_line_of_the_restore_error(tm
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "not a valid state envelope" in proc.stderr
-    _clean(proc.stdout + proc.stderr)
+    clean(proc.stdout + proc.stderr)
 
 
 @pytest.mark.parametrize("uuid", [f"bogus\n{FORGED}", f"x{TITLE}", " padded", "u" * 101])
@@ -382,70 +366,9 @@ def test_a_retry_after_date_with_a_huge_offset_is_ignored() -> None:
     assert _retry_after("Mon, 01 Jan 2020 00:00:00 -99999999999999999999", now) is None
 
 
-class _Hostile:
-    """A plain-HTTP server standing for a proxy that answers whatever the test says."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        import http.server
-
-        self.answer: tuple[int, dict[str, str], bytes] = (200, {}, b"{}")
-        self.authorizations: set[str] = set()  # every Authorization header it was sent
-        hostile = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _any(self) -> None:
-                hostile.authorizations.add(self.headers.get("Authorization") or "")
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                status, headers, body = hostile.answer
-                self.send_response_only(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_PUT = do_POST = _any
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        port = self.server.server_address[1]
-        self.kubeconfig = tmp_path / "hostile.kubeconfig"
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f'clusters: [{{name: p, cluster: {{server: "http://127.0.0.1:{port}"}}}}]\n'
-            "users: [{name: u, user: {}}]\n"
-            "contexts: [{name: p, context: {cluster: p, user: u}}]\ncurrent-context: p\n"
-        )
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-HOSTILE_ANSWERS = {
-    "Date with an offset no datetime holds": (
-        200,
-        {"Date": "Mon, 01 Jan 2020 00:00:00 -99999999999999999999", "Content-Type": "application/json"},
-        b"{}",
-    ),
-    "error body nested 5000 deep": (500, {}, b"[" * 5000),
-    "success body nested 5000 deep": (200, {}, b"[" * 5000),
-    "429 whose Retry-After date overflows": (
-        429,
-        {"Retry-After": "Mon, 01 Jan 2020 00:00:00 -99999999999999999999", "Date": "Mon, 01 Jan 2020 00:00:00 GMT"},
-        b"{}",
-    ),
-}
-
-
 @pytest.mark.parametrize("case", sorted(HOSTILE_ANSWERS))
 def test_whatever_a_proxy_answers_is_a_classified_kube_error(tmp_path: Path, case: str) -> None:
-    hostile = _Hostile(tmp_path)
+    hostile = Hostile(tmp_path)
     hostile.answer = HOSTILE_ANSWERS[case]
 
     async def ask() -> None:
@@ -465,7 +388,7 @@ def test_whatever_a_proxy_answers_is_a_classified_kube_error(tmp_path: Path, cas
 
 
 def test_connecting_through_a_proxy_that_answers_deep_json_is_not_a_crash(tmp_path: Path) -> None:
-    hostile = _Hostile(tmp_path)
+    hostile = Hostile(tmp_path)
     hostile.answer = (200, {"Content-Type": "application/json"}, b"[" * 5000)
     try:
         env = dict(os.environ, COORDINATOR_CONFIG=str(tmp_path / "cfg" / "config.yaml"), NO_COLOR="1")
@@ -476,20 +399,20 @@ def test_connecting_through_a_proxy_that_answers_deep_json_is_not_a_crash(tmp_pa
         )  # fmt: skip
     finally:
         hostile.close()
-    _no_crash(proc)
+    no_crash(proc)
 
 
 LEAK_SCRIPT = """
 import sys, anyio
-sys.path[:0] = ["tests", "tests/integration"]  # where this file and its helpers live
+sys.path[:0] = ["tests"]  # where the helpers package lives
 from pathlib import Path
-from test_adversary_round3_security import _Hostile, HOSTILE_ANSWERS, BUG
+from helpers.hostile import BUG, HOSTILE_ANSWERS, Hostile
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.fanout import fan_out, ClusterResult
 from coordinator.outcome import Outcome
 from coordinator.logs import configure_logging
 configure_logging(log_format=sys.argv[3], verbosity=int(sys.argv[4]))
-h = _Hostile(Path(sys.argv[1]))
+h = Hostile(Path(sys.argv[1]))
 h.kubeconfig.write_text(h.kubeconfig.read_text().replace("user: {}", "user: {token: SECRET-TOKEN-0123456789}"))
 if sys.argv[2] == BUG:
     # A bug inside the request, after the headers (the token) are built: whatever the
@@ -513,9 +436,6 @@ async def main():
     print("outcome", r["p"].outcome)
 anyio.run(main)
 """
-
-
-BUG = "a bug inside the request"
 
 
 @pytest.mark.parametrize("verbosity", [0, 1, 2])
@@ -618,25 +538,6 @@ def test_the_config_folder_is_private_under_umask_000(tmp_path: Path) -> None:
 # A user granted `app` only plants objects of deployments it was not granted.
 
 
-def _minted(env: Env, tmp_path: Path) -> Any:
-    from test_rbac_live import _grant, _user
-
-    user, minted = _user(env.sandbox, tmp_path, "planter")
-    _grant(env.sandbox, env, env.namespace, user, deployments=("app",))
-    return minted
-
-
-def _as(minted: Any, index: int, method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> Any:
-    async def go() -> Any:
-        client = KubeClient(Endpoint(f"u{index}", minted.contexts[index - 1], str(minted.path)), timeout=5)
-        try:
-            return (await client.request(method, path, body=body, query=query)).body
-        finally:
-            await client.close()
-
-    return anyio.run(go)
-
-
 _PLANTED: list[tuple[Env, int, str]] = []
 
 
@@ -665,12 +566,12 @@ def _plant_lease(env: Env, minted: Any, index: int, deployment: str, annotations
         },
         "spec": {"leaseDurationSeconds": 3600},
     }
-    _as(minted, index, "POST", f"/apis/coordination.k8s.io/v1/namespaces/{env.namespace}/leases", body)
+    request_as(minted, index, "POST", f"/apis/coordination.k8s.io/v1/namespaces/{env.namespace}/leases", body)
 
 
 @integration
 def test_a_lease_planted_by_another_deployments_user_does_not_blind_the_fleet_view(dep3: Env, tmp_path: Path) -> None:
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     for i in (1, 2, 3):
         _plant_lease(dep3, minted, i, "zzz", {"coordinator.io/next": '{"since":1e999,"lock":"x","holder":"m"}'})
     proc = dep3.cli("-o", "json", "lock", "status", "--all")
@@ -678,7 +579,7 @@ def test_a_lease_planted_by_another_deployments_user_does_not_blind_the_fleet_vi
     assert all(c["listed"] for c in doc["clusters"]), (proc.returncode, doc["clusters"])
     [web] = [e for e in doc["deployments"] if (e["deployment"], e["namespace"]) == ("web", dep3.namespace)]
     assert web["status"] == "free", web
-    _no_crash(proc)
+    no_crash(proc)
     # The planted leases are a deployment of their own whose holder nobody can name (no
     # coordinator wrote their holder field): unknown, and so may be other deployments the
     # session's other tests left on these clusters; web is not among them.
@@ -691,10 +592,10 @@ def test_a_lease_planted_by_another_deployments_user_does_not_blind_the_fleet_vi
 def test_a_lease_planted_with_a_deeply_nested_member_set_does_not_crash_the_fleet_view(
     dep3: Env, tmp_path: Path
 ) -> None:
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     _plant_lease(dep3, minted, 1, "zzz", {"coordinator.io/membership": "[" * 5000})
     proc = dep3.cli("-o", "json", "lock", "status", "--all")
-    _no_crash(proc)
+    no_crash(proc)
     [web] = [
         e
         for e in json.loads(proc.stdout)["deployments"]
@@ -705,7 +606,7 @@ def test_a_lease_planted_with_a_deeply_nested_member_set_does_not_crash_the_flee
 
 @integration
 def test_a_planted_lease_does_not_end_the_fleet_watch(dep3: Env, tmp_path: Path) -> None:
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     watch = dep3.popen("lock", "status", "--all", "--watch", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         time.sleep(4)
@@ -724,12 +625,12 @@ def test_the_fleet_rights_alone_serve_the_fleet_watch(dep3: Env, tmp_path: Path)
     """`rbac print --fleet` adds `list` on Leases, not `watch`; `lock status --all --watch`
     (which watches every Lease of the cluster) with exactly those rights: does it show
     the fleet without errors, and how hard does it poll instead?"""
-    from test_rbac_live import _connect, _env, _grant, _user
+    from helpers.rbac import connect, grant, mint_user, user_env
 
-    user, minted = _user(dep3.sandbox, tmp_path, "fleet")
-    env = _env(dep3.sandbox, tmp_path, dep3.namespace, "fleet")
-    _grant(dep3.sandbox, env, dep3.namespace, user, deployments=("app",), flags=("--fleet",))
-    _connect(env, minted)
+    user, minted = mint_user(dep3.sandbox, tmp_path, "fleet")
+    env = user_env(dep3.sandbox, tmp_path, dep3.namespace, "fleet")
+    grant(dep3.sandbox, env, dep3.namespace, user, deployments=("app",), flags=("--fleet",))
+    connect(env, minted)
     members = ["--cluster", "u1", "--cluster", "u2", "--cluster", "u3"]
     assert env.cli("deployment", "create", "app", "-n", dep3.namespace, *members).returncode == 0
     watch = env.popen("-v", "lock", "status", "--all", "--watch", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -820,10 +721,10 @@ def _plant_history(env: Env, minted: Any, events: str, manager: str | None = Non
     for i in (1, 2, 3):
         assert history_of(anyio.run(env.raw, i, "GET", path)) == []  # the empty copy of the create
         with pytest.raises(KubeError) as err:
-            _as(minted, i, "POST", configmaps_path(env.namespace), body, query)
+            request_as(minted, i, "POST", configmaps_path(env.namespace), body, query)
         assert err.value.kind == "already-exists", err.value.detail
         anyio.run(env.raw, i, "DELETE", path)
-        _as(minted, i, "POST", configmaps_path(env.namespace), body, query)
+        request_as(minted, i, "POST", configmaps_path(env.namespace), body, query)
 
 
 def history_of(obj: Any) -> list[dict[str, Any]]:
@@ -838,12 +739,12 @@ def test_a_user_granted_another_deployment_cannot_rewrite_this_ones_lock_history
     with 100 events dated 9000-01-01, which `lock history` showed and which evicted
     every real tenure (the newest 100 lock ids are kept). Now the create takes the name,
     and where it is free the planted events are dropped as dated in the future."""
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     _plant_history(dep3, minted, _forged_history(100, "9000-01-01T00:00:00Z"))
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
     assert dep3.cli("lock", "release", "web", "--holder", "alice").returncode == 0
     proc = dep3.cli("-o", "json", "lock", "history", "web")
-    _no_crash(proc)
+    no_crash(proc)
     tenures = json.loads(proc.stdout)["tenures"]
     assert [t["holder"] for t in tenures] == ["alice"], [t["holder"] for t in tenures][:5]
 
@@ -854,7 +755,7 @@ def test_a_planted_history_copy_no_coordinator_wrote_is_not_read(dep3: Env, tmp_
     create): the copy is not read, and the first event recorded replaces it."""
     from datetime import UTC, datetime, timedelta
 
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     _plant_history(dep3, minted, _forged_history(5, an_hour_ago), manager="kubectl-create")
     shown = dep3.cli("-o", "json", "lock", "history", "web")
@@ -873,7 +774,7 @@ def test_a_planted_history_event_past_the_calendar_does_not_make_the_history_unr
 ) -> None:
     """Found: one event at 9999-12-31T23:59:59-14:00 (a day past what a datetime holds in
     UTC) made every copy unreadable and unwritable. Now that event alone is dropped."""
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     _plant_history(dep3, minted, _forged_history(1, "9999-12-31T23:59:59-14:00"))
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
     proc = dep3.cli("-o", "json", "lock", "history", "web")
@@ -885,19 +786,19 @@ def test_a_planted_history_event_past_the_calendar_does_not_make_the_history_unr
 def test_the_granted_user_cannot_touch_another_deployments_lease_or_state(dep3: Env, tmp_path: Path) -> None:
     """Held: with the Role of `app`, `web`'s lease and state (which exist) can be neither
     read, replaced, patched nor deleted, and re-creating them is refused by name."""
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     lease = lease_path(dep3.namespace, "coordinator-lock-web")
     state = f"{configmaps_path(dep3.namespace)}/coordinator-state-web"
     before = [anyio.run(dep3.raw, 1, "GET", p) for p in (lease, state)]
     for path in (lease, state):
         for method, body in (("GET", None), ("PUT", before[0]), ("DELETE", None)):
             with pytest.raises(KubeError) as err:
-                _as(minted, 1, method, path, body)
+                request_as(minted, 1, method, path, body)
             assert err.value.kind == "forbidden", (method, path, err.value.detail)
     for path, obj in ((lease, before[0]), (state, before[1])):
         fresh = {k: v for k, v in obj.items() if k != "metadata"} | {"metadata": {"name": obj["metadata"]["name"]}}
         with pytest.raises(KubeError) as err:
-            _as(minted, 1, "POST", path.rsplit("/", 1)[0], fresh)
+            request_as(minted, 1, "POST", path.rsplit("/", 1)[0], fresh)
         assert err.value.kind in ("already-exists", "conflict", "forbidden"), err.value.detail
     after = [anyio.run(dep3.raw, 1, "GET", p) for p in (lease, state)]
     assert [a["metadata"]["resourceVersion"] for a in after] == [b["metadata"]["resourceVersion"] for b in before]
@@ -929,7 +830,7 @@ def test_a_pid_annotation_of_superscript_digits_keeps_the_json_status(dep3: Env)
     for i in (1, 2, 3):
         _patch_lease(dep3, i, {"metadata": {"annotations": {"coordinator.io/pid": "²"}}})
     proc = dep3.cli("-o", "json", "lock", "status", "web")
-    _no_crash(proc)
+    no_crash(proc)
     assert json.loads(proc.stdout)["holder"] == "alice"
 
 
@@ -963,7 +864,7 @@ def test_state_get_of_one_key_prints_it_escaped(dep3: Env) -> None:
     assert dep3.cli("state", "set", "web", f"note=hello{TITLE}\u202e").returncode == 0
     proc = dep3.cli("state", "get", "web", "note")
     assert proc.returncode == 0, proc.stderr
-    _clean(proc.stdout)
+    clean(proc.stdout)
     assert json.loads(dep3.cli("-o", "json", "state", "get", "web", "note").stdout) == f"hello{TITLE}\u202e"
 
 
@@ -976,7 +877,7 @@ def test_state_get_of_the_whole_document_escapes_keys_and_values(dep3: Env) -> N
     assert dep3.cli("state", "set", "web", f"{key}={value}").returncode == 0
     proc = dep3.cli("state", "get", "web")
     assert proc.returncode == 0, proc.stderr
-    _clean(proc.stdout)
+    clean(proc.stdout)
     assert "\u200b" not in proc.stdout
     assert json.loads(dep3.cli("-o", "json", "state", "get", "web").stdout) == {key: value}
 
@@ -998,8 +899,8 @@ def test_a_key_planted_in_corrupt_envelopes_cannot_forge_a_line_of_the_error(dep
         _edit_envelope(dep3, i, lambda d: d.update(member_ids={f"x\n{FORGED}": 1}))
     for args in (("state", "set", "web", "k=v2"), ("state", "get", "web"), ("state", "diff", "web")):
         proc = dep3.cli(*args)
-        _no_crash(proc)
-        _clean(proc.stdout + proc.stderr)
+        no_crash(proc)
+        clean(proc.stdout + proc.stderr)
 
 
 @integration
@@ -1016,7 +917,7 @@ def test_a_planted_deeply_nested_envelope_is_not_a_crash_for_readers(dep3: Env) 
     for i in (1, 2, 3):
         _edit_envelope(dep3, i, deepen)
     for args in (("state", "get", "web"), ("-o", "json", "state", "get", "web")):
-        _no_crash(dep3.cli(*args))
+        no_crash(dep3.cli(*args))
 
 
 @integration
@@ -1060,7 +961,7 @@ def test_an_identity_configmap_cannot_forge_a_line_of_the_mismatch_error(dep3: E
         anyio.run(dep3.raw, 1, "PUT", path, forged)
         proc = me.cli("cluster", "info", "r1")
         assert proc.returncode == 5, proc.stderr
-        _clean(proc.stdout + proc.stderr)
+        clean(proc.stdout + proc.stderr)
     finally:
         current = anyio.run(dep3.raw, 1, "GET", path)
         current["data"] = original["data"]
@@ -1224,7 +1125,7 @@ def _throttle_all(webhook: Any, match: Any, *, retry_after: int | None) -> None:
 
 @integration
 def test_a_429_without_retry_after_is_throttled_and_the_write_not_written(busy: Any) -> None:
-    from test_throttling import _outcomes, _retried
+    from helpers.throttle import outcomes_of, retried
 
     env = busy.env
     assert busy.cli("lock", "acquire", "web", "--ttl", "60s").returncode == 0
@@ -1236,8 +1137,8 @@ def test_a_429_without_retry_after_is_throttled_and_the_write_not_written(busy: 
                              env={"COORDINATOR_HOLDER": "busy"})  # fmt: skip
     assert proc.returncode != 0
     assert "Outcome unknown" not in proc.stderr and "Nothing was written" in proc.stderr, proc.stderr
-    assert set(_outcomes(proc).values()) == {"throttled"}, proc.stdout
-    assert _retried(proc.stderr) == 0, proc.stderr  # no Retry-After: not sent again
+    assert set(outcomes_of(proc).values()) == {"throttled"}, proc.stdout
+    assert retried(proc.stderr) == 0, proc.stderr  # no Retry-After: not sent again
     assert [env.sandbox.admin(i).get(path)["metadata"]["resourceVersion"] for i in (1, 2, 3)] == before
 
 
@@ -1246,18 +1147,18 @@ def test_data_throttled_everywhere_after_the_promise_is_reported_as_not_written(
     """The promise goes through on every member; then every data write is refused with
     429 past the deadline: nothing but the promise landed, so "not written", never
     "outcome unknown"."""
-    from test_throttling import _outcomes, _Rule
+    from helpers.throttle import Rule, outcomes_of
 
     env = busy.env
     assert busy.cli("lock", "acquire", "web", "--ttl", "60s").returncode == 0
     assert busy.cli("state", "set", "web", "owner=team").returncode == 0
     for i in (1, 2, 3):
-        busy.webhook.rules.append(_Rule(lambda k, c=i: k[0] == c and k[3] == "coordinator-state-web", times=1))
+        busy.webhook.rules.append(Rule(lambda k, c=i: k[0] == c and k[3] == "coordinator-state-web", times=1))
         busy.throttle_writes(i, "coordinator-state-web", retry_after=30, times=None)
     proc = busy.cli("--timeout", "3s", "-o", "json", "state", "set", "web", "owner=other")
     assert proc.returncode != 0
     assert "Outcome unknown" not in proc.stderr, proc.stderr
-    assert set(_outcomes(proc).values()) == {"throttled"}, proc.stdout
+    assert set(outcomes_of(proc).values()) == {"throttled"}, proc.stdout
     assert json.loads(busy.cli("-o", "json", "state", "get", "web").stdout) == {"owner": "team"}
     path = f"{configmaps_path(env.namespace)}/coordinator-state-web"
     assert all('owner":"other' not in env.sandbox.admin(i).get(path)["data"]["envelope.json"] for i in (1, 2, 3))
@@ -1268,7 +1169,7 @@ def test_a_throttled_probe_never_takes_a_lapsed_lease(busy: Any) -> None:
     """Alice's lease lapses; Bob's take-over needs a probe write on each lease, and the
     probe (every lease write) is refused with 429 past the deadline on two members: Bob
     does not get the lock, the two leases still name Alice's lock id."""
-    from test_throttling import _outcomes
+    from helpers.throttle import outcomes_of
 
     env = busy.env
     took = _json_ok(env.cli("-o", "json", "lock", "acquire", "web", "--ttl", "3s", env={"COORDINATOR_HOLDER": "alice"}))
@@ -1277,7 +1178,7 @@ def test_a_throttled_probe_never_takes_a_lapsed_lease(busy: Any) -> None:
         busy.throttle_writes(i, "coordinator-lock-web", retry_after=30, times=None)
     proc = env.cli("--timeout", "3s", "-o", "json", "lock", "acquire", "web", env={"COORDINATOR_HOLDER": "bob"})
     assert proc.returncode == 4, proc.stdout + proc.stderr
-    outcomes = _outcomes(proc)
+    outcomes = outcomes_of(proc)
     assert outcomes["u1"] == outcomes["u2"] == "throttled", outcomes
     for i in (1, 2):
         lease = env.sandbox.admin(i).get(lease_path(env.namespace, "coordinator-lock-web"))

@@ -18,21 +18,23 @@ from pathlib import Path
 
 import pytest
 from coord_fixtures import COMMIT_EVERYWHERE, Env
-from test_adversary_round3_membership import (
+from helpers.members import (
     DEP,
     LEASE,
     PY,
-    _acquire,
-    _doc,
-    _ids,
-    _kubectl,
-    _lease,
-    _machine,
-    _ok,
-    _pay,
-    _record,
-    _stored,
-    _write_partially,
+    acquire,
+    holders,
+    ids,
+    json_doc,
+    kubectl_on,
+    lease_on,
+    machine,
+    pay,
+    pay_short,
+    record,
+    stored_on,
+    succeeded,
+    write_partially,
 )
 
 from coordinator.membership import A_MEMBERSHIP, Membership, annotation_writers
@@ -40,18 +42,10 @@ from coordinator.membership import A_MEMBERSHIP, Membership, annotation_writers
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _holders(a: subprocess.CompletedProcess[str], b: subprocess.CompletedProcess[str]) -> str:
-    def where(p: subprocess.CompletedProcess[str]) -> list[str]:
-        return [c["name"] for c in _doc(p)["clusters"] if c["outcome"] == "ok"]
-
-    ta, tb = _doc(a)["fencing_token"], _doc(b)["fencing_token"]
-    return f"two holders: A on {where(a)} token {ta}, B on {where(b)} token {tb}"
-
-
 def _strip_managed_fields(env: Env, index: int) -> None:
-    done = _kubectl(env, index, "patch", "lease", LEASE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
+    done = kubectl_on(env, index, "patch", "lease", LEASE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
     assert done.returncode == 0, done.stderr
-    lease = _lease(env, index)
+    lease = lease_on(env, index)
     assert lease is not None and not annotation_writers(lease), lease["metadata"].get("managedFields")
 
 
@@ -59,21 +53,12 @@ def _reformat_member_set(env: Env, index: int) -> None:
     """`kubectl annotate --overwrite` with the very same set, only formatted differently
     (what a tool that pretty-prints annotations does): the annotation's owner becomes
     kubectl; the set it names does not change."""
-    lease = _lease(env, index)
+    lease = lease_on(env, index)
     assert lease is not None
     same = json.dumps(json.loads(lease["metadata"]["annotations"][A_MEMBERSHIP]), indent=1)
-    done = _kubectl(env, index, "annotate", "--overwrite", "lease", LEASE, f"{A_MEMBERSHIP}={same}")
+    done = kubectl_on(env, index, "annotate", "--overwrite", "lease", LEASE, f"{A_MEMBERSHIP}={same}")
     assert done.returncode == 0, done.stderr
-    assert Membership.parse(same) == _stored(env, index)
-
-
-def _pay_short(env: Env, *members: str, max_ttl: str = "8s") -> None:
-    """`_pay` for a deployment whose maximum TTL is short (tombstones lapse quickly)."""
-    args = [a for m in members for a in ("--cluster", m)]
-    _ok(env.cli("deployment", "create", DEP, "-n", env.namespace, *args, "--max-ttl", max_ttl))
-    lock = _doc(_ok(env.cli("-o", "json", "lock", "acquire", DEP, "--holder", "w", "--ttl", max_ttl)))
-    _ok(env.cli("state", "set", DEP, "release=1.2.0", "--lock-id", lock["lock_id"]))
-    _ok(env.cli("lock", "release", DEP, "--holder", "w"))
+    assert Membership.parse(same) == stored_on(env, index)
 
 
 # -- 1. the never-lower rule, when the newer set is not (visibly) coordinator's
@@ -106,28 +91,30 @@ def test_a_stale_release_does_not_put_the_old_set_back_over_an_edited_newer_one(
     leases (README: anyone may; "handled"), or reformats their member-set annotation.
     Runner 1's release must not write its old set (epoch 1) back there: with c1 down, the
     old record and the new one would hold {c2,c3} and {c4,c5} at once."""
-    _pay(dep5, "c1", "c2", "c3")
-    runner = _machine(dep5, tmp_path, "runner-2")
-    lock = _doc(_ok(_acquire(dep5, "ci", "--ttl", "40s")))
+    pay(dep5, "c1", "c2", "c3")
+    runner = machine(dep5, tmp_path, "runner-2")
+    lock = json_doc(succeeded(acquire(dep5, "ci", "--ttl", "40s")))
     for old, new in (("c3", "c4"), ("c2", "c5")):
-        _ok(runner.cli("deployment", "replace-cluster", DEP, old, new, "--lock-id", lock["lock_id"], "--ttl", "40s"))
-    assert _record(runner).clusters == ["c1", "c4", "c5"]
+        succeeded(
+            runner.cli("deployment", "replace-cluster", DEP, old, new, "--lock-id", lock["lock_id"], "--ttl", "40s")
+        )
+    assert record(runner).clusters == ["c1", "c4", "c5"]
     for i in (2, 3):
         if edit == "remove-annotation":
-            assert _kubectl(dep5, i, "annotate", "lease", LEASE, f"{A_MEMBERSHIP}-").returncode == 0
+            assert kubectl_on(dep5, i, "annotate", "lease", LEASE, f"{A_MEMBERSHIP}-").returncode == 0
         else:
             (_strip_managed_fields if edit == "strip-managed-fields" else _reformat_member_set)(dep5, i)
     dep5.cli("lock", "release", DEP, "--holder", "ci")  # runner 1, record epoch 1
-    _ok(runner.cli("lock", "release", DEP, "--lock-id", lock["lock_id"]))
-    stored = {i: _stored(dep5, i) for i in (2, 3)}
+    succeeded(runner.cli("lock", "release", DEP, "--lock-id", lock["lock_id"]))
+    stored = {i: stored_on(dep5, i) for i in (2, 3)}
     dep5.sandbox.pause(1)
     try:
-        b = _acquire(dep5, "old-record", "--ttl", "30s")
-        a = _acquire(runner, "new-record", "--ttl", "30s")
+        b = acquire(dep5, "old-record", "--ttl", "30s")
+        a = acquire(runner, "new-record", "--ttl", "30s")
     finally:
         dep5.sandbox.resume(1)
     epochs = {i: s and s.epoch for i, s in stored.items()}
-    assert not (a.returncode == 0 and b.returncode == 0), (_holders(a, b), epochs)
+    assert not (a.returncode == 0 and b.returncode == 0), (holders(a, b), epochs)
 
 
 # -- 2. the engine follows this machine's record: to whatever it says?
@@ -158,25 +145,25 @@ def test_a_record_replaced_during_lock_run_is_not_written_to_the_members(dep5: E
     refused by every command (c1 stores epoch 1 {c1,c2,c3}). The run's release must not
     make the members store it: else this record takes {c1,c4,c5}, and once c1 is down
     a machine with the real record takes {c2,c3} at the same time."""
-    _pay_short(dep5, "c1", "c2", "c3")
-    real = _machine(dep5, tmp_path, "real")
+    pay_short(dep5, "c1", "c2", "c3")
+    real = machine(dep5, tmp_path, "real")
     script = tmp_path / "rewrite.py"
     script.write_text(_REWRITE_RECORD)
     step = f"{sys.executable} {script} {dep5.config} {DEP} 3 c1,c4,c5"
     run = dep5.cli("lock", "run", DEP, "--ttl", "8s", "--holder", "ci", "--", "sh", "-c", step)
-    _ok(run)
-    epochs = {i: (s.epoch if (s := _stored(dep5, i)) else None) for i in (1, 2, 3)}
-    a = _acquire(dep5, "bogus", "--ttl", "8s", "--wait", "30s", "--max-server-skew", "0s")
+    succeeded(run)
+    epochs = {i: (s.epoch if (s := stored_on(dep5, i)) else None) for i in (1, 2, 3)}
+    a = acquire(dep5, "bogus", "--ttl", "8s", "--wait", "30s", "--max-server-skew", "0s")
     if a.returncode != 0:
         return  # the bogus record is refused: safe
     dep5.sandbox.pause(1)
     try:
-        b = _acquire(real, "real", "--ttl", "8s", "--wait", "20s", "--max-server-skew", "0s")
+        b = acquire(real, "real", "--ttl", "8s", "--wait", "20s", "--max-server-skew", "0s")
         # the first holder still holds: its renewal succeeds after the second took the lock
         still = dep5.cli("--timeout", "2s", "lock", "renew", DEP, "--holder", "bogus")
     finally:
         dep5.sandbox.resume(1)
-    assert not (b.returncode == 0 and still.returncode == 0), (_holders(a, b), epochs)
+    assert not (b.returncode == 0 and still.returncode == 0), (holders(a, b), epochs)
 
 
 # -- 3. a state write in flight across a member change
@@ -233,7 +220,7 @@ def test_a_write_in_flight_across_a_replace_is_not_lost(dep5: Env, tmp_path: Pat
     change took the lock with a higher token and raised the token floor on the state
     objects). Either the write is refused, or it is not lost: with c1 back and c2 down,
     the new set must read 2.0."""
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     script = tmp_path / "stalled_writer.py"
     script.write_text(_STALLED_WRITER)
     marks = tmp_path / "marks"
@@ -250,7 +237,7 @@ def test_a_write_in_flight_across_a_replace_is_not_lost(dep5: Env, tmp_path: Pat
                            "sh", "-c", step, timeout=120, env={"ADVERSARY_DIR": str(marks)})  # fmt: skip
             out = run.stdout
         else:
-            lock = _doc(_ok(_acquire(dep5, "w", "--ttl", "3s", "--timeout", "2s")))
+            lock = json_doc(succeeded(acquire(dep5, "w", "--ttl", "3s", "--timeout", "2s")))
             w = subprocess.Popen([sys.executable, str(script), "--timeout", "2s", "state", "set", DEP,
                                   "release=2.0", "--lock-id", lock["lock_id"]], env=env, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -263,12 +250,12 @@ def test_a_write_in_flight_across_a_replace_is_not_lost(dep5: Env, tmp_path: Pat
     finally:
         dep5.sandbox.start(1)
     assert "change=0" in out, out
-    assert _record(dep5).clusters == ["c1", "c2", "c4"]
+    assert record(dep5).clusters == ["c1", "c2", "c4"]
     if "write=0" not in out:
         return  # the late write was refused: safe
     # c1 is back; a lock taken and given back under the new set brings its lease up to date
-    _ok(_acquire(dep5, "next", "--ttl", "20s", "--wait", "30s", "--max-server-skew", "0s"))
-    _ok(dep5.cli("lock", "release", DEP, "--holder", "next"))
+    succeeded(acquire(dep5, "next", "--ttl", "20s", "--wait", "30s", "--max-server-skew", "0s"))
+    succeeded(dep5.cli("lock", "release", DEP, "--holder", "next"))
     dep5.sandbox.pause(2)
     try:
         got = dep5.cli("--timeout", "2s", "state", "get", DEP, "release")
@@ -287,21 +274,23 @@ def test_a_write_in_flight_across_a_replace_is_not_lost(dep5: Env, tmp_path: Pat
 
 # Broke before the fix: lock run follows a record of another namespace and writes its set on A's lease.
 def test_lock_run_does_not_follow_a_record_of_another_namespace(dep5: Env, tmp_path: Path) -> None:
-    _pay(dep5, "c1", "c2", "c3")
-    other = _machine(dep5, tmp_path, "team-b")
+    pay(dep5, "c1", "c2", "c3")
+    other = machine(dep5, tmp_path, "team-b")
     ns_b = dep5.namespace + "-b"
-    _ok(other.cli("deployment", "delete", DEP))
-    _ok(other.cli("deployment", "create", DEP, "-n", ns_b, "--cluster", "c1", "--cluster", "c4", "--cluster", "c5"))
-    _ok(other.cli("deployment", "add-cluster", DEP, "c2", "--ttl", "10s"))
-    _ok(other.cli("deployment", "remove-cluster", DEP, "c2", "--ttl", "10s"))
-    assert _record(other).epoch == 5
+    succeeded(other.cli("deployment", "delete", DEP))
+    succeeded(
+        other.cli("deployment", "create", DEP, "-n", ns_b, "--cluster", "c1", "--cluster", "c4", "--cluster", "c5")
+    )
+    succeeded(other.cli("deployment", "add-cluster", DEP, "c2", "--ttl", "10s"))
+    succeeded(other.cli("deployment", "remove-cluster", DEP, "c2", "--ttl", "10s"))
+    assert record(other).epoch == 5
     step = f"{' '.join(PY)} deployment delete {DEP} && {' '.join(PY)} deployment import {DEP} --cluster c4 -n {ns_b}"
     run = dep5.cli("lock", "run", DEP, "--ttl", "20s", "--holder", "ci", "--", "sh", "-c", step)
     assert run.returncode == 0, run.stderr
-    assert _record(dep5).namespace == ns_b
-    a = Membership.of(_ids(dep5, "c1", "c2", "c3"), 1)
-    stored = {i: _stored(dep5, i) for i in (1, 2, 3)}
-    held = {i: ((_lease(dep5, i) or {}).get("spec") or {}).get("holderIdentity") for i in (1, 2, 3)}
+    assert record(dep5).namespace == ns_b
+    a = Membership.of(ids(dep5, "c1", "c2", "c3"), 1)
+    stored = {i: stored_on(dep5, i) for i in (1, 2, 3)}
+    held = {i: ((lease_on(dep5, i) or {}).get("spec") or {}).get("holderIdentity") for i in (1, 2, 3)}
     assert all(s == a for s in stored.values()) and not any(held.values()), (stored, held, run.stderr[-800:])
 
 
@@ -313,26 +302,26 @@ def test_a_change_killed_after_the_joint_step_and_finished_under_the_same_lock_r
     the second, under the same `lock run`, finishes it (the _Resuming engine, which now
     follows too). Held: every member of both sets stores the commit, the old record is
     refused, this machine takes the lock."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
     py = " ".join(PY)
     step = (f"COORDINATOR_TEST_KILL_AFTER=joint {py} deployment replace-cluster {DEP} c3 c4 --ttl 6s; "
             f"{py} deployment replace-cluster {DEP} c3 c4 --ttl 6s")  # fmt: skip
-    _ok(dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--", "sh", "-c", step,
+    succeeded(dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--", "sh", "-c", step,
                  env=COMMIT_EVERYWHERE))  # fmt: skip
-    assert _record(dep5).clusters == ["c1", "c2", "c4"] and _record(dep5).epoch == 3
-    final = Membership.of(_ids(dep5, "c1", "c2", "c4"), 3)
-    assert all(_stored(dep5, i) == final for i in (1, 2, 3, 4)), {i: _stored(dep5, i) for i in (1, 2, 3, 4)}
-    assert _acquire(stale, "old", "--ttl", "10s").returncode == 5
-    _ok(_acquire(dep5, "new", "--ttl", "10s", "--wait", "30s", "--max-server-skew", "0s"))
+    assert record(dep5).clusters == ["c1", "c2", "c4"] and record(dep5).epoch == 3
+    final = Membership.of(ids(dep5, "c1", "c2", "c4"), 3)
+    assert all(stored_on(dep5, i) == final for i in (1, 2, 3, 4)), {i: stored_on(dep5, i) for i in (1, 2, 3, 4)}
+    assert acquire(stale, "old", "--ttl", "10s").returncode == 5
+    succeeded(acquire(dep5, "new", "--ttl", "10s", "--wait", "30s", "--max-server-skew", "0s"))
 
 
 def test_two_lock_runs_on_two_machines_with_a_change_in_one(dep5: Env, tmp_path: Path) -> None:
     """Machine A's `lock run` replaces c3 by c4; machine B's `lock run --wait` on the old
     record waits meanwhile. Held: B is refused (exit 5) once A is done, never runs its
     command."""
-    _pay(dep5, "c1", "c2", "c3")
-    b = _machine(dep5, tmp_path, "machine-b")
+    pay(dep5, "c1", "c2", "c3")
+    b = machine(dep5, tmp_path, "machine-b")
     marker = tmp_path / "b-ran"
     pa = dep5.popen("lock", "run", DEP, "--ttl", "6s", "--holder", "a", "--", "sh", "-c",
                     f"sleep 2; {' '.join(PY)} deployment replace-cluster {DEP} c3 c4 --ttl 6s; sleep 2",
@@ -387,13 +376,13 @@ main()
 
 # Broke before the fix: adopt_membership counts leases that kept another change's set: two commits, two holders.
 def test_two_changes_under_one_lock_id_never_both_commit(dep5: Env, tmp_path: Path) -> None:
-    _pay(dep5, "c1", "c2", "c3")
-    b = _machine(dep5, tmp_path, "runner-b")
+    pay(dep5, "c1", "c2", "c3")
+    b = machine(dep5, tmp_path, "runner-b")
     script = tmp_path / "stalling_change.py"
     script.write_text(_STALLING_CHANGE)
     marks = tmp_path / "marks"
     marks.mkdir()
-    lock = _doc(_ok(_acquire(dep5, "ci", "--ttl", "90s")))
+    lock = json_doc(succeeded(acquire(dep5, "ci", "--ttl", "90s")))
 
     def change(env: Env, stall: str, old: str, new: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, str(script), "--timeout", "2s", "deployment", "replace-cluster",
@@ -414,18 +403,18 @@ def test_two_changes_under_one_lock_id_never_both_commit(dep5: Env, tmp_path: Pa
     assert pa.returncode == 0, out_a
     (marks / "_refuse_foreign-go").touch()
     out_b = pb.communicate(timeout=90)
-    committed = {i: (s.epoch, tuple(sorted(s.members))) if (s := _stored(dep5, i)) else None for i in range(1, 6)}
+    committed = {i: (s.epoch, tuple(sorted(s.members))) if (s := stored_on(dep5, i)) else None for i in range(1, 6)}
     if pb.returncode != 0:
         return  # B's change was refused: safe
-    _ok(dep5.cli("lock", "release", DEP, "--lock-id", lock["lock_id"]))
+    succeeded(dep5.cli("lock", "release", DEP, "--lock-id", lock["lock_id"]))
     b.cli("lock", "release", DEP, "--lock-id", lock["lock_id"])
     dep5.sandbox.pause(1)
     try:
-        la = _acquire(dep5, "a", "--ttl", "30s", "--wait", "20s", "--max-server-skew", "0s")
-        lb = _acquire(b, "b", "--ttl", "30s", "--wait", "20s", "--max-server-skew", "0s")
+        la = acquire(dep5, "a", "--ttl", "30s", "--wait", "20s", "--max-server-skew", "0s")
+        lb = acquire(b, "b", "--ttl", "30s", "--wait", "20s", "--max-server-skew", "0s")
     finally:
         dep5.sandbox.resume(1)
-    assert not (la.returncode == 0 and lb.returncode == 0), (_holders(la, lb), committed, out_b[1][-600:])
+    assert not (la.returncode == 0 and lb.returncode == 0), (holders(la, lb), committed, out_b[1][-600:])
 
 
 # -- 6. held: faults between the copy and the commit
@@ -444,9 +433,9 @@ def test_a_fault_between_the_copy_and_the_commit(dep5: Env, tmp_path: Path, faul
     commit (c1 keeps the joint set), or kubectl deletes c4's lease and state object.
     Held: the old record is refused, and the new set reads 1.3.0 with any one member
     down."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
-    _write_partially(dep5, "1.3.0", paused=2)
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    write_partially(dep5, "1.3.0", paused=2)
     script = tmp_path / "stalling_change.py"
     script.write_text(_STALLING_CHANGE)
     marks = tmp_path / "marks"
@@ -457,23 +446,23 @@ def test_a_fault_between_the_copy_and_the_commit(dep5: Env, tmp_path: Path, faul
         dep5.sandbox.kill(1)
     else:
         for kind, name in (("lease", LEASE), ("configmap", f"coordinator-state-{DEP}")):
-            assert _kubectl(dep5, 4, "delete", kind, name).returncode == 0
+            assert kubectl_on(dep5, 4, "delete", kind, name).returncode == 0
     try:
         (marks / "_confirm_copy-go").touch()
         out = p.communicate(timeout=90)
     finally:
         dep5.sandbox.start(1)
     assert p.returncode == 0, out
-    assert _record(dep5).clusters == ["c1", "c2", "c4"]
+    assert record(dep5).clusters == ["c1", "c2", "c4"]
     for down in (1, 2, 3):
         dep5.sandbox.pause(down)
         try:
-            refused = _acquire(stale, "old", "--ttl", "10s")
+            refused = acquire(stale, "old", "--ttl", "10s")
         finally:
             dep5.sandbox.resume(down)
         assert refused.returncode in (4, 5), (down, refused.stdout)
-    _ok(_acquire(dep5, "new", "--ttl", "20s", "--wait", "30s", "--max-server-skew", "0s"))
-    _ok(dep5.cli("lock", "release", DEP, "--holder", "new"))
+    succeeded(acquire(dep5, "new", "--ttl", "20s", "--wait", "30s", "--max-server-skew", "0s"))
+    succeeded(dep5.cli("lock", "release", DEP, "--holder", "new"))
     for down in (1, 2, 4):
         dep5.sandbox.pause(down)
         try:
@@ -481,4 +470,4 @@ def test_a_fault_between_the_copy_and_the_commit(dep5: Env, tmp_path: Path, faul
         finally:
             dep5.sandbox.resume(down)
         assert got.returncode != 0 or got.stdout.strip() == "1.3.0", (down, got.stdout)
-    assert _ok(dep5.cli("state", "get", DEP, "release")).stdout.strip() == "1.3.0"
+    assert succeeded(dep5.cli("state", "get", DEP, "release")).stdout.strip() == "1.3.0"

@@ -33,7 +33,7 @@ import anyio
 import pytest
 import yaml
 from coord_fixtures import Env, make_env, put_lease
-from test_adversary_round3_security import FORGED, TITLE, _as, _clean, _Hostile, _minted, _no_crash
+from helpers.hostile import FORGED, TITLE, Hostile, clean, minted_user, no_crash, request_as
 
 from coordinator.kube.client import ApiResponse, KubeError
 from coordinator.kube.resources import (
@@ -129,7 +129,7 @@ def test_kubeconfig_context_names_cannot_forge_a_line_of_the_error(tmp_path: Pat
     )
     proc = _cli(tmp_path, "cluster", "connect", "p", "--context", "nope", "--kubeconfig", str(kubeconfig))
     assert proc.returncode == 2, proc.stderr
-    _clean(proc.stdout + proc.stderr)
+    clean(proc.stdout + proc.stderr)
 
 
 # Broke before: the unreachable error quoted the server URL raw, a forged line in every error.
@@ -138,15 +138,15 @@ def test_a_kubeconfig_server_url_cannot_forge_a_line_of_the_error(tmp_path: Path
     proc = _cli(
         tmp_path, "--timeout", "2s", "cluster", "connect", "p", "--context", "p", "--kubeconfig", str(kubeconfig)
     )
-    _no_crash(proc)
-    _clean(proc.stdout + proc.stderr)
+    no_crash(proc)
+    clean(proc.stdout + proc.stderr)
 
 
 # Broke before: a token file ending in CRLF made every command an internal error (ValueError in headers).
 def test_a_token_file_ending_in_crlf_is_no_internal_error(tmp_path: Path) -> None:
     """The token is sent trimmed, as kubectl sends it: the connect works, and every
     request the stand-in API server got carried exactly `Bearer SECRET-TOKEN-3`."""
-    hostile = _Hostile(tmp_path)
+    hostile = Hostile(tmp_path)
     body = {"metadata": {"uid": "0c7d3f9e-round4"}, "gitVersion": "v1.34.0"}
     hostile.answer = (200, {}, json.dumps(body).encode())
     try:
@@ -159,7 +159,7 @@ def test_a_token_file_ending_in_crlf_is_no_internal_error(tmp_path: Path) -> Non
             proc = _cli(tmp_path, *verbosity, "--timeout", "3s", "cluster", "connect", "p", "--context", "p",
                         "--kubeconfig", str(kubeconfig), env=config)  # fmt: skip
             assert "SECRET-TOKEN" not in proc.stdout + proc.stderr
-            _no_crash(proc)
+            no_crash(proc)
             assert proc.returncode == 0, proc.stderr
         assert hostile.authorizations == {"Bearer SECRET-TOKEN-3"}, hostile.authorizations
     finally:
@@ -188,7 +188,7 @@ def test_rbac_print_refuses_subject_names_that_could_break_its_yaml(tmp_path: Pa
     for flag in ("--user", "--group"):
         proc = _cli(tmp_path, "rbac", "print", "-n", "ns", "--deployment", "web", flag, name)
         assert proc.returncode == 2, proc.stdout
-        _clean(proc.stdout)
+        clean(proc.stdout)
 
 
 @pytest.mark.parametrize("name", ["a: b # c", "- kind: Secret", "'x'", "system:serviceaccount:ns:sa", "É"])
@@ -462,7 +462,7 @@ def test_a_lost_renewal_names_the_new_holder_escaped(dep3: Env) -> None:
     anyio.run(edit)
     proc = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
     assert proc.returncode == 6 and "is lost" in proc.stderr, proc.stderr
-    _clean(proc.stdout + proc.stderr)
+    clean(proc.stdout + proc.stderr)
 
 
 # Broke before: the `lock break` prompt showed the holder raw (title set, prompt rewritten).
@@ -494,14 +494,14 @@ def test_the_lock_break_prompt_shows_the_holder_escaped(dep3: Env) -> None:
         os.close(fd)
     assert b"[y/N]" in out, out
     text = out.decode("utf-8", "replace")
-    _clean(text)
+    clean(text)
     assert "\\x1b]0;pwned" in text, text  # shown, escaped
 
 
 # Broke before: `deployment import` quoted a planted member identity raw.
 @integration
 def test_deployment_import_quotes_a_planted_identity_escaped(dep3: Env, tmp_path: Path) -> None:
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     membership = json.dumps({"epoch": 1, "members": [f"x\n{FORGED}{TITLE}"]})
     body = {
         "apiVersion": "coordination.k8s.io/v1",
@@ -514,13 +514,13 @@ def test_deployment_import_quotes_a_planted_identity_escaped(dep3: Env, tmp_path
         "spec": {},
     }
     path = lease_path(dep3.namespace, "coordinator-lock-zzz")
-    _as(minted, 1, "POST", leases_path(dep3.namespace), body, {"fieldManager": "coordinator"})
+    request_as(minted, 1, "POST", leases_path(dep3.namespace), body, {"fieldManager": "coordinator"})
     try:
         proc = dep3.cli("deployment", "import", "zzz", "--cluster", "c1", "-n", dep3.namespace)
     finally:
         anyio.run(dep3.raw, 1, "DELETE", path)  # the fleet view lists every namespace
     assert proc.returncode == 2, proc.stderr
-    _clean(proc.stdout + proc.stderr)
+    clean(proc.stdout + proc.stderr)
 
 
 # ================================================================== live: the lock's history
@@ -529,7 +529,7 @@ def test_deployment_import_quotes_a_planted_identity_escaped(dep3: Env, tmp_path
 # Broke before: a planted `immutable: true` copy refused every later event (HTTP 422), for good.
 @integration
 def test_a_planted_immutable_history_copy_is_replaced_by_the_next_event(dep3: Env, tmp_path: Path) -> None:
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     path = f"{configmaps_path(dep3.namespace)}/coordinator-history-web"
     body = {
         "apiVersion": "v1",
@@ -540,7 +540,7 @@ def test_a_planted_immutable_history_copy_is_replaced_by_the_next_event(dep3: En
     }
     for i in (1, 2, 3):
         anyio.run(dep3.raw, i, "DELETE", path)  # as made by an older version: no copy yet
-        _as(minted, i, "POST", configmaps_path(dep3.namespace), body)
+        request_as(minted, i, "POST", configmaps_path(dep3.namespace), body)
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
     assert dep3.cli("lock", "release", "web", "--holder", "alice").returncode == 0
     proc = dep3.cli("-o", "json", "lock", "history", "web")
@@ -552,7 +552,7 @@ def test_a_planted_immutable_history_copy_is_replaced_by_the_next_event(dep3: En
 def test_a_user_granted_another_deployment_cannot_replant_an_existing_history(dep3: Env, tmp_path: Path) -> None:
     """Held: where the create took the name, neither a POST (even naming the `coordinator`
     field manager, or carrying managedFields of its own) nor any write by name gets in."""
-    minted = _minted(dep3, tmp_path)
+    minted = minted_user(dep3, tmp_path)
     path = f"{configmaps_path(dep3.namespace)}/coordinator-history-web"
     forged = [{"lock_id": "f" * 16, "event": "acquired", "at": "2026-01-01T00:00:00Z", "holder": "mallory"}]
     body = {
@@ -574,11 +574,11 @@ def test_a_user_granted_another_deployment_cannot_replant_an_existing_history(de
     }
     for i in (1, 2, 3):
         with pytest.raises(KubeError) as err:
-            _as(minted, i, "POST", configmaps_path(dep3.namespace), body, {"fieldManager": "coordinator"})
+            request_as(minted, i, "POST", configmaps_path(dep3.namespace), body, {"fieldManager": "coordinator"})
         assert err.value.kind == "already-exists", err.value.detail
         for method in ("PUT", "DELETE"):
             with pytest.raises(KubeError) as err:
-                _as(minted, i, method, path, body if method == "PUT" else None)
+                request_as(minted, i, method, path, body if method == "PUT" else None)
             assert err.value.kind == "forbidden", err.value.detail
 
 
@@ -623,12 +623,12 @@ def test_exactly_the_printed_rights_serve_a_new_member_its_history_and_a_backup_
     (created there too), `lock
     history` of every member, `state sync --backup-dir` saving a replica a namespace writer
     garbled, and `state diff` all work."""
-    from test_rbac_live import _connect, _env, _grant, _user
+    from helpers.rbac import connect, grant, mint_user, user_env
 
-    user, minted = _user(sandbox3, tmp_path, "rights")
-    env = _env(sandbox3, tmp_path, namespace, "rights")
-    _grant(sandbox3, env, namespace, user, flags=("--fleet",))
-    _connect(env, minted)
+    user, minted = mint_user(sandbox3, tmp_path, "rights")
+    env = user_env(sandbox3, tmp_path, namespace, "rights")
+    grant(sandbox3, env, namespace, user, flags=("--fleet",))
+    connect(env, minted)
 
     def ok(*args: str) -> str:
         proc = env.cli(*args)
@@ -664,11 +664,11 @@ def test_the_fleet_rights_change_nothing_anywhere(sandbox3: Any, namespace: str,
     """Held: the fleet ClusterRole (list and watch on every Lease) lets the user read
     Leases of other namespaces, and neither get by name, create, update, patch nor delete
     one there, nor create one outside its own namespace."""
-    from test_rbac_live import _env, _grant, _user
+    from helpers.rbac import grant, mint_user, user_env
 
-    user, minted = _user(sandbox3, tmp_path, "fleet")
-    env = _env(sandbox3, tmp_path, namespace, "fleet")
-    _grant(sandbox3, env, namespace, user, flags=("--fleet",), clusters=(1,))
+    user, minted = mint_user(sandbox3, tmp_path, "fleet")
+    env = user_env(sandbox3, tmp_path, namespace, "fleet")
+    grant(sandbox3, env, namespace, user, flags=("--fleet",), clusters=(1,))
     other = "kube-node-lease"
     victim = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "fleet-victim"}, "spec": {}}
     sandbox3.admin(1).create(leases_path(other), victim, exist_ok=True)
@@ -677,12 +677,12 @@ def test_the_fleet_rights_change_nothing_anywhere(sandbox3: Any, namespace: str,
 
     def attempt(method: str, path: str, body: Any = None, query: Any = None) -> str:
         try:
-            _as(minted, 1, method, path, body, query)
+            request_as(minted, 1, method, path, body, query)
         except KubeError as err:
             return err.kind
         return "ALLOWED"
 
-    listed = _as(minted, 1, "GET", leases_path(other))
+    listed = request_as(minted, 1, "GET", leases_path(other))
     assert "fleet-victim" in [o["metadata"]["name"] for o in listed["items"]]
     found = {
         "get": attempt("GET", target),

@@ -21,19 +21,19 @@ from typing import Any
 
 import pytest
 from coord_fixtures import Env
-from test_adversary_round3_membership import (
+from helpers.members import (
     DEP,
     LEASE,
     STATE,
-    _acquire,
-    _doc,
-    _ids,
-    _kubectl,
-    _machine,
-    _ok,
-    _stored,
+    acquire,
+    ids,
+    json_doc,
+    kubectl_on,
+    machine,
+    pay_short,
+    stored_on,
+    succeeded,
 )
-from test_adversary_round4_membership import _pay_short
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,11 +41,11 @@ KILL = {"COORDINATOR_TEST_KILL_AFTER": "joint"}
 
 
 def _where(p: subprocess.CompletedProcess[str]) -> list[str]:
-    return sorted(c["name"] for c in _doc(p)["clusters"] if c["outcome"] == "ok")
+    return sorted(c["name"] for c in json_doc(p)["clusters"] if c["outcome"] == "ok")
 
 
 def _show(env: Env) -> Any:
-    return _doc(_ok(env.cli("-o", "json", "deployment", "show", DEP)))
+    return json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
 
 
 def _wipe(env: Env, index: int, *, lease: bool = True, state: bool = True) -> None:
@@ -53,10 +53,10 @@ def _wipe(env: Env, index: int, *, lease: bool = True, state: bool = True) -> No
     "wiped (remove its lease and state)"): delete the deployment's objects there, with
     kubectl, as any other client would."""
     if lease:
-        done = _kubectl(env, index, "delete", "lease", LEASE, "--ignore-not-found")
+        done = kubectl_on(env, index, "delete", "lease", LEASE, "--ignore-not-found")
         assert done.returncode == 0, done.stderr
     if state:
-        done = _kubectl(env, index, "delete", "configmap", STATE, "--ignore-not-found")
+        done = kubectl_on(env, index, "delete", "configmap", STATE, "--ignore-not-found")
         assert done.returncode == 0, done.stderr
 
 
@@ -70,20 +70,20 @@ def _interrupted_removal_then_moved_on(
     ``c3_down_while_finishing``: c3 is paused while B finishes the change, so its lease
     keeps the joint set (epoch 2) and its state object the set from before (epoch 1).
     Returns (A, B)."""
-    _pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    pay_short(env, "c1", "c2", "c3", max_ttl="10s")
     killed = env.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "5s", env=KILL)
     assert killed.returncode == -9, killed.stderr
     assert _show(env)["change_in_progress"] == {"to": ["c1", "c2"]}
-    b = _machine(env, tmp_path, "b")
+    b = machine(env, tmp_path, "b")
     if c3_down_while_finishing:
         env.sandbox.pause(3)
     try:
-        _ok(b.cli("--timeout", "2s", "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "30s"))
+        succeeded(b.cli("--timeout", "2s", "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "30s"))
     finally:
         if c3_down_while_finishing:
             env.sandbox.resume(3)
     for step in (("add-cluster", "c4"), ("add-cluster", "c5"), ("remove-cluster", "c1"), ("remove-cluster", "c2")):
-        _ok(b.cli("deployment", step[0], DEP, step[1], "--ttl", "10s", "--wait", "30s"))
+        succeeded(b.cli("deployment", step[0], DEP, step[1], "--ttl", "10s", "--wait", "30s"))
     shown = _show(b)
     assert shown["clusters"] == ["c4", "c5"] and shown["change_in_progress"] is None, shown
     return env, b
@@ -152,10 +152,10 @@ def test_a_stale_joint_record_does_not_finish_a_change_after_the_members_moved_o
         for i in (1, 2):
             _wipe(a, i)
         # A's plain engine (joint record, epoch 2) meets c3's epoch-3 commit: refused
-        plain = _acquire(a, "a0", "--ttl", "8s")
+        plain = acquire(a, "a0", "--ttl", "8s")
         # the tombstones that a first look at c1, c2 writes block for the maximum TTL (10s)
         rerun = a.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "8s", "--wait", "40s")
-        held_a = _acquire(a, "a", "--ttl", "8s", "--wait", "20s")
+        held_a = acquire(a, "a", "--ttl", "8s", "--wait", "20s")
         read = a.cli("-o", "json", "state", "get", DEP)
         b_alive = holding.poll() is None
     finally:
@@ -165,7 +165,7 @@ def test_a_stale_joint_record_does_not_finish_a_change_after_the_members_moved_o
     assert held_a.returncode != 0, (
         f"two holders: B (lock run on c4,c5, token {_token_of_b(tmp_path, b)}, wrote release=2.0.0), "
         f"A on {_where(held_a)} token "
-        f"{_doc(held_a)['fencing_token']}; the rerun exited {rerun.returncode}: {rerun.stdout} {rerun.stderr}; "
+        f"{json_doc(held_a)['fencing_token']}; the rerun exited {rerun.returncode}: {rerun.stdout} {rerun.stderr}; "
         f"A reads {read.stdout}"
     )
     assert rerun.returncode == 5, rerun.stdout + rerun.stderr
@@ -187,14 +187,14 @@ def test_a_stale_joint_record_cannot_lock_with_only_a_removed_members_state_obje
         for i in (1, 2):
             _wipe(a, i)
         _wipe(a, 3, state=False)
-        held_a = _acquire(a, "a", "--ttl", "8s", "--wait", "30s")
+        held_a = acquire(a, "a", "--ttl", "8s", "--wait", "30s")
         b_alive = holding.poll() is None
     finally:
         _stop(holding)
     assert b_alive, "B's lock run ended early"
     assert held_a.returncode != 0, (
         f"two holders: B (lock run on c4,c5, token {_token_of_b(tmp_path, b)}), A on {_where(held_a)} "
-        f"token {_doc(held_a)['fencing_token']}"
+        f"token {json_doc(held_a)['fencing_token']}"
     )
     assert held_a.returncode == 5, held_a.stderr
 
@@ -220,7 +220,7 @@ def test_a_stale_joint_record_does_not_finish_on_the_set_from_before_it_noted_on
             _wipe(a, i)
         _wipe(a, 3, state=False)
         rerun = a.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "8s", "--wait", "40s")
-        held_a = _acquire(a, "a", "--ttl", "8s", "--wait", "20s")
+        held_a = acquire(a, "a", "--ttl", "8s", "--wait", "20s")
         read = a.cli("-o", "json", "state", "get", DEP)
         b_alive = holding.poll() is None
     finally:
@@ -228,7 +228,7 @@ def test_a_stale_joint_record_does_not_finish_on_the_set_from_before_it_noted_on
     assert b_alive, "B's lock run ended early"
     assert held_a.returncode != 0, (
         f"two holders: B (lock run on c4,c5, token {_token_of_b(tmp_path, b)}, wrote release=2.0.0), A on "
-        f"{_where(held_a)} token {_doc(held_a)['fencing_token']}; the rerun exited {rerun.returncode}: "
+        f"{_where(held_a)} token {json_doc(held_a)['fencing_token']}; the rerun exited {rerun.returncode}: "
         f"{rerun.stdout} {rerun.stderr}; A reads {read.stdout}"
     )
     assert rerun.returncode == 5, rerun.stdout + rerun.stderr
@@ -238,11 +238,11 @@ def test_a_stale_joint_record_does_not_finish_on_the_set_from_before_it_noted_on
 
 
 def _lease_token(env: Env, index: int) -> int:
-    from test_adversary_round3_membership import _lease
+    from helpers.members import lease_on
 
     from coordinator.lease import A_TOKEN
 
-    lease = _lease(env, index)
+    lease = lease_on(env, index)
     assert lease is not None
     return int(lease["metadata"]["annotations"][A_TOKEN])
 
@@ -261,14 +261,14 @@ def test_two_machines_finishing_one_interrupted_change_after_every_lease_was_del
     machines re-run the change at once. At most one run takes the lock at a time, every
     token granted is above T and the tokens of the two runs differ, both records end at
     {c1,c2} epoch 5, the confirmed write survives, and a later lock's token is above all."""
-    _pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
+    pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
     killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL)
     assert killed.returncode == -9, killed.stderr
     before = max(_lease_token(dep5, i) for i in (1, 2, 4))
-    other = _machine(dep5, tmp_path, "a2")
+    other = machine(dep5, tmp_path, "a2")
     for i in (1, 2, 3, 4):
-        _kubectl(dep5, i, "delete", "lease", LEASE, "--ignore-not-found")
+        kubectl_on(dep5, i, "delete", "lease", LEASE, "--ignore-not-found")
     args = ("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "60s")
     runs = [m.popen(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for m in (dep5, other)]
     done = []
@@ -282,13 +282,13 @@ def test_two_machines_finishing_one_interrupted_change_after_every_lease_was_del
     assert len(set(tokens)) == len(tokens), tokens
     for m in (dep5, other):
         if _show(m)["change_in_progress"] is not None:  # the run that lost the race: again
-            _ok(m.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "60s"))
+            succeeded(m.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "60s"))
         shown = _show(m)
         assert shown["clusters"] == ["c1", "c2"] and shown["change_in_progress"] is None, shown
     for i in (1, 2):
-        assert _stored(dep5, i) is not None and set(_stored(dep5, i).members) == set(_ids(dep5, "c1", "c2"))
-    assert _doc(_ok(dep5.cli("-o", "json", "state", "get", DEP)))["release"] == "1.2.0"
-    later = _doc(_ok(_acquire(other, "z", "--ttl", "8s", "--wait", "30s")))
+        assert stored_on(dep5, i) is not None and set(stored_on(dep5, i).members) == set(ids(dep5, "c1", "c2"))
+    assert json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))["release"] == "1.2.0"
+    later = json_doc(succeeded(acquire(other, "z", "--ttl", "8s", "--wait", "30s")))
     assert later["fencing_token"] > max([before, *tokens]), (later["fencing_token"], before, tokens)
 
 
@@ -299,24 +299,24 @@ def test_a_rerun_killed_again_after_every_lease_was_deleted_is_finished_by_a_thi
     joint step, every lease deleted, the rerun killed after its joint step as well; a
     third run finishes the change, the confirmed write survives, and a lock taken
     afterwards gets a token above every earlier one (the killed runs' included)."""
-    _pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
+    pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
     killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL)
     assert killed.returncode == -9, killed.stderr
     first = max(_lease_token(dep5, i) for i in (1, 2, 4))
     for i in (1, 2, 3, 4):
-        _kubectl(dep5, i, "delete", "lease", LEASE, "--ignore-not-found")
+        kubectl_on(dep5, i, "delete", "lease", LEASE, "--ignore-not-found")
     again = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s", env=KILL)
     assert again.returncode == -9, again.stderr
     second = max(_lease_token(dep5, i) for i in (1, 2))
     assert second > first, (first, second)
-    third = _ok(dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s"))
+    third = succeeded(dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s"))
     token = _report_token(third)
     assert token is None or token > second, (first, second, token, third.stdout)
     shown = _show(dep5)
     assert shown["clusters"] == ["c1", "c2"] and shown["change_in_progress"] is None, shown
-    assert _doc(_ok(dep5.cli("-o", "json", "state", "get", DEP)))["release"] == "1.2.0"
-    later = _doc(_ok(_acquire(dep5, "z", "--ttl", "8s", "--wait", "30s")))
+    assert json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))["release"] == "1.2.0"
+    later = json_doc(succeeded(acquire(dep5, "z", "--ttl", "8s", "--wait", "30s")))
     assert later["fencing_token"] > max(first, second, token or 0), (later, first, second, token)
 
 
@@ -328,13 +328,13 @@ def test_a_rerun_after_every_lease_was_deleted_with_lease_writes_refused_on_a_me
     is gone the next run finishes, the confirmed write survives and tokens keep rising."""
     from faults.admission import add_policy, remove_policy
 
-    _pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
+    pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
     killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL)
     assert killed.returncode == -9, killed.stderr
     first = max(_lease_token(dep5, i) for i in (1, 2, 4))
     for i in (1, 2, 3, 4):
-        _kubectl(dep5, i, "delete", "lease", LEASE, "--ignore-not-found")
+        kubectl_on(dep5, i, "delete", "lease", LEASE, "--ignore-not-found")
     name = f"freeze-lease-{dep5.namespace}"
     expr = f"request.namespace != '{dep5.namespace}' || object.metadata.name != '{LEASE}'"
     add_policy(dep5.sandbox.admin(2), name, expr, "lease frozen", operations=("CREATE", "UPDATE"),
@@ -343,20 +343,20 @@ def test_a_rerun_after_every_lease_was_deleted_with_lease_writes_refused_on_a_me
         time.sleep(3)  # a policy takes a moment to be in force
         refused = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "30s")
         assert refused.returncode != 0, refused.stdout
-        from test_adversary_round3_membership import _lease
+        from helpers.members import lease_on
 
         for i in (1, 4):  # no holder left behind where the lease could be written
-            lease = _lease(dep5, i)
+            lease = lease_on(dep5, i)
             assert lease is None or not (lease.get("spec") or {}).get("holderIdentity"), (i, lease)
         assert _show(dep5)["change_in_progress"] == {"to": ["c1", "c2"]}
     finally:
         remove_policy(dep5.sandbox.admin(2), name)
     time.sleep(3)
-    done = _ok(dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s"))
+    done = succeeded(dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s"))
     token = _report_token(done)
     assert token is None or token > first, (first, token)
     shown = _show(dep5)
     assert shown["clusters"] == ["c1", "c2"] and shown["change_in_progress"] is None, shown
-    assert _doc(_ok(dep5.cli("-o", "json", "state", "get", DEP)))["release"] == "1.2.0"
-    later = _doc(_ok(_acquire(dep5, "z", "--ttl", "8s", "--wait", "30s")))
+    assert json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))["release"] == "1.2.0"
+    later = json_doc(succeeded(acquire(dep5, "z", "--ttl", "8s", "--wait", "30s")))
     assert later["fencing_token"] > max(first, token or 0), (later, first, token)

@@ -24,20 +24,21 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env
-from test_adversary_round3_membership import (
+from helpers.members import (
     DEP,
     LEASE,
     STATE,
-    _acquire,
-    _doc,
-    _kubectl,
-    _machine,
-    _ok,
-    _pay,
-    _replica,
-    _stored,
+    acquire,
+    holders,
+    json_doc,
+    kubectl_on,
+    machine,
+    pay,
+    pay_short,
+    replica,
+    stored_on,
+    succeeded,
 )
-from test_adversary_round4_membership import _holders, _pay_short
 
 from coordinator.kube.resources import configmaps_path
 from coordinator.membership import A_MEMBERSHIP
@@ -53,7 +54,7 @@ def _state_object(env: Env, index: int) -> dict[str, Any]:
 
 
 def _annotate(env: Env, index: int, kind: str, name: str, *edits: str) -> None:
-    done = _kubectl(env, index, "annotate", "--overwrite", kind, name, *edits)
+    done = kubectl_on(env, index, "annotate", "--overwrite", kind, name, *edits)
     assert done.returncode == 0, done.stderr
 
 
@@ -83,27 +84,29 @@ def test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope
     state object's coordinator-owned annotation is gone, and kept_set_speaks lets it speak
     at the record's own epoch; acquire.py (maybe_choose_token) and
     state/replicas.py:_members_verdict then count it as agreeing."""
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _machine(dep5, tmp_path, "stale")
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4"))
-    _ok(dep5.cli("deployment", "replace-cluster", DEP, "c2", "c5"))
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4"))
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c2", "c5"))
     for i in (2, 3):
         _annotate(dep5, i, "lease", LEASE, f"{A_MEMBERSHIP}-")
         _annotate(dep5, i, "configmap", STATE, f"{A_MEMBERSHIP}-")
-    envelopes = {i: (_replica(dep5, i) or {}).get("membership") for i in (2, 3)}
+    envelopes = {i: (replica(dep5, i) or {}).get("membership") for i in (2, 3)}
     dep5.sandbox.pause(1)
     try:
-        b = _acquire(stale, "bob", "--ttl", "60s")
-        a = _acquire(dep5, "alice", "--ttl", "60s")
+        b = acquire(stale, "bob", "--ttl", "60s")
+        a = acquire(dep5, "alice", "--ttl", "60s")
         wrote = read = None
         if a.returncode == 0 and b.returncode == 0:
             # what the two holders then do with the state
-            wrote = stale.cli("--timeout", "2s", "state", "set", DEP, "release=9.9", "--lock-id", _doc(b)["lock_id"])
+            wrote = stale.cli(
+                "--timeout", "2s", "state", "set", DEP, "release=9.9", "--lock-id", json_doc(b)["lock_id"]
+            )
             read = dep5.cli("--timeout", "2s", "state", "get", DEP, "release")
     finally:
         dep5.sandbox.resume(1)
     assert not (a.returncode == 0 and b.returncode == 0), (
-        _holders(a, b),
+        holders(a, b),
         envelopes,
         wrote and (wrote.returncode, wrote.stdout.strip()),
         read and (read.returncode, read.stdout.strip()),
@@ -133,29 +136,29 @@ def test_removing_the_token_floor_annotation_does_not_let_a_token_be_granted_aga
     floor, and one without it counts as having had it removed (no token is proven new
     until a floor is put back)."""
     env = dep5
-    _pay_short(env, "c1", "c2", "c3", max_ttl="8s")
-    alice = _doc(_ok(_acquire(env, "alice", "--ttl", "8s")))
-    _ok(env.cli("lock", "release", DEP, "--holder", "alice"))
+    pay_short(env, "c1", "c2", "c3", max_ttl="8s")
+    alice = json_doc(succeeded(acquire(env, "alice", "--ttl", "8s")))
+    succeeded(env.cli("lock", "release", DEP, "--holder", "alice"))
     floors = {i: (_state_object(env, i)["metadata"].get("annotations") or {}).get(A_FLOOR) for i in (1, 2, 3)}
     for i in (1, 2, 3):
         _annotate(env, i, "configmap", STATE, f"{A_FLOOR}-")
-        assert _kubectl(env, i, "delete", "lease", LEASE).returncode == 0
+        assert kubectl_on(env, i, "delete", "lease", LEASE).returncode == 0
     # Now: an object without a floor had it removed (coordinator creates every state object
     # with one), so no token is proven new: Bob is refused, not given Alice's token.
-    bob = _acquire(env, "bob", "--ttl", "8s", "--max-server-skew", "0s")
+    bob = acquire(env, "bob", "--ttl", "8s", "--max-server-skew", "0s")
     # (exit 5: with the leases deleted and no state object that counts, nothing confirms
     # the member set either)
     assert bob.returncode in (4, 5), (bob.returncode, bob.stdout, bob.stderr, floors)
-    assert _doc(bob)["fencing_token"] is None and not _doc(bob)["acquired"], bob.stdout
+    assert json_doc(bob)["fencing_token"] is None and not json_doc(bob)["acquired"], bob.stdout
     # The operator puts a floor back (at least the highest token the lock history shows):
     # the next token is above it.
     for i in (1, 2, 3):  # under coordinator's field manager: another client's floor does not speak
-        done = _kubectl(env, i, "annotate", "--overwrite", "--field-manager=coordinator", "configmap", STATE,
+        done = kubectl_on(env, i, "annotate", "--overwrite", "--field-manager=coordinator", "configmap", STATE,
                         f"{A_FLOOR}={alice['fencing_token']}")  # fmt: skip
         assert done.returncode == 0, done.stderr
-    bob = _acquire(env, "bob", "--ttl", "8s", "--wait", "60s", "--max-server-skew", "0s")
-    _ok(bob)
-    assert _doc(bob)["fencing_token"] > alice["fencing_token"], (alice["fencing_token"], _doc(bob), floors)
+    bob = acquire(env, "bob", "--ttl", "8s", "--wait", "60s", "--max-server-skew", "0s")
+    succeeded(bob)
+    assert json_doc(bob)["fencing_token"] > alice["fencing_token"], (alice["fencing_token"], json_doc(bob), floors)
 
 
 # -- the rule that a behind member of the new set stands in while a change is finished
@@ -171,21 +174,21 @@ def _stalled_removal(env: Env, *, write_while_behind: str | None = None) -> None
     c1`` then stops with the joint set (epoch 6) on c1 and c3 only. With
     ``write_while_behind``, release=VALUE is written (confirmed on c1 and c3) while c2 is
     still down, so c2's state object is behind too."""
-    _pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    pay_short(env, "c1", "c2", "c3", max_ttl="10s")
     env.sandbox.pause(2)
     try:
-        _ok(_change(env, "add-cluster", DEP, "c4"))
-        _ok(_change(env, "remove-cluster", DEP, "c4"))
+        succeeded(_change(env, "add-cluster", DEP, "c4"))
+        succeeded(_change(env, "remove-cluster", DEP, "c4"))
         if write_while_behind is not None:
-            lock = _doc(_ok(_acquire(env, "w", "--ttl", "10s")))
-            _ok(env.cli("--timeout", "2s", "state", "set", DEP, f"release={write_while_behind}",
+            lock = json_doc(succeeded(acquire(env, "w", "--ttl", "10s")))
+            succeeded(env.cli("--timeout", "2s", "state", "set", DEP, f"release={write_while_behind}",
                         "--lock-id", lock["lock_id"]))  # fmt: skip
-            _ok(env.cli("lock", "release", DEP, "--holder", "w"))
+            succeeded(env.cli("lock", "release", DEP, "--holder", "w"))
         stopped = _change(env, "remove-cluster", DEP, "c1")
         assert stopped.returncode == 4, stopped.stderr
     finally:
         env.sandbox.resume(2)
-    behind, joint = _stored(env, 2), _stored(env, 3)
+    behind, joint = stored_on(env, 2), stored_on(env, 3)
     assert behind is not None and behind.epoch == 1, behind
     assert joint is not None and joint.epoch == 6 and joint.joint is not None, joint
 
@@ -202,25 +205,25 @@ def test_a_finishing_run_whose_copy_to_the_behind_member_is_refused_does_not_com
 
     HELD: the run exits non-zero with the change still in progress, nothing committed;
     after the policy is gone the rerun commits and release=2.0 is read, on c2 too."""
-    from test_adversary_round3_membership import _drop_policies, _refuse_state_data
+    from helpers.members import drop_policies, refuse_state_data
 
     env = dep5
     _stalled_removal(env, write_while_behind="2.0")
-    assert (_replica(env, 2) or {}).get("data", {}).get("release") != "2.0"
-    made = _refuse_state_data(env, (2,))
+    assert (replica(env, 2) or {}).get("data", {}).get("release") != "2.0"
+    made = refuse_state_data(env, (2,))
     try:
         refused = _change(env, "remove-cluster", DEP, "c1")
-        shown = _doc(_ok(env.cli("-o", "json", "deployment", "show", DEP)))
+        shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
     finally:
-        _drop_policies(env, made)
+        drop_policies(env, made)
     assert refused.returncode != 0, refused.stdout
     assert shown.get("change_in_progress") == {"to": ["c2", "c3"]}, (shown, refused.stderr)
     for i in (2, 3):
-        s = _stored(env, i)
+        s = stored_on(env, i)
         assert s is not None and s.epoch <= 6, (i, s)
-    _ok(_change(env, "remove-cluster", DEP, "c1", wait="30s"))
-    assert _ok(env.cli("state", "get", DEP, "release")).stdout.strip() == "2.0"
-    assert (_replica(env, 2) or {}).get("data", {}).get("release") == "2.0"
+    succeeded(_change(env, "remove-cluster", DEP, "c1", wait="30s"))
+    assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "2.0"
+    assert (replica(env, 2) or {}).get("data", {}).get("release") == "2.0"
 
 
 _STOP_BEFORE_COMMIT = """
@@ -256,20 +259,20 @@ def test_an_api_server_paused_at_the_commit_of_a_finishing_run(dep5: Env, tmp_pa
     HELD: the run exits 4; the three machines' acquisitions all fail; the read fails
     rather than answer 1.2.0; the rerun finishes, 2.0 is read, the token rises."""
     env = dep5
-    _pay_short(env, "c1", "c2", "c3", max_ttl="10s")
-    ancient = _machine(env, tmp_path, "ancient")  # epoch 1
+    pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    ancient = machine(env, tmp_path, "ancient")  # epoch 1
     env.sandbox.pause(2)
     try:
-        _ok(_change(env, "add-cluster", DEP, "c4"))
-        _ok(_change(env, "remove-cluster", DEP, "c4"))
-        lock = _doc(_ok(_acquire(env, "w", "--ttl", "10s")))
-        _ok(env.cli("--timeout", "2s", "state", "set", DEP, "release=2.0", "--lock-id", lock["lock_id"]))
-        _ok(env.cli("lock", "release", DEP, "--holder", "w"))
-        before = _machine(env, tmp_path, "before")  # epoch 5
+        succeeded(_change(env, "add-cluster", DEP, "c4"))
+        succeeded(_change(env, "remove-cluster", DEP, "c4"))
+        lock = json_doc(succeeded(acquire(env, "w", "--ttl", "10s")))
+        succeeded(env.cli("--timeout", "2s", "state", "set", DEP, "release=2.0", "--lock-id", lock["lock_id"]))
+        succeeded(env.cli("lock", "release", DEP, "--holder", "w"))
+        before = machine(env, tmp_path, "before")  # epoch 5
         assert _change(env, "remove-cluster", DEP, "c1").returncode == 4
     finally:
         env.sandbox.resume(2)
-    assert _stored(env, 2) is not None  # c2 answers again before the finishing run starts
+    assert stored_on(env, 2) is not None  # c2 answers again before the finishing run starts
     script = tmp_path / "stop_before_commit.py"
     script.write_text(_STOP_BEFORE_COMMIT)
     mark, go = tmp_path / "mark", tmp_path / "go"
@@ -290,11 +293,11 @@ def test_an_api_server_paused_at_the_commit_of_a_finishing_run(dep5: Env, tmp_pa
         go.write_text("go")
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 4, (proc.returncode, out, err)
-        stored = {i: _stored(env, i) for i in (1, 2)}
+        stored = {i: stored_on(env, i) for i in (1, 2)}
         tries = {
-            "before": _acquire(before, "b", "--ttl", "10s"),
-            "ancient": _acquire(ancient, "a", "--ttl", "10s"),
-            "here": _acquire(env, "h", "--ttl", "10s"),
+            "before": acquire(before, "b", "--ttl", "10s"),
+            "ancient": acquire(ancient, "a", "--ttl", "10s"),
+            "here": acquire(env, "h", "--ttl", "10s"),
         }
         read = env.cli("--timeout", "2s", "state", "get", DEP, "release")
         fresh = tmp_path / "fresh" / "config.yaml"
@@ -302,7 +305,7 @@ def test_an_api_server_paused_at_the_commit_of_a_finishing_run(dep5: Env, tmp_pa
         shutil.copy(env.config, fresh)
         other = Env(sandbox=env.sandbox, config=fresh, namespace=env.namespace, deployment=DEP,
                     clusters=list(env.clusters))  # fmt: skip
-        _ok(other.cli("deployment", "delete", DEP))
+        succeeded(other.cli("deployment", "delete", DEP))
         imported = other.cli("--timeout", "2s", "deployment", "import", DEP, "--cluster", "c2", "-n", env.namespace)
     finally:
         go.write_text("go")
@@ -317,9 +320,9 @@ def test_an_api_server_paused_at_the_commit_of_a_finishing_run(dep5: Env, tmp_pa
     if imported.returncode == 0:
         got = other.cli("--timeout", "2s", "-o", "json", "lock", "acquire", DEP, "--holder", "i", "--ttl", "10s")
         assert got.returncode != 0 or read.returncode != 0, ("import adopted", imported.stdout, got.stdout)
-    done = _ok(_change(env, "remove-cluster", DEP, "c1", wait="30s"))
-    assert _ok(env.cli("state", "get", DEP, "release")).stdout.strip() == "2.0", done.stdout
-    after = _doc(_ok(_acquire(env, "after", "--ttl", "10s", "--wait", "30s")))
+    done = succeeded(_change(env, "remove-cluster", DEP, "c1", wait="30s"))
+    assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "2.0", done.stdout
+    after = json_doc(succeeded(acquire(env, "after", "--ttl", "10s", "--wait", "30s")))
     assert after["fencing_token"] > lock["fencing_token"], (lock, after)
 
 
@@ -352,10 +355,10 @@ def test_a_change_on_ha_members_with_one_api_server_each_stalled_and_skewed(ha: 
     env = make_env(ha, tmp_path)
     ha.set_date_offset(3.0)
     try:
-        _pay_short(env, "c1", "c2", "c3", max_ttl="10s")
-        stale = _machine(env, tmp_path, "stale")
-        first = _doc(_ok(_acquire(env, "t0", "--ttl", "10s")))
-        _ok(env.cli("lock", "release", DEP, "--holder", "t0"))
+        pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+        stale = machine(env, tmp_path, "stale")
+        first = json_doc(succeeded(acquire(env, "t0", "--ttl", "10s")))
+        succeeded(env.cli("lock", "release", DEP, "--holder", "t0"))
         ha.pause(2, apiserver=1)
         ha.pause(3, apiserver=1)
         runs = []
@@ -366,7 +369,7 @@ def test_a_change_on_ha_members_with_one_api_server_each_stalled_and_skewed(ha: 
                 if run.returncode == 0:
                     break
                 assert run.returncode in (4, 3, 1), run.stderr
-                middle = _acquire(stale, "s", "--ttl", "10s")
+                middle = acquire(stale, "s", "--ttl", "10s")
                 if middle.returncode == 0:
                     # (its release meets the stopped apiservers too: exit 4 until it lands)
                     for _ in range(5):
@@ -374,7 +377,7 @@ def test_a_change_on_ha_members_with_one_api_server_each_stalled_and_skewed(ha: 
                             break
                     else:
                         raise AssertionError("the stale machine's release never reached a majority")
-                    shown = _doc(_ok(env.cli("-o", "json", "deployment", "show", DEP)))
+                    shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
                     assert shown.get("change_in_progress") is None and shown["epoch"] == 1, (
                         "the stale machine took the lock during the change",
                         shown,
@@ -384,13 +387,13 @@ def test_a_change_on_ha_members_with_one_api_server_each_stalled_and_skewed(ha: 
             ha.resume(2, apiserver=1)
             ha.resume(3, apiserver=1)
         if runs[-1][0] != 0:
-            _ok(_change(env, "remove-cluster", DEP, "c3", wait="30s"))
-        shown = _doc(_ok(env.cli("-o", "json", "deployment", "show", DEP)))
+            succeeded(_change(env, "remove-cluster", DEP, "c3", wait="30s"))
+        shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
         assert shown["clusters"] == ["c1", "c2"] and shown.get("change_in_progress") is None, (shown, runs)
-        refused = _acquire(stale, "s2", "--ttl", "10s")
+        refused = acquire(stale, "s2", "--ttl", "10s")
         assert refused.returncode == 5, (refused.returncode, refused.stdout, runs)
-        assert _ok(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
-        after = _doc(_ok(_acquire(env, "t1", "--ttl", "10s", "--wait", "30s")))
+        assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
+        after = json_doc(succeeded(acquire(env, "t1", "--ttl", "10s", "--wait", "30s")))
         assert after["fencing_token"] > first["fencing_token"], (first, after, runs)
     finally:
         ha.set_date_offset(0)

@@ -19,8 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
-from test_adversary_round2 import FLOOR, STATE
-from test_lock_hardening import LEASE, acquire, doc, kubectl
+from helpers.web import FLOOR, LEASE, STATE, acquire, doc, kubectl
 
 from coordinator.errors import CoordinatorError
 from coordinator.kube.client import KubeClient, KubeError

@@ -132,15 +132,15 @@ def test_a_server_error_text_is_escaped_on_one_line(dep3: Env, tmp_path: Path) -
     """An admission webhook (through the real API server) denies the state write with a
     message full of escapes and line breaks: the error paragraph and the -v log lines show
     it escaped, on one line; the JSON document keeps the clusters' outcomes."""
-    from test_throttling import _Rule, _Webhook
+    from helpers.throttle import Rule, Webhook
 
-    webhook = _Webhook(dep3.sandbox, tmp_path)
+    webhook = Webhook(dep3.sandbox, tmp_path)
     try:
         webhook.install(dep3.namespace, "deny")
         message = f"denied{TITLE}\r\nc9       free   -  forged line\x9b2J"
         # taken before the rule, since an acquisition records its token on the state object
         assert dep3.cli("lock", "acquire", "web", "--ttl", "60s", "--holder", "alice").returncode == 0
-        webhook.rules.append(_Rule(lambda k: k[3] == "coordinator-state-web", deny=message))
+        webhook.rules.append(Rule(lambda k: k[3] == "coordinator-state-web", deny=message))
         proc = dep3.cli("-v", "-o", "json", "state", "set", "web", "k=v", env={"COORDINATOR_HOLDER": "alice"})
         assert proc.returncode != 0, proc.stderr
         _clean(proc.stderr)

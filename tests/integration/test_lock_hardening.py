@@ -9,8 +9,6 @@ a repeated fencing token, a lost lock or a lock left behind on the earlier code.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
-from faults.kubectl import kubectl as run_kubectl
+from helpers.web import LEASE, acquire, doc, holder_on, kubectl, lease
 
 from coordinator.errors import LockHeldError
 from coordinator.kube.client import KubeError
@@ -27,25 +25,6 @@ from coordinator.kube.resources import lease_path
 from coordinator.lease import lock_id_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-LEASE = "coordinator-lock-web"
-
-
-def kubectl(env: Env, index: int, *args: str) -> str:
-    """A real other client: kubectl on cluster ``index``, in the deployment's namespace."""
-    if shutil.which("kubectl") is None:
-        pytest.fail("kubectl is missing: scripts/setup.sh installs Debian's kubernetes-client")
-    proc = run_kubectl(env.kubeconfig, index, env.namespace, *args)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def lease(env: Env, index: int) -> dict[str, Any] | None:
-    try:
-        return anyio.run(env.raw, index, "GET", lease_path(env.namespace, LEASE))
-    except KubeError as err:
-        assert err.kind == "not-found"
-        return None
 
 
 async def holder_now(env: Env, index: int) -> str | None:
@@ -57,24 +36,10 @@ async def holder_now(env: Env, index: int) -> str | None:
     return lock_id_of(obj["spec"].get("holderIdentity"))
 
 
-def holder_on(env: Env, index: int) -> str | None:
-    obj = lease(env, index)
-    return None if obj is None else lock_id_of(obj["spec"].get("holderIdentity"))
-
-
 def token_on(env: Env, index: int) -> int:
     obj = lease(env, index)
     assert obj is not None
     return int(obj["metadata"]["annotations"]["coordinator.io/fencing-token"])
-
-
-def acquire(env: Env, holder: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return env.cli("-o", "json", "lock", "acquire", "web", "--holder", holder, *args)
-
-
-def doc(proc: subprocess.CompletedProcess[str]) -> Any:
-    assert proc.stdout.strip(), proc.stderr
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture

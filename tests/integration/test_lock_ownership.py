@@ -24,8 +24,17 @@ from pathlib import Path
 import anyio
 import pytest
 from coord_fixtures import Env
-from test_lockrun import MARK_VAR, Tree, _contender, _finish, _start, _status, _took_after_tree, _watchdogs
-from test_lockrun import tree as tree  # the fixture
+from helpers.lockrun import (
+    MARK_VAR,
+    Tree,
+    finish_run,
+    lock_status,
+    start_contender,
+    start_run,
+    took_after_tree,
+    watchdogs,
+)
+from helpers.lockrun import tree as tree  # the fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -42,7 +51,7 @@ def _other_machine(env: Env, tmp_path: Path) -> dict[str, str]:
 
 
 def _held_by(env: Env) -> str | None:
-    st = _status(env)
+    st = lock_status(env)
     return st["lock_id"] if st["held_by_majority"] else None
 
 
@@ -60,7 +69,7 @@ def test_a_second_job_of_the_same_holder_gets_nothing_of_a_running_lock_run(dep3
     """Two CI jobs on one runner share HOME and the holder: job 1 runs `lock run`; job 2's
     acquisition is refused, and neither its `state set` nor its cleanup release may pick
     up job 1's lock from the record. A third job elsewhere stays out."""
-    job1 = _start(dep3, tree, "--ttl", "60s", "--grace", "2s", holder="ci")
+    job1 = start_run(dep3, tree, "--ttl", "60s", "--grace", "2s", holder="ci")
     lock_id = _held_by(dep3)
     assert lock_id is not None
     job2 = {"COORDINATOR_HOLDER": "ci"}
@@ -78,7 +87,7 @@ def test_a_second_job_of_the_same_holder_gets_nothing_of_a_running_lock_run(dep3
     assert third.returncode == 3, third.stderr
     assert tree.processes(), "job 1's child did not survive job 2"
     job1.send_signal(signal.SIGTERM)
-    code, err = _finish(job1)
+    code, err = finish_run(job1)
     assert code == 128 + signal.SIGTERM, err
     assert f"released lock {lock_id}" in err, err
 
@@ -109,13 +118,13 @@ def test_lock_run_notices_a_release_from_elsewhere_and_stops_its_group(dep3: Env
     """An operator on another machine releases the lock of a running `lock run`: the next
     renewal (every ~19 s here) finds its leases free, which is a loss: the group is
     stopped and `lock run` exits 7, long before the lock's validity (60 s) would end."""
-    proc = _start(dep3, tree, "--ttl", "60s", "--grace", "2s")
+    proc = start_run(dep3, tree, "--ttl", "60s", "--grace", "2s")
     lock_id = _held_by(dep3)
     assert lock_id is not None
     released = dep3.cli("lock", "release", DEP, "--lock-id", lock_id, env=_other_machine(dep3, tmp_path))
     assert released.returncode == 0, released.stderr
     assert tree.wait_gone(45), "the child ran on after its lock was released"
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 7, err
     assert "LOCK LOST on web" in err and "released" in err, err
     assert "before its validity ended" not in err, err
@@ -126,7 +135,7 @@ def test_a_release_on_this_machine_waits_for_the_group_and_refuses_unless_forced
     runs: it waits for the group (the `lock run`'s --grace and a little), then refuses
     (exit 3), the lock and the child untouched. --force releases it; `lock run` notices
     at its next renewal and stops the group (exit 7)."""
-    proc = _start(dep3, tree, "--ttl", "60s", "--grace", "2s")
+    proc = start_run(dep3, tree, "--ttl", "60s", "--grace", "2s")
     lock_id = _held_by(dep3)
     assert lock_id is not None
     refused = dep3.cli("lock", "release", DEP, "--lock-id", lock_id)
@@ -137,7 +146,7 @@ def test_a_release_on_this_machine_waits_for_the_group_and_refuses_unless_forced
     forced = dep3.cli("lock", "release", DEP, "--lock-id", lock_id, "--force", "--grace", "1s")
     assert forced.returncode == 0, forced.stderr
     assert tree.wait_gone(45), "the child ran on after its lock was released"
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 7, err
     assert "LOCK LOST on web" in err, err
 
@@ -159,10 +168,10 @@ def test_the_child_cannot_release_its_own_lock_from_under_lock_run(dep3: Env, tm
     said = out.read_text()
     assert rc.read_text().strip() == "3", said
     assert "its own process group" in said, said
-    st = _status(dep3)
+    st = lock_status(dep3)
     assert st["held_by_majority"], st
     proc.send_signal(signal.SIGTERM)
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 128 + signal.SIGTERM, err
     assert "released lock" in err, err
 
@@ -170,7 +179,7 @@ def test_the_child_cannot_release_its_own_lock_from_under_lock_run(dep3: Env, tm
 def test_a_lease_freed_on_a_minority_is_not_a_loss(dep3: Env, tree: Tree) -> None:
     """Only a majority that can no longer be ours is a loss: with the lease freed on one
     member of three, `lock run` keeps renewing the other two and its child runs on."""
-    proc = _start(dep3, tree, "--ttl", "9s", "--grace", "1s")
+    proc = start_run(dep3, tree, "--ttl", "9s", "--grace", "1s")
     lock_id = _held_by(dep3)
     assert lock_id is not None
 
@@ -180,14 +189,14 @@ def test_a_lease_freed_on_a_minority_is_not_a_loss(dep3: Env, tree: Tree) -> Non
             await api.lock_engine(DEP)._release_one("c1", lock_id)
 
     anyio.run(free_c1)
-    rows = {r["name"]: r for r in _status(dep3)["clusters"]}
+    rows = {r["name"]: r for r in lock_status(dep3)["clusters"]}
     assert rows["c1"]["lock_id"] is None, rows
     renewed = {r["name"]: r["renewed_at"] for r in rows.values()}
     # Three renewal rounds at least (every ~2.7 s with this TTL): past the first that saw c1 free.
     for _ in range(3):
         deadline = time.monotonic() + 60
         while True:
-            now = {r["name"]: r["renewed_at"] for r in _status(dep3)["clusters"]}
+            now = {r["name"]: r["renewed_at"] for r in lock_status(dep3)["clusters"]}
             if now["c2"] != renewed["c2"] or now["c3"] != renewed["c3"]:
                 renewed = now
                 break
@@ -196,7 +205,7 @@ def test_a_lease_freed_on_a_minority_is_not_a_loss(dep3: Env, tree: Tree) -> Non
             time.sleep(0.2)
     assert proc.poll() is None and tree.grandchild_alive()
     proc.send_signal(signal.SIGTERM)
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 128 + signal.SIGTERM, err
     assert "LOCK LOST" not in err, err
 
@@ -213,16 +222,16 @@ def test_the_cleanup_after_a_killed_lock_run_waits_for_the_childs_rollback(dep3:
     tree.follow()
     lock_id = _held_by(dep3)
     assert lock_id is not None
-    contender = _contender(dep3, wait="120s")
+    contender = start_contender(dep3, wait="120s")
     time.sleep(1)  # the contender is waiting
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     cleanup = dep3.cli("lock", "release", DEP, "--if-held", env={"COORDINATOR_HOLDER": "runner"})
     assert cleanup.returncode == 0, cleanup.stdout + cleanup.stderr
     assert f"Released lock {lock_id}" in cleanup.stdout, cleanup.stdout + cleanup.stderr
-    _took_after_tree(dep3, tree, contender)
-    _finish(proc)
-    assert not _watchdogs(proc.pid)
+    took_after_tree(dep3, tree, contender)
+    finish_run(proc)
+    assert not watchdogs(proc.pid)
 
 
 def env_popen_run(env: Env, tree: Tree, command: list[str], *args: str) -> subprocess.Popen[str]:
@@ -231,7 +240,7 @@ def env_popen_run(env: Env, tree: Tree, command: list[str], *args: str) -> subpr
         "lock", "run", DEP, "--holder", "runner", *args, "--", *command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     deadline = time.monotonic() + 40
-    while not (tree.grandchild_alive() and _status(env)["held_by_majority"]):
+    while not (tree.grandchild_alive() and lock_status(env)["held_by_majority"]):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the child's tree never started"
         time.sleep(0.1)

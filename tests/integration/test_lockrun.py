@@ -11,297 +11,103 @@ that it took it only after the last of them was gone.
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
 import signal
 import subprocess
-import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faults.admission import add_policy, remove_policy
+from helpers.lockrun import (
+    Tree,
+    finish_run,
+    json_of,
+    lock_status,
+    proc_stat,
+    start_contender,
+    start_run,
+    took_after_tree,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-MARK_VAR = "LOCKRUN_TEST_MARK"
-
-
-def _stat(pid: str) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2 :].decode().split()
-
-
-class Tree:
-    """One child's process tree, found in /proc by its marker."""
-
-    def __init__(self) -> None:
-        self.marker = "lockrun-mark-" + secrets.token_hex(6)
-        self.last_alive = 0.0  # wall-clock time the tree was last seen alive
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def command(self, *, ignore_term: bool = False, then: str = "sleep 299; wait") -> list[str]:
-        trap = "trap '' TERM; " if ignore_term else ""
-        script = f"{trap}sh -c 'sleep 300; :' {self.marker} & {then}"
-        return ["env", f"{MARK_VAR}={self.marker}", "sh", "-c", script]
-
-    def processes(self) -> dict[int, str]:
-        """Live (not zombie) processes of the tree: pid -> state letter."""
-        found = {}
-        needle_env = f"{MARK_VAR}={self.marker}".encode()
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            # By the environment: `lock run` itself has the marker in its command line.
-            if needle_env in environ.split(b"\0"):
-                stat = _stat(pid)
-                if stat is not None and stat[0] not in ("Z", "X"):
-                    found[int(pid)] = stat[0]
-        return found
-
-    def grandchild_alive(self) -> bool:
-        for pid in self.processes():
-            try:
-                if self.marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return True
-            except OSError:
-                continue
-        return False
-
-    def wait_started(self, timeout: float = 40) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.grandchild_alive() and len(self.processes()) >= 4:
-                return
-            time.sleep(0.1)
-        pytest.fail(f"the child's tree never started: {self.processes()}")
-
-    def wait_gone(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.processes():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def assert_gone(self) -> None:
-        left = self.processes()
-        assert not left, f"processes of the child's tree still alive: {left}"
-
-    def follow(self) -> Tree:
-        """Record, in the background, the last time any process of the tree was alive."""
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                # Stamped before the scan: a process seen alive was alive at some moment
-                # after this, so the stamp never claims a later life than the real one.
-                before = time.time()
-                if self.processes():
-                    self.last_alive = before
-                time.sleep(0.02)
-
-        self._thread = threading.Thread(target=loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop_following(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def kill(self) -> None:
-        for pid in self.processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-@pytest.fixture
-def tree() -> Any:
-    t = Tree()
-    yield t
-    t.stop_following()
-    t.kill()  # whatever a failed test left behind
-
-
-def _json(proc: subprocess.CompletedProcess[str]) -> Any:
-    assert proc.stdout.strip(), proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _status(env: Any) -> Any:
-    return _json(env.cli("-o", "json", "lock", "status", "web"))
-
-
-def _watchdogs(pid: int) -> list[int]:
-    """The watchdog processes of the `lock run` process ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        stat = _stat(entry)
-        if b"--watchdog" in args and str(pid).encode() in args and stat and stat[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def _start(
-    env: Any, tree: Tree, *args: str, ignore_term: bool = False, then: str = "sleep 299; wait", holder: str = "runner"
-) -> subprocess.Popen[str]:
-    proc = env.popen(
-        "lock",
-        "run",
-        "web",
-        "--holder",
-        holder,
-        *args,
-        "--",
-        *tree.command(ignore_term=ignore_term, then=then),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    tree.wait_started()
-    st = _status(env)
-    assert st["holder"] == holder and st["held_by_majority"], st
-    assert _watchdogs(proc.pid), "no watchdog runs beside `lock run`"
-    return proc
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert not _watchdogs(proc.pid), "the watchdog outlived `lock run`"
-    return proc.returncode, err
-
-
-def _acquired_at(env: Any, lock_id: str) -> float:
-    """Wall-clock time at which ``lock_id`` took its leases (their acquireTime)."""
-    rows = [r for r in _status(env)["clusters"] if r["lock_id"] == lock_id and r["acquired_at"]]
-    assert rows, f"lock {lock_id} holds no lease"
-    return min(datetime.fromisoformat(r["acquired_at"]).timestamp() for r in rows)
-
-
-def _contender(env: Any, wait: str = "60s") -> subprocess.Popen[str]:
-    return env.popen(
-        "-o",
-        "json",
-        "lock",
-        "acquire",
-        "web",
-        "--holder",
-        "next",
-        "--ttl",
-        "30s",
-        "--wait",
-        wait,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _took_after_tree(env: Any, tree: Tree, contender: subprocess.Popen[str], timeout: float = 90) -> None:
-    out, err = contender.communicate(timeout=timeout)
-    assert contender.returncode == 0, err
-    tree.stop_following()
-    tree.assert_gone()
-    taken = _acquired_at(env, json.loads(out)["lock_id"])
-    assert tree.last_alive > 0
-    assert taken > tree.last_alive, f"the contender took the lock {tree.last_alive - taken:.3f}s before the tree died"
 
 
 # ------------------------------------------------------------------ signals to `lock run`
 
 
 def test_sigterm_stops_the_whole_tree_before_the_lock_is_released(dep3: Any, tree: Tree) -> None:
-    proc = _start(dep3, tree, "--ttl", "8s")
+    proc = start_run(dep3, tree, "--ttl", "8s")
     tree.follow()
-    contender = _contender(dep3)
+    contender = start_contender(dep3)
     time.sleep(1)  # the contender is waiting
     proc.send_signal(signal.SIGTERM)
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 128 + signal.SIGTERM, err  # the child (sh) died of the forwarded SIGTERM
     tree.assert_gone()
     assert "interrupted by SIGTERM: stopped the child" in err and "released lock" in err, err
-    _took_after_tree(dep3, tree, contender)
+    took_after_tree(dep3, tree, contender)
 
 
 def test_sigint_stops_even_what_ignores_it(dep3: Any, tree: Tree) -> None:
     # A non-interactive sh starts its background jobs with SIGINT ignored: the grandchild
     # survives the forwarded SIGINT, and must be stopped before the lock is released.
-    proc = _start(dep3, tree, "--ttl", "8s")
+    proc = start_run(dep3, tree, "--ttl", "8s")
     proc.send_signal(signal.SIGINT)
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 128 + signal.SIGINT, err
     tree.assert_gone()
     assert "interrupted by SIGINT" in err and "it left in its group" in err and "released lock" in err, err
-    assert _status(dep3)["holder"] is None
+    assert lock_status(dep3)["holder"] is None
 
 
 # ------------------------------------------------------------------ losing the lock
 
 
 def test_lost_lock_stops_the_tree_and_exits_7(dep3: Any, tree: Tree) -> None:
-    proc = _start(dep3, tree, "--ttl", "6s", "--grace", "5s")
+    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "5s")
     tree.follow()
     dep3.sandbox.pause(1)
     dep3.sandbox.pause(2)
     assert tree.wait_gone(30), "the tree outlived the lock"
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 7, err
     assert "LOCK LOST on web" in err and "lost the lock on web" in err and "stopped the child (SIGTERM)" in err, err
     dep3.sandbox.resume(1)
     dep3.sandbox.resume(2)
-    _took_after_tree(dep3, tree, _contender(dep3))
+    took_after_tree(dep3, tree, start_contender(dep3))
 
 
 def test_break_by_another_holder_stops_the_tree_and_exits_7(dep3: Any, tree: Tree) -> None:
-    proc = _start(dep3, tree, "--ttl", "6s", "--grace", "5s")
+    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "5s")
     broken = dep3.cli("lock", "break", "web", "--yes", "--reason", "test")
     assert broken.returncode == 0, broken.stderr
     assert tree.wait_gone(15), "the tree outlived the break"
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 7, err
     assert "lost the lock on web" in err, err
 
 
 def test_child_ignoring_sigterm_is_killed_after_the_grace(dep3: Any, tree: Tree) -> None:
-    proc = _start(dep3, tree, "--ttl", "6s", "--grace", "3s", ignore_term=True)
+    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "3s", ignore_term=True)
     dep3.sandbox.pause(1)
     dep3.sandbox.pause(2)
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     tree.assert_gone()
     assert code == 7, err
     assert "stopped the child (SIGTERM, then SIGKILL after 3s)" in err, err
 
 
 def test_dead_lock_run_is_followed_by_its_tree(dep3: Any, tree: Tree) -> None:
-    proc = _start(dep3, tree, "--ttl", "6s", "--grace", "3s")
+    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "3s")
     tree.follow()
-    contender = _contender(dep3)
+    contender = start_contender(dep3)
     time.sleep(1)
     proc.send_signal(signal.SIGKILL)
     assert tree.wait_gone(10), "the tree outlived `lock run`"
-    _, err = _finish(proc)
+    _, err = finish_run(proc)
     assert "watchdog" in err and "is gone" in err, err
-    _took_after_tree(dep3, tree, contender)
+    took_after_tree(dep3, tree, contender)
 
 
 # ------------------------------------------------------------------ Ctrl-Z
@@ -312,38 +118,38 @@ def _states(tree: Tree) -> set[str]:
 
 
 def test_ctrl_z_stops_the_tree_and_checks_the_lock_before_it_continues(dep3: Any, tree: Tree) -> None:
-    proc = _start(dep3, tree, "--ttl", "8s")
+    proc = start_run(dep3, tree, "--ttl", "8s")
     proc.send_signal(signal.SIGTSTP)
     deadline = time.monotonic() + 10
     while _states(tree) != {"T"} and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _states(tree) == {"T"}, tree.processes()
-    assert _stat(str(proc.pid))[0] == "T"  # type: ignore[index]
+    assert proc_stat(str(proc.pid))[0] == "T"  # type: ignore[index]
     time.sleep(1.5)
     proc.send_signal(signal.SIGCONT)
     deadline = time.monotonic() + 10
     while "T" in _states(tree) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "T" not in _states(tree), tree.processes()
-    assert _status(dep3)["holder"] == "runner"
+    assert lock_status(dep3)["holder"] == "runner"
     proc.send_signal(signal.SIGTERM)
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 128 + signal.SIGTERM, err
     tree.assert_gone()
 
 
 def test_ctrl_z_past_the_ttl_loses_the_lock(dep3: Any, tree: Tree) -> None:
-    proc = _start(dep3, tree, "--ttl", "6s", "--grace", "3s")
+    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "3s")
     tree.follow()
-    contender = _contender(dep3)
+    contender = start_contender(dep3)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTSTP)
     # Stopped past the validity: the watchdog stops the group, then the lease expires.
     assert tree.wait_gone(20), "a stopped tree outlived the lock's validity"
-    _took_after_tree(dep3, tree, contender)
-    assert _stat(str(proc.pid))[0] == "T"  # type: ignore[index]
+    took_after_tree(dep3, tree, contender)
+    assert proc_stat(str(proc.pid))[0] == "T"  # type: ignore[index]
     proc.send_signal(signal.SIGCONT)
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 7, err
     assert "lost the lock on web" in err and "SIGTSTP" in err, err
 
@@ -366,21 +172,21 @@ def test_exit_codes_like_env(dep3: Any, tmp_path: Path) -> None:
     proc = dep3.cli("lock", "run", "web", "--", "sh", "-c", "kill -KILL $$")
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
     assert "was killed by SIGKILL (exit 137)" in proc.stderr, proc.stderr
-    assert _status(dep3)["holder"] is None
+    assert lock_status(dep3)["holder"] is None
 
 
 def test_renewed_for_as_long_as_the_child_runs_and_leftovers_stopped(dep3: Any, tree: Tree) -> None:
     # The child outlives two TTLs, then exits 0 leaving its grandchild behind.
-    proc = _start(dep3, tree, "--ttl", "6s", "--grace", "3s", then="sleep 14; exit 0")
-    code, err = _finish(proc)
+    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "3s", then="sleep 14; exit 0")
+    code, err = finish_run(proc)
     assert code == 0, err
     tree.assert_gone()
     assert "released lock" in err and "after the child exited 0" in err and "it left in its group" in err, err
-    assert _status(dep3)["holder"] is None
+    assert lock_status(dep3)["holder"] is None
 
 
 def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree) -> None:
-    taken = _json(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", "6s"))
+    taken = json_of(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", "6s"))
     lock_id = taken["lock_id"]
     refused = dep3.cli("lock", "run", "web", "--holder", "alice", "--", "true")
     assert refused.returncode == 3
@@ -402,7 +208,7 @@ def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert f"lock {lock_id} of web stays held" in proc.stderr, proc.stderr
-    st = _status(dep3)
+    st = lock_status(dep3)
     assert st["lock_id"] == lock_id and st["held_by_majority"], st
     # The same through the environment, and released this time.
     proc = dep3.cli(
@@ -410,11 +216,11 @@ def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert f"released lock {lock_id} of web after the child exited 0" in proc.stderr, proc.stderr
-    assert _status(dep3)["holder"] is None
+    assert lock_status(dep3)["holder"] is None
 
 
 def test_wait_reports_progress(dep3: Any) -> None:
-    taken = _json(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", "30s"))
+    taken = json_of(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", "30s"))
     proc = dep3.popen(
         "lock",
         "run",
@@ -430,7 +236,7 @@ def test_wait_reports_progress(dep3: Any) -> None:
     )
     time.sleep(3)
     assert dep3.cli("lock", "release", "web", "--lock-id", taken["lock_id"]).returncode == 0
-    code, err = _finish(proc)
+    code, err = finish_run(proc)
     assert code == 0, err
     assert "waiting for web: held by alice" in err, err
     assert "released lock" in err, err
@@ -462,15 +268,15 @@ def test_a_slow_cleanup_is_cut_short_before_the_lock_can_pass_on(dep3: Any, tree
     contender waits after the lock's validity. The loss is declared ahead of the validity's
     end and SIGKILL comes no later than that end, so the waiting contender never takes the
     lock while the tree runs."""
-    proc = _start(dep3, tree, "--ttl", "9s", "--grace", "20s", ignore_term=True)
+    proc = start_run(dep3, tree, "--ttl", "9s", "--grace", "20s", ignore_term=True)
     tree.follow()
     try:
         for i in (1, 2):
             _refuse_renewals_of(dep3, i, "runner")
-        contender = _contender(dep3)
-        code, err = _finish(proc)
+        contender = start_contender(dep3)
+        code, err = finish_run(proc)
         assert code == 7, err
-        _took_after_tree(dep3, tree, contender)
+        took_after_tree(dep3, tree, contender)
     finally:
         for i in (1, 2):
             _allow_renewals_of(dep3, i, "runner")
@@ -500,4 +306,4 @@ def test_a_broken_stderr_neither_ends_lock_run_nor_abandons_the_lock(dep3: Any, 
     proc.stderr.close()  # the reader is gone before `lock run` says anything
     assert proc.wait(timeout=60) == 0
     assert done.read_text().strip() == "ran"
-    assert not _status(dep3)["held_by_majority"]
+    assert not lock_status(dep3)["held_by_majority"]

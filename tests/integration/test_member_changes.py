@@ -15,7 +15,14 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import COMMIT_EVERYWHERE, Env
-from test_membership import _second_machine
+from helpers.members import (
+    identities,
+    pay,
+    replica_data,
+    second_machine,
+    stored_set,
+    succeeded,
+)
 
 from coordinator.config import ConfigStore
 from coordinator.kube.resources import configmaps_path, lease_path
@@ -24,56 +31,24 @@ from coordinator.membership import A_MEMBERSHIP, Membership
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _stored(env: Env, index: int, deployment: str = "pay") -> Membership:
-    lease: dict[str, Any] = anyio.run(
-        env.raw, index, "GET", lease_path(env.namespace, f"coordinator-lock-{deployment}")
-    )
-    found = Membership.parse(lease["metadata"]["annotations"][A_MEMBERSHIP])
-    assert found is not None
-    return found
-
-
-def _identities(env: Env, *names: str) -> set[str]:
-    cfg = ConfigStore(env.config).load()
-    return {cfg.clusters[n].identity for n in names}
-
-
-def _replica_data(env: Env, index: int, deployment: str = "pay") -> dict[str, Any]:
-    obj = anyio.run(env.raw, index, "GET", f"{configmaps_path(env.namespace)}/coordinator-state-{deployment}")
-    return dict(json.loads(obj["data"]["envelope.json"])["data"])
-
-
-def _ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    return proc
-
-
-def _pay(env: Env, *members: str) -> None:
-    args = [a for m in members for a in ("--cluster", m)]
-    _ok(env.cli("deployment", "create", "pay", "-n", env.namespace, *args))
-    lock = json.loads(_ok(env.cli("-o", "json", "lock", "acquire", "pay", "--holder", "w", "--ttl", "30s")).stdout)
-    _ok(env.cli("state", "set", "pay", "release=1.2.0", "--lock-id", lock["lock_id"]))
-    _ok(env.cli("lock", "release", "pay", "--holder", "w"))
-
-
 def test_add_then_remove_a_member(dep5: Env, tmp_path: Path) -> None:
-    _pay(dep5, "c1", "c2", "c3")
-    stale = _second_machine(dep5, tmp_path, "pay", ["c1", "c2", "c3"])
-    assert _ok(_acquire(stale)).returncode == 0  # the same record: fine before the change
-    _ok(stale.cli("lock", "release", "pay", "--holder", "x"))
+    pay(dep5, "c1", "c2", "c3")
+    stale = second_machine(dep5, tmp_path, "pay", ["c1", "c2", "c3"])
+    assert succeeded(_acquire(stale)).returncode == 0  # the same record: fine before the change
+    succeeded(stale.cli("lock", "release", "pay", "--holder", "x"))
 
-    added = _ok(dep5.cli("deployment", "add-cluster", "pay", "c4", env=COMMIT_EVERYWHERE))
+    added = succeeded(dep5.cli("deployment", "add-cluster", "pay", "c4", env=COMMIT_EVERYWHERE))
     assert "epoch 3" in added.stdout
     for i in (1, 2, 3, 4):
-        stored = _stored(dep5, i)
-        assert stored.epoch == 3 and set(stored.members) == _identities(dep5, "c1", "c2", "c3", "c4")
+        stored = stored_set(dep5, i)
+        assert stored.epoch == 3 and set(stored.members) == identities(dep5, "c1", "c2", "c3", "c4")
         assert stored.joint is None
-    assert _replica_data(dep5, 4)["release"] == "1.2.0"  # the state was copied before c4 counted
+    assert replica_data(dep5, 4)["release"] == "1.2.0"  # the state was copied before c4 counted
     # c4's lock history exists (empty) from the change on, as `deployment create` makes it:
     # nobody may plant one there under the deployment's name.
     history = anyio.run(dep5.raw, 4, "GET", f"/api/v1/namespaces/{dep5.namespace}/configmaps/coordinator-history-pay")
     assert history["metadata"]["name"] == "coordinator-history-pay"
-    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["epoch"] == 3 and show["clusters"] == ["c1", "c2", "c3", "c4"] and show["change_in_progress"] is None
     stored = show["stored_member_sets"]
     assert all(stored[f"c{i}"] == "epoch 3: c1, c2, c3, c4 (as recorded here)" for i in (1, 2, 3, 4)), stored
@@ -81,34 +56,34 @@ def test_add_then_remove_a_member(dep5: Env, tmp_path: Path) -> None:
     refused = _acquire(stale)
     assert refused.returncode == 5, refused.stderr
     assert "deployment import pay" in refused.stderr
-    _ok(stale.cli("deployment", "delete", "pay"))
-    _ok(stale.cli("deployment", "import", "pay", "--cluster", "c2", "-n", dep5.namespace))
-    _ok(_acquire(stale))
-    _ok(stale.cli("lock", "release", "pay", "--holder", "x"))
+    succeeded(stale.cli("deployment", "delete", "pay"))
+    succeeded(stale.cli("deployment", "import", "pay", "--cluster", "c2", "-n", dep5.namespace))
+    succeeded(_acquire(stale))
+    succeeded(stale.cli("lock", "release", "pay", "--holder", "x"))
 
-    _ok(dep5.cli("deployment", "remove-cluster", "pay", "c1"))
+    succeeded(dep5.cli("deployment", "remove-cluster", "pay", "c1"))
     for i in (1, 2, 3, 4):  # the commit is written on the removed member too
-        stored = _stored(dep5, i)
-        assert stored.epoch == 5 and set(stored.members) == _identities(dep5, "c2", "c3", "c4")
+        stored = stored_set(dep5, i)
+        assert stored.epoch == 5 and set(stored.members) == identities(dep5, "c2", "c3", "c4")
     # the state is still there for the remaining members, with c1 paused
     dep5.sandbox.pause(1)
-    assert _ok(dep5.cli("--timeout", "2s", "state", "get", "pay", "release")).stdout.strip() == "1.2.0"
+    assert succeeded(dep5.cli("--timeout", "2s", "state", "get", "pay", "release")).stdout.strip() == "1.2.0"
 
 
 def test_an_interrupted_change_is_finished_by_running_it_again(dep5: Env) -> None:
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     killed = dep5.cli(
         "deployment", "add-cluster", "pay", "c4", "--ttl", "5s", env={"COORDINATOR_TEST_KILL_AFTER": "joint"}
     )
     assert killed.returncode == -9, killed.stderr
-    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["change_in_progress"] == {"to": ["c1", "c2", "c3", "c4"]} and show["epoch"] == 2
-    assert _stored(dep5, 4).joint is not None  # the joint configuration is what the members store
-    again = _ok(dep5.cli("deployment", "add-cluster", "pay", "c4", "--wait", "30s"))
+    assert stored_set(dep5, 4).joint is not None  # the joint configuration is what the members store
+    again = succeeded(dep5.cli("deployment", "add-cluster", "pay", "c4", "--wait", "30s"))
     assert "Finishing the change" in again.stdout
     for i in (1, 2, 3, 4):
-        assert _stored(dep5, i).epoch == 3
-    assert _replica_data(dep5, 4)["release"] == "1.2.0"
+        assert stored_set(dep5, i).epoch == 3
+    assert replica_data(dep5, 4)["release"] == "1.2.0"
 
 
 def test_an_interrupted_change_whose_leases_were_then_deleted_is_finished_by_running_it_again(
@@ -120,36 +95,38 @@ def test_an_interrupted_change_whose_leases_were_then_deleted_is_finished_by_run
     the members store the set before the change, which a change in progress accepts. (Once
     it found no trace of the change on the leases, the run checked the members against the
     joint set alone and refused for good, exit 5: a soak wedged on it.)"""
-    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "15s",
+    succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "15s",
                  *[a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]))  # fmt: skip
-    _ok(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))  # the set is noted on the state objects
+    succeeded(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))  # the set is noted on the state objects
     killed = dep5.cli(
         "deployment", "remove-cluster", "pay", "c4", "--ttl", "5s", env={"COORDINATOR_TEST_KILL_AFTER": "joint"}
     )
     assert killed.returncode == -9, killed.stderr
-    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["change_in_progress"] == {"to": ["c1", "c2"]}, show
     for i in (1, 2, 4):
         anyio.run(dep5.raw, i, "DELETE", lease_path(dep5.namespace, "coordinator-lock-pay"))
     again = dep5.cli("deployment", "remove-cluster", "pay", "c4", "--ttl", "10s", "--wait", "60s")
     assert again.returncode == 0, again.stderr + again.stdout
-    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["clusters"] == ["c1", "c2"] and show["change_in_progress"] is None, show
     for i in (1, 2):
-        assert set(_stored(dep5, i).members) == _identities(dep5, "c1", "c2")
-    _ok(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "30s"))
+        assert set(stored_set(dep5, i).members) == identities(dep5, "c1", "c2")
+    succeeded(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "30s"))
 
 
 def test_replace_a_rebuilt_member(dep5: Env) -> None:
     """c3 was rebuilt: it came back as a new cluster (new identity), connected as c5."""
-    _pay(dep5, "c1", "c2", "c3")
-    _ok(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c5"))
+    pay(dep5, "c1", "c2", "c3")
+    succeeded(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c5"))
     for i in (1, 2, 5):
-        stored = _stored(dep5, i)
-        assert stored.epoch == 3 and set(stored.members) == _identities(dep5, "c1", "c2", "c5")
-    assert _replica_data(dep5, 5)["release"] == "1.2.0"
+        stored = stored_set(dep5, i)
+        assert stored.epoch == 3 and set(stored.members) == identities(dep5, "c1", "c2", "c5")
+    assert replica_data(dep5, 5)["release"] == "1.2.0"
     dep5.sandbox.pause(3)
-    lock = json.loads(_ok(dep5.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "pay", "--holder", "z")).stdout)
+    lock = json.loads(
+        succeeded(dep5.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "pay", "--holder", "z")).stdout
+    )
     assert {c["name"] for c in lock["clusters"]} == {"c1", "c2", "c5"}
 
 
@@ -164,9 +141,9 @@ def test_members_change_while_contenders_hold_wait_and_write(dep5: Env) -> None:
     writes form a linearizable register."""
     from faults.checkers import check_linearizable_register, check_mutual_exclusion
 
-    _pay(dep5, "c1", "c2", "c3")
-    _ok(dep5.cli("state", "set", "pay", "k=w0", "--lock-id", _hold(dep5, "setup")))
-    _ok(dep5.cli("lock", "release", "pay", "--holder", "setup"))
+    pay(dep5, "c1", "c2", "c3")
+    succeeded(dep5.cli("state", "set", "pay", "k=w0", "--lock-id", _hold(dep5, "setup")))
+    succeeded(dep5.cli("lock", "release", "pay", "--holder", "setup"))
     sections: list[dict[str, Any]] = []
     ops: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -215,9 +192,9 @@ def test_members_change_while_contenders_hold_wait_and_write(dep5: Env) -> None:
     try:
         time.sleep(5)
         # The changes take the lock themselves, so they wait their turn like the contenders.
-        _ok(dep5.cli("deployment", "add-cluster", "pay", "c4", "--wait", "120s"))
+        succeeded(dep5.cli("deployment", "add-cluster", "pay", "c4", "--wait", "120s"))
         time.sleep(5)
-        _ok(dep5.cli("deployment", "remove-cluster", "pay", "c1", "--wait", "120s"))
+        succeeded(dep5.cli("deployment", "remove-cluster", "pay", "c1", "--wait", "120s"))
         time.sleep(5)
     finally:
         done.set()
@@ -228,17 +205,17 @@ def test_members_change_while_contenders_hold_wait_and_write(dep5: Env) -> None:
     assert sum(1 for o in ops if o["kind"] == "read") >= 5 and sum(1 for o in ops if o["kind"] == "write") >= 8
     check_mutual_exclusion(sections).assert_ok()
     for i in (2, 3, 4):
-        assert _stored(dep5, i).epoch == 5 and set(_stored(dep5, i).members) == _identities(dep5, "c2", "c3", "c4")
+        assert stored_set(dep5, i).epoch == 5 and set(stored_set(dep5, i).members) == identities(dep5, "c2", "c3", "c4")
     dep5.sandbox.pause(1)  # the removed member is not needed any more: the last read is without it
     invoke = time.monotonic()
-    final = _ok(dep5.cli("--timeout", "2s", "-o", "json", "state", "get", "pay", "k"))
+    final = succeeded(dep5.cli("--timeout", "2s", "-o", "json", "state", "get", "pay", "k"))
     ops.append({"process": "reader", "kind": "read", "value": json.loads(final.stdout), "invoke": invoke,
                 "complete": time.monotonic()})  # fmt: skip
     check_linearizable_register(ops, initial="w0", timeout=60).assert_ok()
 
 
 def _hold(env: Env, holder: str) -> str:
-    taken = _ok(env.cli("-o", "json", "lock", "acquire", "pay", "--holder", holder, "--ttl", "30s"))
+    taken = succeeded(env.cli("-o", "json", "lock", "acquire", "pay", "--holder", holder, "--ttl", "30s"))
     return str(json.loads(taken.stdout)["lock_id"])
 
 
@@ -246,34 +223,36 @@ def test_remove_a_dead_member_with_force_dead(dep5: Env, tmp_path: Path) -> None
     """c4 is gone for good (paused): --force-dead removes it with the lock taken on a
     majority of the remaining members under the configuration in force, says what that
     gives up, and the rest decide alone. A member that answers is not removed that way."""
-    _pay(dep5, "c1", "c2", "c3", "c4")
-    stale = _second_machine(dep5, tmp_path, "pay", ["c1", "c2", "c3", "c4"])
+    pay(dep5, "c1", "c2", "c3", "c4")
+    stale = second_machine(dep5, tmp_path, "pay", ["c1", "c2", "c3", "c4"])
     dep5.sandbox.pause(4)
     alive = dep5.cli("--timeout", "2s", "deployment", "remove-cluster", "pay", "c3", "--force-dead")
     assert alive.returncode == 2 and "not dead" in alive.stderr, alive.stderr
-    assert all(_stored(dep5, i).epoch == 1 for i in (1, 2, 3))
+    assert all(stored_set(dep5, i).epoch == 1 for i in (1, 2, 3))
 
-    removed = _ok(dep5.cli("--timeout", "2s", "deployment", "remove-cluster", "pay", "c4", "--force-dead"))
+    removed = succeeded(dep5.cli("--timeout", "2s", "deployment", "remove-cluster", "pay", "c4", "--force-dead"))
     assert "gives up" in removed.stdout, removed.stdout
     for i in (1, 2, 3):
-        stored = _stored(dep5, i)
-        assert stored.epoch == 3 and set(stored.members) == _identities(dep5, "c1", "c2", "c3")
-    shown = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+        stored = stored_set(dep5, i)
+        assert stored.epoch == 3 and set(stored.members) == identities(dep5, "c1", "c2", "c3")
+    shown = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert shown["clusters"] == ["c1", "c2", "c3"] and shown["epoch"] == 3
 
-    lock = json.loads(_ok(dep5.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "pay", "--holder", "n")).stdout)
+    lock = json.loads(
+        succeeded(dep5.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "pay", "--holder", "n")).stdout
+    )
     assert {c["name"] for c in lock["clusters"]} == {"c1", "c2", "c3"}
     assert lock["fencing_token"] > 1
-    _ok(dep5.cli("--timeout", "2s", "state", "set", "pay", "release=2.0", "--lock-id", lock["lock_id"]))
-    _ok(dep5.cli("--timeout", "2s", "lock", "release", "pay", "--holder", "n"))
+    succeeded(dep5.cli("--timeout", "2s", "state", "set", "pay", "release=2.0", "--lock-id", lock["lock_id"]))
+    succeeded(dep5.cli("--timeout", "2s", "lock", "release", "pay", "--holder", "n"))
 
     # a machine whose record still names c4 is refused, and imports the remaining set
     refused = stale.cli("--timeout", "2s", "lock", "acquire", "pay", "--holder", "x")
     assert refused.returncode == 5 and "deployment import pay" in refused.stderr, refused.stderr
-    _ok(stale.cli("deployment", "delete", "pay"))
-    _ok(stale.cli("--timeout", "2s", "deployment", "import", "pay", "--cluster", "c1", "-n", dep5.namespace))
+    succeeded(stale.cli("deployment", "delete", "pay"))
+    succeeded(stale.cli("--timeout", "2s", "deployment", "import", "pay", "--cluster", "c1", "-n", dep5.namespace))
     assert ConfigStore(stale.config).load().deployments["pay"].clusters == ["c1", "c2", "c3"]
-    assert _ok(stale.cli("--timeout", "2s", "state", "get", "pay", "release")).stdout.strip() == "2.0"
+    assert succeeded(stale.cli("--timeout", "2s", "state", "get", "pay", "release")).stdout.strip() == "2.0"
 
 
 def test_a_member_change_before_any_state_write_and_the_token_floor_follows(dep5: Env) -> None:
@@ -281,15 +260,19 @@ def test_a_member_change_before_any_state_write_and_the_token_floor_follows(dep5
     error, and the new member's state object carries the token floor, so the new set
     remembers the tokens granted before the change even if every lease were deleted."""
     args = [a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]
-    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, *args))
-    taken = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "w", "--ttl", "30s")).stdout)
-    _ok(dep5.cli("lock", "release", "pay", "--holder", "w"))
-    replaced = _ok(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))
+    succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, *args))
+    taken = json.loads(
+        succeeded(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "w", "--ttl", "30s")).stdout
+    )
+    succeeded(dep5.cli("lock", "release", "pay", "--holder", "w"))
+    replaced = succeeded(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))
     assert "nothing to copy" in replaced.stdout, replaced.stdout
     path = f"{configmaps_path(dep5.namespace)}/coordinator-state-pay"
     floor = anyio.run(dep5.raw, 4, "GET", path)["metadata"]["annotations"]["coordinator.io/token-floor"]
     assert int(floor) > taken["fencing_token"]
-    after = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "30s")).stdout)
+    after = json.loads(
+        succeeded(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "30s")).stdout
+    )
     assert after["fencing_token"] > int(floor) and {c["name"] for c in after["clusters"]} == {"c1", "c2", "c4"}
 
 
@@ -298,9 +281,9 @@ def test_every_lease_deleted_after_a_change_does_not_wedge_the_deployment(dep5: 
     every lease deleted (and tombstones written by whoever found them missing), the new
     set is still confirmed by the state objects, so the lock can be taken again; were the
     set only on the leases, the deployment would refuse every command (exit 5) for good."""
-    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "15s",
+    succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "15s",
                  *[a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]))  # fmt: skip
-    _ok(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))
+    succeeded(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))
     for i in (1, 2, 4):
         anyio.run(dep5.raw, i, "DELETE", lease_path(dep5.namespace, "coordinator-lock-pay"))
     # The first attempt finds the leases missing and leaves tombstones: held by an
@@ -309,11 +292,11 @@ def test_every_lease_deleted_after_a_change_does_not_wedge_the_deployment(dep5: 
     first = dep5.cli("lock", "acquire", "pay", "--holder", "z")  # the TTL: the deployment's 15 s
     assert first.returncode == 3, first.stderr
     assert "deleted" in first.stderr and "member set" not in first.stderr
-    _ok(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "40s"))
-    _ok(dep5.cli("lock", "release", "pay", "--holder", "z"))
+    succeeded(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "40s"))
+    succeeded(dep5.cli("lock", "release", "pay", "--holder", "z"))
     for i in (1, 2, 4):
-        stored = _stored(dep5, i)
-        assert set(stored.members) == _identities(dep5, "c1", "c2", "c4")
+        stored = stored_set(dep5, i)
+        assert set(stored.members) == identities(dep5, "c1", "c2", "c4")
 
 
 def _strip(env: Env, index: int, deployment: str = "pay") -> None:
@@ -332,11 +315,11 @@ def test_a_removed_member_whose_managed_fields_were_stripped_can_be_added_again(
     planted. Its writer is unknown, not someone else: the lease still names its own uid,
     and the set it stores is an older one of this deployment."""
 
-    _pay(dep5, "c1", "c2", "c3")
-    _ok(dep5.cli("deployment", "remove-cluster", "pay", "c3"))
+    pay(dep5, "c1", "c2", "c3")
+    succeeded(dep5.cli("deployment", "remove-cluster", "pay", "c3"))
     _strip(dep5, 3)
-    _ok(dep5.cli("deployment", "add-cluster", "pay", "c3"))
-    assert _stored(dep5, 3).epoch == 5 and set(_stored(dep5, 3).members) == _identities(dep5, "c1", "c2", "c3")
+    succeeded(dep5.cli("deployment", "add-cluster", "pay", "c3"))
+    assert stored_set(dep5, 3).epoch == 5 and set(stored_set(dep5, 3).members) == identities(dep5, "c1", "c2", "c3")
 
 
 @pytest.mark.parametrize("step", ["remove-cluster", "add-cluster"])
@@ -353,14 +336,14 @@ def test_an_interrupted_change_whose_managed_fields_were_stripped_is_finished(de
     member = "c4"
     # A short maximum TTL: the killed run's leases, stripped, carry no stamp of ours, so
     # they lapse only once watched unchanged for that long.
-    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "10s",
+    succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "10s",
                  *[a for m in first for a in ("--cluster", m)]))  # fmt: skip
     killed = dep5.cli("deployment", step, "pay", member, "--ttl", "5s", env={"COORDINATOR_TEST_KILL_AFTER": "joint"})
     assert killed.returncode == -9, killed.stderr
     after = ("c1", "c2", "c3") if step == "remove-cluster" else ("c1", "c2", "c3", "c4")
-    final = Membership.of(_identities(dep5, *after), 3)
+    final = Membership.of(identities(dep5, *after), 3)
     for i in (1, 2, 3, 4):
-        assert _stored(dep5, i).joint is not None
+        assert stored_set(dep5, i).joint is not None
         if i in (3, 4):  # as if the run had been killed while writing the commit
             noted = kubectl(dep5.kubeconfig, i, dep5.namespace, "annotate", "--overwrite", "lease",
                             "coordinator-lock-pay", f"{A_MEMBERSHIP}={final.dump()}",
@@ -369,15 +352,15 @@ def test_an_interrupted_change_whose_managed_fields_were_stripped_is_finished(de
         _strip(dep5, i)
     again = dep5.cli("deployment", step, "pay", member, "--ttl", "8s", "--wait", "60s")
     assert again.returncode == 0, again.stderr + again.stdout
-    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["clusters"] == list(after) and show["change_in_progress"] is None, show
     # Committed on majorities of both sets. (A member whose stripped lease the killed run
     # still held lapses only by observation, so the change may go on without it; the
     # next take of that lease writes the set there.)
     assert show["epoch"] == 3, show
-    committed = [i for i in (1, 2, 3, 4) if _stored(dep5, i) == final]
+    committed = [i for i in (1, 2, 3, 4) if stored_set(dep5, i) == final]
     assert len(committed) >= 3, (committed, again.stdout)
-    _ok(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "30s"))
+    succeeded(dep5.cli("lock", "acquire", "pay", "--holder", "z", "--ttl", "10s", "--wait", "30s"))
 
 
 @pytest.mark.parametrize("planted", ["joint", "commit"])
@@ -389,10 +372,10 @@ def test_a_lease_planted_on_a_new_member_and_stripped_is_refused(dep5: Env, plan
     name its uid, so the change must refuse it (exit 5) and take no token from it."""
     from faults.kubectl import kubectl
 
-    _ok(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "10s",
+    succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "10s",
                  *[a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]))  # fmt: skip
-    before = _stored(dep5, 1)
-    joined = _identities(dep5, "c1", "c2", "c3", "c4")
+    before = stored_set(dep5, 1)
+    joined = identities(dep5, "c1", "c2", "c3", "c4")
     value = Membership.of(before.members, 2, joined) if planted == "joint" else Membership.of(joined, 3)
     lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
              "metadata": {"name": "coordinator-lock-pay", "annotations": {
@@ -405,9 +388,11 @@ def test_a_lease_planted_on_a_new_member_and_stripped_is_refused(dep5: Env, plan
     refused = dep5.cli("deployment", "add-cluster", "pay", "c4", "--ttl", "8s", "--wait", "20s")
     assert refused.returncode == 5, refused.stderr + refused.stdout
     assert "Cannot add c4" in refused.stderr and "Nothing was changed" in refused.stderr, refused.stderr
-    show = json.loads(_ok(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
+    show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["clusters"] == ["c1", "c2", "c3"] and show["epoch"] == 1, show
-    taken = json.loads(_ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "10s")).stdout)
+    taken = json.loads(
+        succeeded(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "z", "--ttl", "10s")).stdout
+    )
     assert taken["fencing_token"] < 999, taken
 
 
@@ -421,9 +406,9 @@ def test_a_member_whose_set_a_server_side_apply_took_over_does_not_stop_a_change
     an acquisition judges it; only a seeded cluster can be another deployment's."""
     from faults.kubectl import kubectl
 
-    _pay(dep5, "c1", "c2", "c3")
+    pay(dep5, "c1", "c2", "c3")
     lock_id = json.loads(
-        _ok(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "ops", "--ttl", "60s")).stdout
+        succeeded(dep5.cli("-o", "json", "lock", "acquire", "pay", "--holder", "ops", "--ttl", "60s")).stdout
     )["lock_id"]
     _strip(dep5, 3)
     manifest = json.dumps(
@@ -440,11 +425,11 @@ def test_a_member_whose_set_a_server_side_apply_took_over_does_not_stop_a_change
     lease = anyio.run(dep5.raw, 3, "GET", lease_path(dep5.namespace, "coordinator-lock-pay"))
     managers = {e.get("manager") for e in lease["metadata"].get("managedFields") or []}
     assert "before-first-apply" in managers, managers
-    before = _stored(dep5, 3)
-    _ok(dep5.cli("lock", "release", "pay", "--lock-id", lock_id))  # c3 is another lock's now
-    _ok(dep5.cli("deployment", "add-cluster", "pay", "c4"))
+    before = stored_set(dep5, 3)
+    succeeded(dep5.cli("lock", "release", "pay", "--lock-id", lock_id))  # c3 is another lock's now
+    succeeded(dep5.cli("deployment", "add-cluster", "pay", "c4"))
     for index in (1, 2, 4):
-        stored = _stored(dep5, index)
-        assert stored.epoch > before.epoch and set(stored.members) == _identities(dep5, "c1", "c2", "c3", "c4")
+        stored = stored_set(dep5, index)
+        assert stored.epoch > before.epoch and set(stored.members) == identities(dep5, "c1", "c2", "c3", "c4")
     cfg = ConfigStore(dep5.config).load()
     assert sorted(cfg.deployments["pay"].clusters) == ["c1", "c2", "c3", "c4"]

@@ -14,7 +14,10 @@ from typing import Any
 
 import anyio
 import pytest
-from coord_fixtures import Env, make_env
+from coord_fixtures import Env
+from helpers.members import (
+    second_machine,
+)
 
 from coordinator.config import ConfigStore
 from coordinator.kube.resources import lease_path
@@ -28,20 +31,8 @@ from coordinator.membership import (
     foreign_set,
     in_lease_object,
 )
-from coordinator.models import DeploymentRecord
 
 pytestmark = pytest.mark.integration
-
-
-def _second_machine(env: Env, tmp_path: Path, deployment: str, members: list[str]) -> Env:
-    """Another machine: the same clusters connected, and a record of ``deployment`` with
-    ``members`` written straight into its config (as an older or divergent record)."""
-    other = make_env(env.sandbox, tmp_path / "other", deployment="scratch")
-    with ConfigStore(other.config).edit() as cfg:
-        cfg.deployments[deployment] = DeploymentRecord(name=deployment, namespace=env.namespace, clusters=members)
-    other.namespace = env.namespace
-    other.deployment = deployment
-    return other
 
 
 def _acquire(env: Env, deployment: str, holder: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -53,7 +44,7 @@ def test_a_record_with_fewer_members_is_refused(dep5: Env, tmp_path: Path) -> No
         "deployment", "create", "pay", "-n", dep5.namespace, "--cluster", "c1", "--cluster", "c2", "--cluster", "c3"
     )
     assert made.returncode == 0, made.stderr
-    lone = _second_machine(dep5, tmp_path, "pay", ["c1"])
+    lone = second_machine(dep5, tmp_path, "pay", ["c1"])
     refused = _acquire(lone, "pay", "x")
     assert refused.returncode == 5, refused.stderr
     assert "deployment import pay" in refused.stderr and "c1" in refused.stderr
@@ -76,7 +67,7 @@ def test_disjoint_majorities_cannot_both_hold(dep5: Env, tmp_path: Path) -> None
     assert made.returncode == 0, made.stderr
     first = _acquire(dep5, "pay", "y", "--ttl", "60s")
     assert first.returncode == 0, first.stderr
-    rogue = _second_machine(dep5, tmp_path, "pay", ["c1", "c4", "c5"])
+    rogue = second_machine(dep5, tmp_path, "pay", ["c1", "c4", "c5"])
     seen = _acquire(rogue, "pay", "x")
     assert seen.returncode == 5, seen.stderr
     dep5.sandbox.pause(1)
@@ -186,7 +177,7 @@ def test_state_commands_check_the_member_set_too(dep5: Env, tmp_path: Path) -> N
     lock = json.loads(_acquire(dep5, "pay", "y", "--ttl", "60s").stdout)
     wrote = dep5.cli("state", "set", "pay", "release=1.2.0", "--lock-id", lock["lock_id"])
     assert wrote.returncode == 0, wrote.stderr
-    lone = _second_machine(dep5, tmp_path, "pay", ["c1"])
+    lone = second_machine(dep5, tmp_path, "pay", ["c1"])
     read = lone.cli("state", "get", "pay")
     assert read.returncode == 5, read.stderr
     forged = lone.cli("state", "set", "pay", "release=0.0.1", "--lock-id", lock["lock_id"])

@@ -10,39 +10,19 @@ without those rights sees forbidden clusters, which are never counted as free.
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import yaml
 from coord_fixtures import Env
+from helpers.rbac import as_user, connect, grant, mint_user, stdout_json, stdout_ok, user_env
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.resources import lease_path
 
 pytestmark = pytest.mark.integration
-
-RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
-PLURALS = {
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-    "ClusterRole": "clusterroles",
-    "ClusterRoleBinding": "clusterrolebindings",
-}
-
-
-def _json(proc: subprocess.CompletedProcess[str]) -> Any:
-    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
-    return json.loads(proc.stdout)
-
-
-def _ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
-    assert "Traceback" not in proc.stderr
-    return proc.stdout
 
 
 def _unobserved_status(env: Env) -> Any:
@@ -54,73 +34,21 @@ def _unobserved_status(env: Env) -> Any:
     return json.loads(proc.stdout)
 
 
-def _collection(obj: dict[str, Any]) -> str:
-    plural = PLURALS[obj["kind"]]
-    ns = obj["metadata"].get("namespace")
-    return f"{RBAC_API}/namespaces/{ns}/{plural}" if ns else f"{RBAC_API}/{plural}"
-
-
-def _grant(
-    sandbox: Any,
-    env: Env,
-    namespace: str,
-    user: str,
-    *,
-    storage: str = "configmap",
-    clusters: tuple[int, ...] = (1, 2, 3),
-    deployments: tuple[str, ...] = ("app",),
-    flags: tuple[str, ...] = (),
-    again: bool = False,
-) -> list[dict[str, Any]]:
-    """Apply, as cluster admin, exactly what `coordinator rbac print` prints for ``user``."""
-    named = [arg for d in deployments for arg in ("--deployment", d)]
-    printed = _ok(
-        env.cli("rbac", "print", "--namespace", namespace, *named, "--user", user, "--storage", storage, *flags)
-    )
-    objects = [o for o in yaml.safe_load_all(printed) if o]
-    assert {o["kind"] for o in objects} == set(PLURALS), objects
-    for i in clusters:
-        admin = sandbox.admin(i)
-        for obj in objects:
-            # Like `kubectl apply`: the Role and ClusterRole are shared by every subject
-            # granted in the namespace; each subject's bindings are its own.
-            admin.create(_collection(obj), obj, exist_ok=again or not obj["kind"].endswith("Binding"))
-    return objects
-
-
-def _user(sandbox: Any, tmp_path: Path, label: str) -> tuple[str, Any]:
-    user = f"{label}-{secrets.token_hex(3)}@example.com"
-    return user, sandbox.mint_kubeconfig(user, path=tmp_path / f"{label}.kubeconfig")
-
-
-def _env(sandbox: Any, tmp_path: Path, namespace: str, label: str) -> Env:
-    return Env(sandbox=sandbox, config=tmp_path / label / "config.yaml", namespace=namespace)
-
-
-def _connect(env: Env, minted: Any) -> None:
-    for i, context in enumerate(minted.contexts, start=1):
-        doc = _json(
-            env.cli("-o", "json", "cluster", "connect", f"u{i}", "--context", context, "--kubeconfig", str(minted.path))
-        )
-        # The ClusterRole lets it read kube-system (by name), so the identity is its UID.
-        assert doc["identity_source"] == "kube-system-uid", doc
-
-
 @pytest.mark.parametrize("storage", ["configmap", "secret"])
 def test_every_command_works_with_exactly_the_printed_rights(
     sandbox3: Any, namespace: str, tmp_path: Path, storage: str
 ) -> None:
-    user, minted = _user(sandbox3, tmp_path, "rbac")
-    env = _env(sandbox3, tmp_path, namespace, "granted")
+    user, minted = mint_user(sandbox3, tmp_path, "rbac")
+    env = user_env(sandbox3, tmp_path, namespace, "granted")
 
     # Before the grant the user can do nothing: connecting is refused in words (exit 2).
     refused = env.cli("cluster", "connect", "u1", "--context", minted.contexts[0], "--kubeconfig", str(minted.path))
     assert refused.returncode == 2, refused.stderr
     assert "rbac print" in refused.stderr
 
-    _grant(sandbox3, env, namespace, user, storage=storage)
-    _connect(env, minted)
-    info = _json(
+    grant(sandbox3, env, namespace, user, storage=storage)
+    connect(env, minted)
+    info = stdout_json(
         env.cli(
             "-o", "json", "cluster", "info", "u1", "--namespace", namespace, "--storage", storage, "--deployment", "app"
         )
@@ -139,36 +67,36 @@ def test_every_command_works_with_exactly_the_printed_rights(
         assert "secrets" not in info["permissions"], info
 
     members = ["--cluster", "u1", "--cluster", "u2", "--cluster", "u3"]
-    created = _json(
+    created = stdout_json(
         env.cli("-o", "json", "deployment", "create", "app", "-n", namespace, *members, "--storage", storage)
     )
     assert {c["outcome"] for c in created["namespace_on_clusters"]} == {"ok"}, created
     # with the deployment recorded, its storage is the one checked by default
-    inferred = _json(env.cli("-o", "json", "cluster", "info", "u2"))
+    inferred = stdout_json(env.cli("-o", "json", "cluster", "info", "u2"))
     assert inferred["namespace"] == namespace and inferred["storage"] == [storage], inferred
     assert inferred["missing_permissions"] == [], inferred
 
-    taken = _json(env.cli("-o", "json", "lock", "acquire", "app", "--ttl", "90s", "--reason", "rbac test"))
+    taken = stdout_json(env.cli("-o", "json", "lock", "acquire", "app", "--ttl", "90s", "--reason", "rbac test"))
     assert {c["outcome"] for c in taken["clusters"]} == {"ok"}, taken
-    status = _json(env.cli("-o", "json", "lock", "status", "app"))
+    status = stdout_json(env.cli("-o", "json", "lock", "status", "app"))
     assert status["held_by_majority"] and {c["status"] for c in status["clusters"]} == {"held"}, status
-    _ok(env.cli("lock", "renew", "app"))
+    stdout_ok(env.cli("lock", "renew", "app"))
 
-    _ok(env.cli("state", "set", "app", "owner=team", "version=1.2.0"))
-    assert _json(env.cli("-o", "json", "state", "get", "app")) == {"owner": "team", "version": "1.2.0"}
+    stdout_ok(env.cli("state", "set", "app", "owner=team", "version=1.2.0"))
+    assert stdout_json(env.cli("-o", "json", "state", "get", "app")) == {"owner": "team", "version": "1.2.0"}
     document = tmp_path / "state.yaml"
     document.write_text("replicas: 5\nversion: 1.3.0\n")
-    _ok(env.cli("state", "apply", "app", "-f", str(document)))
-    diff = _json(env.cli("-o", "json", "state", "diff", "app"))
+    stdout_ok(env.cli("state", "apply", "app", "-f", str(document)))
+    diff = stdout_json(env.cli("-o", "json", "state", "diff", "app"))
     assert {r["status"] for r in diff} == {"current"}, diff
-    _ok(env.cli("state", "sync", "app"))
-    assert len(_json(env.cli("-o", "json", "state", "history", "app"))) == 2
+    stdout_ok(env.cli("state", "sync", "app"))
+    assert len(stdout_json(env.cli("-o", "json", "state", "history", "app"))) == 2
     backup = tmp_path / "backup.json"
-    _ok(env.cli("state", "backup", "app", "-f", str(backup)))
-    _ok(env.cli("state", "set", "app", "version=9"))
-    _ok(env.cli("state", "restore", "app", "-f", str(backup)))
-    assert _json(env.cli("-o", "json", "state", "get", "app")) == {"replicas": 5, "version": "1.3.0"}
-    _ok(env.cli("lock", "release", "app"))
+    stdout_ok(env.cli("state", "backup", "app", "-f", str(backup)))
+    stdout_ok(env.cli("state", "set", "app", "version=9"))
+    stdout_ok(env.cli("state", "restore", "app", "-f", str(backup)))
+    assert stdout_json(env.cli("-o", "json", "state", "get", "app")) == {"replicas": 5, "version": "1.3.0"}
+    stdout_ok(env.cli("lock", "release", "app"))
 
     # Waiting watches the lease (a watch by name): the waiter is woken by the release.
     ready = tmp_path / "holding"
@@ -206,19 +134,19 @@ def test_every_command_works_with_exactly_the_printed_rights(
     finally:
         holder.wait(timeout=90)
     assert holder.returncode == 0, holder.stderr.read() if holder.stderr else ""
-    _ok(waited)
+    stdout_ok(waited)
     assert "lease watch interrupted" not in waited.stderr, waited.stderr  # no watch was refused
-    _ok(env.cli("lock", "release", "app", "--holder", "second"))
-    _ok(env.cli("lock", "release", "app", "--holder", "second", "--if-held"))
+    stdout_ok(env.cli("lock", "release", "app", "--holder", "second"))
+    stdout_ok(env.cli("lock", "release", "app", "--holder", "second", "--if-held"))
 
     # Break clears the leases; run holds them around a child.
-    _ok(env.cli("lock", "acquire", "app", "--ttl", "60s", "--wait", "5s", "--holder", "someone"))
-    _ok(env.cli("lock", "break", "app", "--yes", "--reason", "rbac test"))
-    _ok(env.cli("lock", "run", "app", "--", "true"))
-    final = _json(env.cli("-o", "json", "lock", "status", "app"))
+    stdout_ok(env.cli("lock", "acquire", "app", "--ttl", "60s", "--wait", "5s", "--holder", "someone"))
+    stdout_ok(env.cli("lock", "break", "app", "--yes", "--reason", "rbac test"))
+    stdout_ok(env.cli("lock", "run", "app", "--", "true"))
+    final = stdout_json(env.cli("-o", "json", "lock", "status", "app"))
     assert not final["held_by_majority"] and {c["status"] for c in final["clusters"]} == {"free"}, final
     # The lock's history was recorded and is read with exactly the printed rights.
-    held = _json(env.cli("-o", "json", "lock", "history", "app"))
+    held = stdout_json(env.cli("-o", "json", "lock", "history", "app"))
     assert {c["read"] for c in held["clusters"]} == {True}, held
     assert [(t["holder"], t["ended"]) for t in held["tenures"]][-3:] == [
         ("second", "released"),
@@ -227,33 +155,33 @@ def test_every_command_works_with_exactly_the_printed_rights(
     ], held
 
     # The local records: listed and shown; imported again from a member (a list by name).
-    assert [d["name"] for d in _json(env.cli("-o", "json", "deployment", "list"))] == ["app"]
-    assert _json(env.cli("-o", "json", "deployment", "show", "app"))["storage"] == storage
-    fresh = _env(sandbox3, tmp_path, namespace, "fresh")
-    _connect(fresh, minted)
-    imported = _json(fresh.cli("-o", "json", "deployment", "import", "app", "--cluster", "u2", "-n", namespace))
+    assert [d["name"] for d in stdout_json(env.cli("-o", "json", "deployment", "list"))] == ["app"]
+    assert stdout_json(env.cli("-o", "json", "deployment", "show", "app"))["storage"] == storage
+    fresh = user_env(sandbox3, tmp_path, namespace, "fresh")
+    connect(fresh, minted)
+    imported = stdout_json(fresh.cli("-o", "json", "deployment", "import", "app", "--cluster", "u2", "-n", namespace))
     assert sorted(imported["clusters"]) == ["u1", "u2", "u3"], imported
-    assert _json(fresh.cli("-o", "json", "deployment", "show", "app"))["storage"] == storage
-    assert _json(fresh.cli("-o", "json", "state", "get", "app")) == {"replicas": 5, "version": "1.3.0"}
+    assert stdout_json(fresh.cli("-o", "json", "deployment", "show", "app"))["storage"] == storage
+    assert stdout_json(fresh.cli("-o", "json", "state", "get", "app")) == {"replicas": 5, "version": "1.3.0"}
 
     # The fleet view lists leases across namespaces: not with the printed Role, which
     # grants nothing without a name; with --fleet's opt-in ClusterRole it does.
     fleet = json.loads(env.cli("-o", "json", "lock", "status").stdout)
     assert fleet["unseen_clusters"] == ["u1", "u2", "u3"], fleet
-    _grant(sandbox3, env, namespace, user, storage=storage, flags=("--fleet",), again=True)
+    grant(sandbox3, env, namespace, user, storage=storage, flags=("--fleet",), again=True)
     fleet = json.loads(env.cli("-o", "json", "lock", "status").stdout)
     # the sandbox is shared by the session: other tests' deployments are listed too
     mine = [d["deployment"] for d in fleet["deployments"] if d.get("namespace") == namespace]
     assert fleet["unseen_clusters"] == [] and mine == ["app"], fleet
 
     # Purge deletes the deployment's objects on every member (delete by name).
-    _ok(env.cli("deployment", "delete", "app", "--purge", "--yes"))
+    stdout_ok(env.cli("deployment", "delete", "app", "--purge", "--yes"))
     state_path = f"/api/v1/namespaces/{namespace}/{'configmaps' if storage == 'configmap' else 'secrets'}"
     for i in (1, 2, 3):
         assert sandbox3.admin(i).get(f"{state_path}/coordinator-state-app") is None
         assert sandbox3.admin(i).get(lease_path(namespace, "coordinator-lock-app")) is None
         assert sandbox3.admin(i).get(f"/api/v1/namespaces/{namespace}/configmaps/coordinator-history-app") is None
-    _ok(env.cli("cluster", "disconnect", "u3", "--force"))
+    stdout_ok(env.cli("cluster", "disconnect", "u3", "--force"))
 
 
 def _wait_for(path: Path, timeout: float = 60.0) -> None:
@@ -274,35 +202,24 @@ def _leases_free(env: Env, deployment: str, clusters: tuple[int, ...]) -> bool:
     return True
 
 
-def _as(env: Env, tmp_path: Path, label: str, minted: Any) -> Env:
-    """The same connected clusters and deployment, reached as another user."""
-    other = _env(env.sandbox, tmp_path, env.namespace, label)
-    other.config.parent.mkdir(parents=True)
-    doc = yaml.safe_load(env.config.read_text())
-    for i, context in enumerate(minted.contexts, start=1):
-        doc["clusters"][f"u{i}"].update(context=context, kubeconfig=str(minted.path))
-    other.config.write_text(yaml.safe_dump(doc))
-    return other
-
-
 def test_without_the_rights_clusters_are_forbidden_and_never_free(
     sandbox3: Any, namespace: str, tmp_path: Path
 ) -> None:
-    owner, owner_kc = _user(sandbox3, tmp_path, "owner")
-    granted = _env(sandbox3, tmp_path, namespace, "owner")
-    _grant(sandbox3, granted, namespace, owner)
-    _connect(granted, owner_kc)
-    _ok(
+    owner, owner_kc = mint_user(sandbox3, tmp_path, "owner")
+    granted = user_env(sandbox3, tmp_path, namespace, "owner")
+    grant(sandbox3, granted, namespace, owner)
+    connect(granted, owner_kc)
+    stdout_ok(
         granted.cli(
             "deployment", "create", "app", "-n", namespace, "--cluster", "u1", "--cluster", "u2", "--cluster", "u3"
         )
     )
 
     # Nobody: no rights anywhere. Partial: the printed rights on cluster 1 only.
-    nobody = _as(granted, tmp_path, "nobody", _user(sandbox3, tmp_path, "nobody")[1])
-    partial_user, partial_kc = _user(sandbox3, tmp_path, "partial")
-    _grant(sandbox3, granted, namespace, partial_user, clusters=(1,))
-    partial = _as(granted, tmp_path, "partial", partial_kc)
+    nobody = as_user(granted, tmp_path, "nobody", mint_user(sandbox3, tmp_path, "nobody")[1])
+    partial_user, partial_kc = mint_user(sandbox3, tmp_path, "partial")
+    grant(sandbox3, granted, namespace, partial_user, clusters=(1,))
+    partial = as_user(granted, tmp_path, "partial", partial_kc)
 
     st = _unobserved_status(nobody)
     assert {c["status"] for c in st["clusters"]} == {"forbidden"}, st
@@ -323,7 +240,7 @@ def test_without_the_rights_clusters_are_forbidden_and_never_free(
     assert _leases_free(granted, "app", (1, 2, 3))  # nothing was taken, not even where it could be
 
     # Held by the owner: the partial user sees one held lease and two forbidden ones.
-    _ok(granted.cli("lock", "acquire", "app", "--ttl", "60s", "--holder", "owner"))
+    stdout_ok(granted.cli("lock", "acquire", "app", "--ttl", "60s", "--holder", "owner"))
     st = _unobserved_status(partial)
     assert [c["status"] for c in st["clusters"]] == ["held", "forbidden", "forbidden"], st
     assert not st["held_by_majority"]
@@ -334,7 +251,7 @@ def test_without_the_rights_clusters_are_forbidden_and_never_free(
             proc = who.cli(*command)
             assert proc.returncode == 4, (command, proc.stderr)
             assert "Traceback" not in proc.stderr
-    st = _json(granted.cli("-o", "json", "lock", "status", "app"))
+    st = stdout_json(granted.cli("-o", "json", "lock", "status", "app"))
     assert st["holder"] == "owner" and st["held_by_majority"], st
 
 
@@ -407,9 +324,9 @@ def test_the_printed_rights_reach_nothing_else_in_the_namespace(
     """The application's db-password, its ConfigMaps and Leases, and the objects of a
     deployment the user was not granted, can be neither read, listed, watched, changed
     nor deleted with exactly what `rbac print` prints."""
-    user, minted = _user(sandbox3, tmp_path, "least")
-    env = _env(sandbox3, tmp_path, namespace, "least")
-    _grant(sandbox3, env, namespace, user, storage=storage, clusters=(1,))
+    user, minted = mint_user(sandbox3, tmp_path, "least")
+    env = user_env(sandbox3, tmp_path, namespace, "least")
+    grant(sandbox3, env, namespace, user, storage=storage, clusters=(1,))
     targets = {
         "the application's Secret": _place(sandbox3, namespace, "Secret", "db-password"),
         "the application's ConfigMap": _place(sandbox3, namespace, "ConfigMap", "app-config"),

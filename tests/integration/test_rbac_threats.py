@@ -17,7 +17,7 @@ import anyio
 import pytest
 import yaml
 from coord_fixtures import put_lease
-from test_rbac_live import _as, _connect, _env, _grant, _json, _ok, _user
+from helpers.rbac import as_user, connect, grant, mint_user, stdout_json, stdout_ok, user_env
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.resources import lease_path, secrets_path
@@ -36,11 +36,11 @@ def test_a_lying_member_can_give_two_contenders_a_majority_until_the_first_renew
     she has no rights on c3); an admin of c1 makes c1's lease look free; Bob then takes c1
     and c3. Both were told they hold the lock; nothing in either answer showed it. Alice's
     next renewal finds c1 held by another lock and gives up."""
-    bob, bob_kc = _user(sandbox3, tmp_path, "bob")
-    owner = _env(sandbox3, tmp_path, namespace, "bob")
-    _grant(sandbox3, owner, namespace, bob)
-    _connect(owner, bob_kc)
-    _ok(owner.cli("deployment", "create", "app", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
+    bob, bob_kc = mint_user(sandbox3, tmp_path, "bob")
+    owner = user_env(sandbox3, tmp_path, namespace, "bob")
+    grant(sandbox3, owner, namespace, bob)
+    connect(owner, bob_kc)
+    stdout_ok(owner.cli("deployment", "create", "app", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
                   "--cluster", "u3"))  # fmt: skip
 
     async def lie() -> None:  # as cluster admin of c1: the lease reads as released
@@ -55,17 +55,17 @@ def test_a_lying_member_can_give_two_contenders_a_majority_until_the_first_renew
         await put_lease(owner, 1, lease)
 
     # Held on all three: one liar leaves the other contender one member short.
-    _ok(owner.cli("lock", "acquire", "app", "--ttl", "120s", "--holder", "carol"))
+    stdout_ok(owner.cli("lock", "acquire", "app", "--ttl", "120s", "--holder", "carol"))
     anyio.run(lie)
     refused = owner.cli("lock", "acquire", "app", "--holder", "bob")
     assert refused.returncode == 3, refused.stderr
-    _ok(owner.cli("lock", "break", "app", "--yes"))
+    stdout_ok(owner.cli("lock", "break", "app", "--yes"))
 
-    alice_user, alice_kc = _user(sandbox3, tmp_path, "alice")
-    _grant(sandbox3, owner, namespace, alice_user, clusters=(1, 2))
-    alice = _as(owner, tmp_path, "alice", alice_kc)
+    alice_user, alice_kc = mint_user(sandbox3, tmp_path, "alice")
+    grant(sandbox3, owner, namespace, alice_user, clusters=(1, 2))
+    alice = as_user(owner, tmp_path, "alice", alice_kc)
 
-    taken = _json(alice.cli("-o", "json", "lock", "acquire", "app", "--ttl", "120s", "--holder", "alice"))
+    taken = stdout_json(alice.cli("-o", "json", "lock", "acquire", "app", "--ttl", "120s", "--holder", "alice"))
     assert {c["name"]: c["outcome"] for c in taken["clusters"]} == {"u1": "ok", "u2": "ok", "u3": "forbidden"}
 
     anyio.run(lie)
@@ -88,14 +88,14 @@ def test_secret_storage_lets_a_granted_user_turn_the_state_secret_into_a_token_s
     token of the named service account, which the user may read (the sandbox has no
     controller-manager, so the token stays empty here). The tool does not take such a
     Secret for a replica of the state."""
-    user, minted = _user(sandbox3, tmp_path, "secret")
-    env = _env(sandbox3, tmp_path, namespace, "secret")
-    _grant(sandbox3, env, namespace, user, storage="secret")
-    _connect(env, minted)
-    _ok(env.cli("deployment", "create", "app", "-n", namespace, "--storage", "secret", "--cluster", "u1",
+    user, minted = mint_user(sandbox3, tmp_path, "secret")
+    env = user_env(sandbox3, tmp_path, namespace, "secret")
+    grant(sandbox3, env, namespace, user, storage="secret")
+    connect(env, minted)
+    stdout_ok(env.cli("deployment", "create", "app", "-n", namespace, "--storage", "secret", "--cluster", "u1",
                 "--cluster", "u2", "--cluster", "u3"))  # fmt: skip
-    _ok(env.cli("lock", "acquire", "app", "--ttl", "120s"))
-    _ok(env.cli("state", "set", "app", "owner=team"))
+    stdout_ok(env.cli("lock", "acquire", "app", "--ttl", "120s"))
+    stdout_ok(env.cli("state", "set", "app", "owner=team"))
     path = f"{secrets_path(namespace)}/coordinator-state-app"
 
     async def swap() -> dict[str, Any]:
@@ -121,9 +121,9 @@ def test_secret_storage_lets_a_granted_user_turn_the_state_secret_into_a_token_s
     assert held is not None and "envelope.json" in held["data"]
     swapped = anyio.run(swap)
     assert swapped["type"] == "kubernetes.io/service-account-token"
-    diff = _json(env.cli("-o", "json", "state", "diff", "app"))
+    diff = stdout_json(env.cli("-o", "json", "state", "diff", "app"))
     assert {r["name"]: r["status"] for r in diff}["u1"] != "current", diff
-    assert _json(env.cli("-o", "json", "state", "get", "app")) == {"owner": "team"}
+    assert stdout_json(env.cli("-o", "json", "state", "get", "app")) == {"owner": "team"}
 
     # deploy/state-secrets-opaque.yaml closes it: the same swap on c2 is refused, while the
     # tool's own (Opaque) state Secret is written as before.
@@ -145,8 +145,8 @@ def test_secret_storage_lets_a_granted_user_turn_the_state_secret_into_a_token_s
         # u1 holds the token Secret and u2's replica may have been deleted above: with one
         # replica that answers, writes refuse until the owner copies a good one over the
         # others; then the deleted replica is written again, Opaque.
-        _ok(env.cli("state", "sync", "app", "--from", "u3"))
-        _ok(env.cli("state", "set", "app", "owner=ops"))
+        stdout_ok(env.cli("state", "sync", "app", "--from", "u3"))
+        stdout_ok(env.cli("state", "set", "app", "owner=ops"))
         rewritten = sandbox3.admin(2).get(path)
         assert rewritten is not None and rewritten["type"] == "Opaque", rewritten
     finally:
@@ -187,14 +187,14 @@ def test_a_state_copied_from_another_deployment_is_not_taken_for_this_ones(
     is refused and names the copy; once it is removed, the create seeds every member's
     state object, so the same plant is refused by the API server and reads see the empty
     state, not the copy."""
-    mallory, mallory_kc = _user(sandbox3, tmp_path, "mallory")
-    env = _env(sandbox3, tmp_path, namespace, "mallory")
-    _grant(sandbox3, env, namespace, mallory, deployments=("mine",))
-    _connect(env, mallory_kc)
-    _ok(env.cli("deployment", "create", "mine", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
+    mallory, mallory_kc = mint_user(sandbox3, tmp_path, "mallory")
+    env = user_env(sandbox3, tmp_path, namespace, "mallory")
+    grant(sandbox3, env, namespace, mallory, deployments=("mine",))
+    connect(env, mallory_kc)
+    stdout_ok(env.cli("deployment", "create", "mine", "-n", namespace, "--cluster", "u1", "--cluster", "u2",
                 "--cluster", "u3"))  # fmt: skip
-    _ok(env.cli("lock", "acquire", "mine", "--ttl", "60s"))
-    _ok(env.cli("state", "set", "mine", "image=evil:latest"))
+    stdout_ok(env.cli("lock", "acquire", "mine", "--ttl", "60s"))
+    stdout_ok(env.cli("state", "set", "mine", "image=evil:latest"))
     path = f"/api/v1/namespaces/{namespace}/configmaps"
 
     async def plant() -> list[str]:
@@ -214,10 +214,10 @@ def test_a_state_copied_from_another_deployment_is_not_taken_for_this_ones(
 
     # Before the deployment 'theirs' exists, Mallory plants hers there.
     assert anyio.run(plant) == []
-    owner, owner_kc = _user(sandbox3, tmp_path, "owner")
-    theirs = _env(sandbox3, tmp_path, namespace, "owner")
-    _grant(sandbox3, theirs, namespace, owner, deployments=("theirs",))
-    _connect(theirs, owner_kc)
+    owner, owner_kc = mint_user(sandbox3, tmp_path, "owner")
+    theirs = user_env(sandbox3, tmp_path, namespace, "owner")
+    grant(sandbox3, theirs, namespace, owner, deployments=("theirs",))
+    connect(theirs, owner_kc)
     members = ("--cluster", "u1", "--cluster", "u2", "--cluster", "u3")
     create = ("deployment", "create", "theirs", "-n", namespace, *members)
     refused = theirs.cli(*create)
@@ -232,7 +232,7 @@ def test_a_state_copied_from_another_deployment_is_not_taken_for_this_ones(
     # The owner removes the copies (its Role lets it delete that name) and creates again.
     for i in (1, 2, 3):
         sandbox3.admin(i).delete(f"{path}/coordinator-state-theirs")
-    _ok(theirs.cli(*create))
+    stdout_ok(theirs.cli(*create))
     # Now the name is taken on every member: the same plant is refused by the servers.
     assert anyio.run(plant) == ["already-exists"] * 3
     read = theirs.cli("-o", "json", "state", "get", "theirs")

@@ -25,6 +25,9 @@ TEST_TOOLS = {
     "faults",
     "bench",
     "coord_fixtures",
+    "cliserver",
+    "served",
+    "helpers",
     "dateproxy",
     "register_model",
     "tests",
@@ -317,3 +320,45 @@ def test_the_wheel_carries_py_typed() -> None:
     assert (PACKAGE / "py.typed").is_file()
     package_data = _setuptools_config().get("package-data") or {}
     assert isinstance(package_data, dict) and "py.typed" in package_data.get("coordinator", []), package_data
+
+
+# ------------------------------------------------------------------ the test suite's own shape
+
+TESTS = ROOT / "tests"
+
+
+def imported_test_modules(path: Path) -> list[str]:
+    """The test modules ``path`` imports (at any level of the file), as written: a module
+    whose dotted name has a part ``test_*``, or a ``test_*`` name taken from a package."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if any(p.startswith("test_") for p in a.name.split("."))]
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            if any(p.startswith("test_") for p in (node.module or "").split(".")):
+                found.append(module)
+            else:
+                joint = "" if module.endswith(".") or not module else "."
+                found += [f"{module}{joint}{a.name}" for a in node.names if a.name.startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """What more than one test module needs lives in tests/helpers/ (or a fixture module):
+    a test module's private helpers are its own."""
+    files = sorted(TESTS.rglob("test_*.py"))
+    assert len(files) > 50, files
+    found = [f"{p.relative_to(ROOT)} imports {m}" for p in files for m in imported_test_modules(p)]
+    assert not found, "\n".join(found)
+
+
+def test_the_import_check_sees_every_spelling_of_a_test_module(tmp_path: Path) -> None:
+    src = tmp_path / "test_x.py"
+    src.write_text(
+        "import json\nfrom helpers.rbac import grant\nfrom coordinator import testing_aid\n"
+        "def f():\n    from test_lock import acquire\n"
+        "import tests.unit.test_quorum as q\nfrom . import test_state\nfrom .test_fleet import x\n"
+    )
+    found = sorted(imported_test_modules(src))
+    assert found == [".test_fleet", ".test_state", "test_lock", "tests.unit.test_quorum"], found
