@@ -15,6 +15,7 @@ from coord_fixtures import Env, make_env
 from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl
 
+from coordinator.admin import connect_cluster
 from coordinator.config import ConfigStore
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import configmaps_path, lease_path
@@ -213,3 +214,17 @@ def second_machine(env: Env, tmp_path: Path, deployment: str, members: list[str]
     other.namespace = env.namespace
     other.deployment = deployment
     return other
+
+
+def connected_machine(env: Env, tmp_path: Path) -> Env:
+    """Another machine with the same clusters connected and no deployment recorded."""
+    cfg = tmp_path / "config.yaml"
+    store = ConfigStore(cfg)
+
+    async def go() -> None:
+        for i in range(1, env.sandbox.n + 1):
+            await connect_cluster(store, f"c{i}", f"sandbox-{i}", str(env.sandbox.kubeconfig))
+
+    anyio.run(go)
+    return Env(sandbox=env.sandbox, config=cfg, namespace=env.namespace, deployment=env.deployment,
+               clusters=[f"c{i}" for i in range(1, env.sandbox.n + 1)])  # fmt: skip

@@ -1,10 +1,11 @@
-"""The `web` deployment the `dep3` fixture makes: its objects' names, reading them, and kubectl as another client."""
+"""Deployments on the 3-cluster sandbox (`web`, as `dep3` makes it): objects, machines, kubectl as another client."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -13,7 +14,7 @@ from coord_fixtures import Env
 from faults.kubectl import kubectl as run_kubectl
 
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import lease_path
+from coordinator.kube.resources import configmaps_path, lease_path
 from coordinator.lease import lock_id_of
 
 # The lease of deployment `web` on every member.
@@ -61,3 +62,25 @@ STATE = "coordinator-state-web"
 
 # The annotation on state objects that holds the token floor.
 FLOOR = "coordinator.io/token-floor"
+
+
+def other_machine(env: Env, tmp_path: Path, label: str) -> Env:
+    """A second machine: a copy of this machine's config, with its own lock records."""
+    """A second machine: a copy of this machine's config, with its own lock records."""
+    import shutil
+
+    other = tmp_path / label / "config.yaml"
+    other.parent.mkdir(parents=True)
+    shutil.copy(env.config, other)
+    return Env(sandbox=env.sandbox, config=other, namespace=env.namespace, deployment=env.deployment,
+               clusters=list(env.clusters))  # fmt: skip
+
+
+def edit_envelope(env: Env, index: int, edit: Any) -> None:
+    """Change the state envelope of ``env``'s deployment on cluster ``index`` in place with ``edit`` (a raw PUT)."""
+    path = f"{configmaps_path(env.namespace)}/coordinator-state-{env.deployment}"
+    cm = anyio.run(env.raw, index, "GET", path)
+    doc = json.loads(cm["data"]["envelope.json"])
+    edit(doc)
+    cm["data"]["envelope.json"] = json.dumps(doc)
+    anyio.run(env.raw, index, "PUT", path, cm)

@@ -169,7 +169,7 @@ def test_a_closed_stdout_is_a_normal_ending(dep3: Any) -> None:
 def test_the_ci_example_cleans_up_with_release_if_held() -> None:
     import yaml
 
-    example = Path(__file__).resolve().parents[2] / "examples" / "github-actions-matrix.yml"
+    example = Path(__file__).resolve().parents[3] / "examples" / "github-actions-matrix.yml"
     workflow = yaml.safe_load(example.read_text())
     steps = [s for job in workflow["jobs"].values() for s in job["steps"]]
     cleanup = [s for s in steps if "lock release" in s.get("run", "")]

@@ -24,7 +24,7 @@ from coordinator.config import ConfigStore
 from coordinator.models import ClusterModel, ConfigModel, DeploymentModel, config_of
 from coordinator.records import ClusterRecord, DeploymentRecord, LocalConfig, from_document
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # Never imported by `lock status DEP`: pydantic (the config is read plainly), rich (not a
 # dependency: whoever has it installed must not pay for it), structlog (only when something is logged), filelock (only

@@ -259,7 +259,7 @@ def test_the_installed_package_holds_no_test_tools() -> None:
 
     import setuptools
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     found = setuptools.find_packages(where=str(root), include=["coordinator*"])
     assert "coordinator" in found and "coordinator.kube" in found
     assert not [p for p in found if "test" in p or "fault" in p], found

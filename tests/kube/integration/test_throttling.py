@@ -23,6 +23,7 @@ import anyio
 import pytest
 from helpers.rbac import stdout_json, stdout_ok
 from helpers.throttle import Throttled, outcomes_of, retried
+from helpers.throttle import throttled as throttled  # the fixture
 
 from coordinator.kube.client import KubeError, _classify_status, _retry_after
 from coordinator.kube.resources import configmaps_path, lease_path

@@ -14,7 +14,7 @@ from coord_fixtures import Env
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_built_wheel_has_py_typed(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from coordinator.evidence import EVIDENCE, Writer, owners, writer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_docs_evidence_md_is_generated_from_the_rules_table() -> None:
@@ -23,7 +23,7 @@ def test_docs_evidence_md_is_generated_from_the_rules_table() -> None:
 def test_every_row_names_a_test_that_exists() -> None:
     for row in EVIDENCE:
         path = row.test.split("::")[0]
-        found = list((ROOT / "tests").rglob(path))
+        found = [ROOT / path] if (ROOT / path).is_file() else []
         assert found, f"{row.field}: no test file {path}"
         if "::" in row.test:
             name = row.test.split("::")[1]

@@ -1,7 +1,7 @@
 """History writes of a long-lived Coordinator wait a little (coordinator/lock/core.py
 EngineCore._remember): what waited together is written together, and the owner's close
 sends them at once. The store is a stand-in that records what it is asked to write;
-what a real write does is tested against real API servers in test_lock_history.py."""
+what a real write does is tested against real API servers in tests/lock/integration/test_lock_history.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The pure lease rules (coordinator/lease.py), case by case, with made-up server stamps.
 
 No cluster here: every time is an argument. The same rules are exercised against real
-API servers in test_lock_hardening.py.
+API servers in tests/lock/integration/test_lock_hardening.py.
 """
 
 from __future__ import annotations

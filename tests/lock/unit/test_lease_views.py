@@ -1,6 +1,6 @@
 """What one parsed Lease says (coordinator/lease.py's LeaseView and its small helpers).
 
-The take-over rule (``standing``) has its own cases in test_lease_rules.py, and the real
+The take-over rule (``standing``) has its own cases in tests/lock/unit/test_lease_rules.py, and the real
 engines run it under faults in the simulator (tests/sim/test_simulator.py); here are the
 views and hints that feed it and the display: the
 pid, the break note, the Date-based hints, the reservation of the next turn, and whether

@@ -7,7 +7,7 @@ the group and refuses unless forced; a release made anywhere else is noticed by 
 renewal, which stops the group (exit 7); and the cleanup step after a killed `lock run`
 frees the lock only once the child's group, still being stopped by the watchdog, is gone.
 
-The children are the process trees of test_lockrun.py (``Tree``): every process of the
+The children are the process trees of tests/lockrun/integration/test_lockrun.py (``Tree``): every process of the
 tree carries a marker in its environment, so the test sees when the last one died.
 """
 

@@ -29,6 +29,7 @@ from helpers.lockrun import (
     start_run,
     took_after_tree,
 )
+from helpers.lockrun import tree as tree  # the fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -23,6 +23,7 @@ from helpers.members import (
     stored_set,
     succeeded,
 )
+from helpers.web import acquire
 
 from coordinator.config import ConfigStore
 from coordinator.kube.resources import configmaps_path, lease_path
@@ -433,3 +434,16 @@ def test_a_member_whose_set_a_server_side_apply_took_over_does_not_stop_a_change
         assert stored.epoch > before.epoch and set(stored.members) == identities(dep5, "c1", "c2", "c3", "c4")
     cfg = ConfigStore(dep5.config).load()
     assert sorted(cfg.deployments["pay"].clusters) == ["c1", "c2", "c3", "c4"]
+
+
+def test_a_member_change_works_before_the_first_state_write(dep3: Env) -> None:
+    """`deployment create` now seeds empty state objects; a member change made before
+    anyone wrote the state must still go through (and leave no joint set behind)."""
+    removed = dep3.cli("deployment", "remove-cluster", "web", "c3")
+    shown = dep3.cli("-o", "json", "deployment", "show", "web")
+    locked = acquire(dep3, "alice")
+    assert removed.returncode == 0, removed.stderr
+    assert "nothing to copy" in removed.stdout, removed.stdout
+    assert json.loads(shown.stdout)["change_in_progress"] is None, shown.stdout
+    assert json.loads(shown.stdout)["clusters"] == ["c1", "c2"], shown.stdout
+    assert locked.returncode == 0, locked.stderr

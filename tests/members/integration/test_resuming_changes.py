@@ -1,14 +1,11 @@
-"""Fifth adversary round, against the membership-change resume path: a change in progress
-in this machine's record is always re-run with the ``_Resuming`` engine, which counts a
-member storing the set from before the change, its joint set or its commit as agreeing,
-on a lease or (new) on a state object when the leases were deleted.
+"""Resuming an interrupted member change: a change in progress in this machine's record is
+re-run with the ``_Resuming`` engine, which counts a member storing the set from before
+the change, its joint set or its commit as agreeing, on a lease or on a state object when
+the leases were deleted. A stale joint record must not finish a change the members moved
+on from.
 
-Every attempt is kept: each test asserts the safe behaviour; where the attempt broke it,
-the docstring says exactly what happened (those tests fail today).
-
-Everything runs on the real sandbox API servers (the 5-cluster sandbox). "Machines" are
-separate local configs (copies of one), as in test_adversary_round3_membership.py, whose
-helpers this file uses."""
+Found in the fifth adversary round (docs/regressions.md). Everything runs on the real
+5-cluster sandbox; "machines" are separate local configs (helpers.members)."""
 
 from __future__ import annotations
 

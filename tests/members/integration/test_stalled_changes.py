@@ -1,12 +1,10 @@
-"""Fourth adversary round, against the membership fixes of 98eca81 (the never-lower rule
-for renewals and releases, the engine that follows this machine's record, the state copy
-that must be on majorities before the commit, planted and edited sets). Every attempt is
-kept, whether it broke something or not: each test asserts the safe behaviour; where the
-attempt broke it (before the fix that followed this round), a comment says how.
+"""Member changes and writes whose process stalls at the worst moment (a write in flight
+across a replace, two changes under one lock id, a fault between the state copy and the
+commit) and stale releases over an edited newer set: never two holders, no lost write.
 
-Everything runs on the real sandbox API servers (the 5-cluster sandbox). "Machines" are
-separate local configs (copies of one), as in test_adversary_round3_membership.py, whose
-helpers this file uses."""
+Found in the fourth adversary round, against the membership fixes of 98eca81
+(docs/regressions.md). Everything runs on the real 5-cluster sandbox; "machines" are
+separate local configs (helpers.members)."""
 
 from __future__ import annotations
 

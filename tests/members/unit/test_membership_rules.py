@@ -2,7 +2,7 @@
 (per managedFields), and how what the members store is checked against a machine's record.
 
 No cluster: leases are the dicts an API server returns. The same checks run against real
-API servers in tests/integration/test_membership.py and the adversary rounds.
+API servers in tests/members/integration/test_membership.py and the adversary rounds.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO_LIMIT_S = 600  # set-up with the Go builds cached, three clusters started, the tour, teardown
 
 

@@ -14,7 +14,7 @@ import yaml
 from coordinator import rbac
 from coordinator.durations import parse_duration
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "in-cluster-job.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "in-cluster-job.yaml"
 
 
 def _docs() -> dict[str, list[dict[str, Any]]]:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KIND_CONFIGS = sorted((ROOT / "kind-configs").glob("cluster-*.yaml"))
 WORKFLOW = ROOT / "examples" / "github-actions-matrix.yml"
 KIND_UP = ROOT / "scripts" / "kind-up.sh"

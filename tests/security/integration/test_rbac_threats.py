@@ -25,7 +25,7 @@ from coordinator.kube.resources import lease_path, secrets_path
 pytestmark = pytest.mark.integration
 
 HOLDER_ANNOTATIONS = ("holder", "host", "pid", "reason", "command")
-DEPLOY_POLICY = Path(__file__).resolve().parents[2] / "deploy" / "state-secrets-opaque.yaml"
+DEPLOY_POLICY = Path(__file__).resolve().parents[3] / "deploy" / "state-secrets-opaque.yaml"
 
 
 def test_a_lying_member_can_give_two_contenders_a_majority_until_the_first_renews(

@@ -13,7 +13,7 @@ from coordinator import rbac
 from coordinator.cli import main
 from coordinator.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY_RBAC = ROOT / "deploy" / "rbac.yaml"
 DEPLOY_RBAC_ARGS = (
     "rbac print --namespace my-deployment-ns --deployment my-deployment --group coordinator-users".split()

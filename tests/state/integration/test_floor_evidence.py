@@ -1,15 +1,11 @@
-"""Seventh adversary round, against the state objects as evidence: the rules that a state
-object speaks for the member set only through its coordinator-written
-``coordinator.io/membership`` annotation, and that an object without a
+"""The state objects as evidence: a state object speaks for the member set only through its
+coordinator-written ``coordinator.io/membership`` annotation, and an object without a
 ``coordinator.io/token-floor`` annotation counts like a missing one (README, "Why fencing
 tokens", "The member set lives in the clusters").
 
-Every attempt is kept: each test asserts the safe behaviour; where the attempt broke it,
-the docstring says exactly what happened (those tests fail on the code they were written
-against).
-
-Everything runs on the real 3-cluster sandbox; the other clients are `kubectl` under their
-own field manager (``mallory``)."""
+Found in the seventh adversary round (docs/regressions.md). Everything runs on the real
+3-cluster sandbox; the other clients are `kubectl` under their own field manager
+(``mallory``)."""
 
 from __future__ import annotations
 
@@ -247,7 +243,7 @@ def test_a_floor_spelled_as_no_plain_number_on_every_object_blocks_until_one_is_
     and every lease is deleted. README: such an object counts like one without a floor:
     nothing is taken (exit 4 or 5), never T again; an operator puts a floor back (T) and
     the next token is above T. The other spellings (a leading space, empty, an exponent)
-    are the same parse, covered in tests/unit/test_floor_rules.py; under another manager
+    are the same parse, covered in tests/state/unit/test_floor_rules.py; under another manager
     every spelling is the same case, since no floor another client wrote speaks."""
     edit = mallory if writer == "mallory" else operator
     alice = take(short, "alice")

@@ -1,7 +1,7 @@
 """What a state object says about fencing tokens and the member set (coordinator/lock/floor.py),
 on the dicts an API server returns: only annotations a coordinator field manager owns speak.
-The same rules against real API servers: tests/integration/test_adversary_round6_membership.py
-and test_adversary_round7_state_evidence.py."""
+The same rules against real API servers: tests/members/integration/test_finishing_runs.py
+and tests/state/integration/test_floor_evidence.py."""
 
 from __future__ import annotations
 

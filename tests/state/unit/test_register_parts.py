@@ -2,8 +2,8 @@
 ids, a stamp of an envelope, the stored size of a document, how deep it is nested, the
 migration of old envelopes and a replica's resourceVersion.
 
-The replica's accept/refuse rule and the read's choice are in test_register.py and the
-model-based test_register_model.py.
+The replica's accept/refuse rule and the read's choice are in tests/state/unit/test_register.py and the
+model-based tests/state/unit/test_register_model.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from coordinator.errors import LockHeldError, StateConflictError
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SUMMARY = re.compile(r"(\d+) lock sections, (\d+) state ops, (\d+) faults injected \(([^()]*)\), (\d+) violations")
 
 

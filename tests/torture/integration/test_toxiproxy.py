@@ -27,7 +27,7 @@ from faults.toxiproxy import (
     find_toxiproxy_binary,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _binary_or_none() -> Path | None:
