@@ -156,7 +156,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "another manager's, or none (removed, stripped, before-first-apply, ancient-changes): held by an unknown "
         "holder until "
         "coordinator's own write stamp, or local observation, shows a TTL passed; never ours, never free",
-        "test_evidence_owners.py::test_a_holder_edited_by_another_client_is_neither_free_nor_ours",
+        "tests/lock/integration/test_evidence_owners.py::test_a_holder_edited_by_another_client_is_neither_free_nor_ours",
     ),
     Evidence(
         "Lease coordinator.io/fencing-token",
@@ -165,7 +165,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "another manager's, or none: the lease keeps no token history (as if deleted) and is no bound; "
         "the next token is proven by the leases that kept theirs, or by every lease with the state "
         "objects' floors, and goes above all of them",
-        "test_evidence_owners.py::test_kubectl_annotate_of_the_token_never_repeats_a_token",
+        "tests/lock/integration/test_evidence_owners.py::test_kubectl_annotate_of_the_token_never_repeats_a_token",
     ),
     Evidence(
         "Lease managedFields time of manager coordinator",
@@ -173,28 +173,28 @@ EVIDENCE: tuple[Evidence, ...] = (
         "the API server, for writes under coordinator",
         "absent (stripped, or merged by the server into ancient-changes): expiry only by local observation of "
         "the fields the lock rules read, unchanged for a maximum TTL (other edits do not restart it)",
-        "test_lock_hardening.py::test_a_capped_lease_of_a_dead_holder_lapses_in_a_max_ttl_while_another_client_edits_it",
+        "tests/lock/integration/test_lock_hardening.py::test_a_capped_lease_of_a_dead_holder_lapses_in_a_max_ttl_while_another_client_edits_it",
     ),
     Evidence(
         "Lease spec.leaseDurationSeconds",
         "the TTL a contender waits out",
         "coordinator",
         "another manager's: the deployment's maximum TTL instead",
-        "test_adversary_round3_security.py::test_annotation_edits_do_not_keep_a_dead_holders_lock_alive_forever",
+        "tests/lock/integration/test_annotation_edits.py::test_annotation_edits_do_not_keep_a_dead_holders_lock_alive_forever",
     ),
     Evidence(
         "Lease coordinator.io/max-ttl",
         "the deployment's maximum TTL (tombstones, copies, durations not ours)",
         "coordinator",
         "another manager's, missing or above a day: the local record's maximum",
-        "test_adversary_round4_security.py::test_a_max_ttl_note_longer_than_a_day_is_not_believed_even_under_the_coordinator_manager",
+        "tests/lock/unit/test_max_ttl_notes.py::test_a_max_ttl_note_longer_than_a_day_is_not_believed_even_under_the_coordinator_manager",
     ),
     Evidence(
         "Lease coordinator.io/vanished",
         "a tombstone: held by an unknown holder for a maximum TTL",
         "coordinator",
         "another manager's, or none: not a tombstone (the mark neither lengthens a lock nor says a lease was deleted)",
-        "test_evidence_owners.py::test_a_planted_vanished_mark_does_not_keep_a_dead_holders_lock",
+        "tests/lock/integration/test_evidence_owners.py::test_a_planted_vanished_mark_does_not_keep_a_dead_holders_lock",
     ),
     Evidence(
         "Lease coordinator.io/uid",
@@ -202,49 +202,49 @@ EVIDENCE: tuple[Evidence, ...] = (
         "coordinator, coordinator-release",
         "another manager's, or none: the lease is treated as a copy (blocks for a maximum TTL after "
         "its creation, keeps no token history)",
-        "test_evidence_owners.py::test_a_uid_note_written_by_another_client_does_not_vouch_for_a_copy",
+        "tests/lock/integration/test_evidence_owners.py::test_a_uid_note_written_by_another_client_does_not_vouch_for_a_copy",
     ),
     Evidence(
         "Lease coordinator.io/last-break",
         "a renewal learns its lock was broken",
         "coordinator-release (lock break)",
         "another manager's, or none: ignored (a renewal then judges the holder field alone)",
-        "test_evidence_owners.py::test_a_planted_break_note_does_not_end_a_live_lock",
+        "tests/lock/integration/test_evidence_owners.py::test_a_planted_break_note_does_not_end_a_live_lock",
     ),
     Evidence(
         "Lease coordinator.io/membership",
         "the member set the members store",
         "coordinator",
         "another manager's: possibly planted, commands stop (exit 5); none: silence",
-        "test_adversary_membership_input.py",
+        "tests/members/integration/test_forged_member_sets.py",
     ),
     Evidence(
         "Lease coordinator.io/next",
         "whose turn is next",
         "coordinator-line",
         "another manager's, or none: ignored (claims only ever delay a take)",
-        "test_evidence_owners.py::test_a_planted_claim_does_not_reserve_the_next_turn",
+        "tests/lock/integration/test_evidence_owners.py::test_a_planted_claim_does_not_reserve_the_next_turn",
     ),
     Evidence(
         "Lease managedFields time of manager coordinator-release",
         "when a lease was released (the next turn's reservation)",
         "the API server, for releases",
         "absent: no reservation (claims only delay)",
-        "test_lock_turns.py",
+        "tests/lock/integration/test_lock_turns.py",
     ),
     Evidence(
         "State object coordinator.io/token-floor",
         "the next fencing token",
         "coordinator",
         "another manager's, or none: the object counts as missing for the token",
-        "test_adversary_round7_state_evidence.py",
+        "tests/state/integration/test_floor_evidence.py",
     ),
     Evidence(
         "State object coordinator.io/membership",
         "the member set, where a lease says nothing",
         "coordinator",
         "another manager's, or none: silence",
-        "test_adversary_round6_membership.py::test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope_speak",
+        "tests/state/integration/test_state_object_annotations.py::test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope_speak",
     ),
     Evidence(
         "State object data envelope.json",
@@ -254,7 +254,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "well-formed: the replica is corrupt, never returned or copied, and unanswered where a value is "
         "chosen (reads, writes that build on the data, sync need a majority that decodes); the stamp "
         "it names is a bound: no write below it replaces it, sync writes no older value over it",
-        "test_evidence_cap.py::test_one_corrupt_replica_and_one_down_refuse_a_write_rather_than_lose_a_confirmed_one",
+        "tests/state/integration/test_evidence_cap.py::test_one_corrupt_replica_and_one_down_refuse_a_write_rather_than_lose_a_confirmed_one",
     ),
     Evidence(
         "State object coordinator.io/state-promise",
@@ -262,7 +262,7 @@ EVIDENCE: tuple[Evidence, ...] = (
         "coordinator",
         "another manager's, or none: the replica is corrupt until a write replaces it; the stamp is still a "
         "bound: no promise or write below it is taken (a fenced-out token replaces nothing)",
-        "test_evidence_cap.py::test_a_fenced_out_write_never_replaces_a_confirmed_write_on_capped_replicas",
+        "tests/state/integration/test_evidence_cap.py::test_a_fenced_out_write_never_replaces_a_confirmed_write_on_capped_replicas",
     ),
     Evidence(
         "State object coordinator.io/seeded",
@@ -270,13 +270,13 @@ EVIDENCE: tuple[Evidence, ...] = (
         "coordinator",
         "another manager's, or none: the empty replica is no answer (as a missing object is none): it may "
         "stand where a deleted replica held the newest write",
-        "test_evidence_cap.py::test_an_empty_object_a_lock_made_where_one_was_deleted_is_no_answer",
+        "tests/state/integration/test_evidence_cap.py::test_an_empty_object_a_lock_made_where_one_was_deleted_is_no_answer",
     ),
     Evidence(
         "History ConfigMap history.json",
         "lock history",
         "coordinator",
         "another manager's: not read; replaced by the next event",
-        "test_lock_history.py",
+        "tests/lock/integration/test_lock_history.py",
     ),
 )

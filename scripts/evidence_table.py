@@ -2,7 +2,7 @@
 
     python scripts/evidence_table.py > docs/evidence.md
 
-tests/unit/test_evidence_table.py fails when the file and the list disagree.
+tests/lock/unit/test_evidence_table.py fails when the file and the list disagree.
 """
 
 from __future__ import annotations

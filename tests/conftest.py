@@ -14,12 +14,13 @@
 
 Missing binaries make these fixtures *fail*, not skip: run scripts/build-controlplane.sh.
 
-Every test under ``tests/unit/`` is marked ``unit`` and every one under
-``tests/integration/`` ``integration`` here, by folder (``scripts/test.sh -m unit`` runs
-the fast half). ``tests/sim/`` (the in-memory API server, its conformance suite and the
-engines on it) holds both: each of its tests carries one of the two marks itself. A
-unit test that asks for a sandbox, or a test file elsewhere, stops the run before
-anything starts.
+Test files live by topic: ``tests/<topic>/unit/`` and ``tests/<topic>/integration/``
+(lock, state, members, …). Every test in a ``unit/`` folder is marked ``unit`` and every
+one in an ``integration/`` folder ``integration`` here, by folder (``scripts/test.sh -m
+unit`` runs the fast half). ``tests/sim/`` (the in-memory API server, its conformance
+suite and the engines on it) holds both: each of its tests carries one of the two marks
+itself. A unit test that asks for a sandbox, or a test file elsewhere, stops the run
+before anything starts.
 """
 
 from __future__ import annotations
@@ -131,15 +132,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     misplaced: list[str] = []
     for item in items:
         try:
-            folder = item.path.resolve().relative_to(_TESTS).parts[0]
+            parts = item.path.resolve().relative_to(_TESTS).parts
         except ValueError:
             continue  # a test file outside tests/, named on the command line
+        folder = parts[1] if len(parts) == 3 and parts[0] != "sim" else parts[0]
         if folder == "unit":
             item.add_marker(pytest.mark.unit)
             sandboxes = _SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ()))
             if sandboxes or item.get_closest_marker("integration"):
                 why = f"uses {', '.join(sorted(sandboxes))}" if sandboxes else "is marked integration"
-                misplaced.append(f"{item.nodeid} {why}: it belongs under tests/integration/")
+                misplaced.append(f"{item.nodeid} {why}: it belongs under tests/{parts[0]}/integration/")
         elif folder == "integration":
             item.add_marker(pytest.mark.integration)
         elif folder == "sim":
@@ -150,7 +152,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             elif unit and sandboxes:
                 misplaced.append(f"{item.nodeid} uses {', '.join(sorted(sandboxes))}: it is no unit test")
         else:
-            misplaced.append(f"{item.nodeid}: a test file goes under tests/unit/, tests/integration/ or tests/sim/")
+            misplaced.append(
+                f"{item.nodeid}: a test file goes under tests/<topic>/unit/, tests/<topic>/integration/ or tests/sim/"
+            )
     if misplaced:
         raise pytest.UsageError("\n".join(misplaced))
 

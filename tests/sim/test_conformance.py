@@ -8,9 +8,9 @@ is wrong.
 
 What cannot be made to happen on a real server on demand is compared by the shape the
 client sees, in the tests marked ``sim only`` at the end: a 429 from API Priority and
-Fairness (tests/integration/test_throttling.py makes real ones, with a webhook that
+Fairness (tests/kube/integration/test_throttling.py makes real ones, with a webhook that
 holds requests, and checks the same shape), a server whose clock is off (the sandbox's
-HA clusters model that with a proxy, tests/integration/test_sandbox_ha.py), an answer
+HA clusters model that with a proxy, tests/sandbox/integration/test_sandbox_ha.py), an answer
 lost on the way back, a stopped server.
 """
 
@@ -837,7 +837,7 @@ def test_a_paused_server_answers_who_still_waits(target: Target) -> None:
 @pytest.mark.unit
 def test_sim_only_a_throttled_request_gets_429_and_retry_after() -> None:
     """APF's answer: 429, reason TooManyRequests, Retry-After (the shape
-    tests/integration/test_throttling.py sees from a real server: kind throttled, status
+    tests/kube/integration/test_throttling.py sees from a real server: kind throttled, status
     429, retry_after 1.0); the client retries within its deadline."""
     world = World(clock=lambda: datetime.now(UTC))
     server = world.cluster("c1").server
@@ -859,7 +859,7 @@ def test_sim_only_a_throttled_request_gets_429_and_retry_after() -> None:
 def test_sim_only_a_skewed_server_stamps_its_own_clock() -> None:
     """One of an HA pair with its clock 30 s ahead: what it writes (creationTimestamp,
     managedFields times) and its Date are 30 s ahead, read through either server (the
-    stamps are stored), as tests/integration/test_sandbox_ha.py shows for the sandbox."""
+    stamps are stored), as tests/sandbox/integration/test_sandbox_ha.py shows for the sandbox."""
     now = datetime(2026, 12, 1, 12, 0, 0, 400000, tzinfo=UTC)
     world = World(clock=lambda: now)
     cluster = world.cluster("c1", apiservers=2)

@@ -1,0 +1,77 @@
+"""A change whose joint step reached a majority of the old set but not of the new one,
+because a member of the new set was down and stores a configuration older than the one in
+force when the change started (it was down for that one's commit too). Found by the
+20-minute fault-suite soak: every rerun then stopped with exit 5, since the new set's
+majority needed the very member that only the finishing run repairs.
+
+On the real sandbox API servers (5-cluster sandbox); c2 is paused with SIGSTOP."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from coord_fixtures import Env
+from helpers.members import DEP, ids, json_doc, pay_short, stored_on, succeeded
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _change(env: Env, *args: str, timeout: str = "3") -> subprocess.CompletedProcess[str]:
+    # a short timeout while c2 is paused, so that each run gives up on it quickly
+    return env.cli("--timeout", timeout, "deployment", *args, "--ttl", "10s")
+
+
+def test_a_change_whose_new_set_missed_the_joint_step_is_finished_once_the_behind_member_is_back(dep5: Env) -> None:
+    env = dep5
+    pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    env.sandbox.pause(2)
+    try:
+        # c2 misses two changes: it keeps epoch 1 while {c1,c2,c3} reaches epoch 5
+        succeeded(_change(env, "add-cluster", DEP, "c4"))
+        succeeded(_change(env, "remove-cluster", DEP, "c4"))
+        stored = stored_on(env, 1)
+        assert stored is not None and stored.epoch == 5 and list(stored.members) == ids(env, "c1", "c2", "c3")
+        # Removing c1 needs c2 for the new set {c2,c3}: the joint set lands on c1 and c3 only.
+        stopped = _change(env, "remove-cluster", DEP, "c1")
+        assert stopped.returncode == 4, stopped.stderr
+    finally:
+        env.sandbox.resume(2)
+    behind = stored_on(env, 2)
+    assert behind is not None and behind.epoch == 1, behind
+    joint = stored_on(env, 3)
+    assert joint is not None and joint.epoch == 6 and joint.joint is not None, joint
+
+    # every member answers now: a busy machine must not turn a slow answer into "could not be read"
+    finished = _change(env, "remove-cluster", DEP, "c1", timeout="20")
+    assert finished.returncode == 0, finished.stderr
+    for index in (2, 3):
+        now = stored_on(env, index)
+        assert now is not None and now.epoch == 7 and list(now.members) == ids(env, "c2", "c3"), (index, now)
+    shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
+    assert shown["epoch"] == 7 and shown.get("change_in_progress") is None, shown
+    # the state written before any of it is what the new set reads, c2 included
+    assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
+    succeeded(env.cli("lock", "acquire", DEP, "--holder", "after", "--ttl", "10s"))
+
+
+def test_a_change_waits_within_its_wait_for_a_dead_holders_lease_on_a_member_of_the_new_set(dep5: Env) -> None:
+    """Found by the fault suite: `lock run` SIGKILLed, then `remove-cluster` at once. The
+    change's take reached a majority of the old set while the killed holder's lease was
+    still live on c1, a member the new set {c1,c2} needs; the joint step then stopped with
+    exit 4 ("held-by-other (no longer ours)") although that lease lapses by itself. Within
+    its --wait the change now waits for it, then takes it and finishes."""
+    env = dep5
+    pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    succeeded(env.cli("lock", "acquire", DEP, "--holder", "dead", "--ttl", "10s"))
+    env.sandbox.pause(1)
+    try:  # the holder's release reaches c2 and c3 only: c1 keeps its live lease
+        env.cli("--timeout", "2", "lock", "release", DEP, "--holder", "dead")
+    finally:
+        env.sandbox.resume(1)
+    changed = env.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "60s")
+    assert changed.returncode == 0, changed.stderr
+    for index in (1, 2):
+        now = stored_on(env, index)
+        assert now is not None and list(now.members) == ids(env, "c1", "c2") and now.joint is None, (index, now)
+    assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"

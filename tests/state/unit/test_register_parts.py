@@ -1,0 +1,242 @@
+"""The small parts of the state register's rules (coordinator/register.py): legacy write
+ids, a stamp of an envelope, the stored size of a document, how deep it is nested, the
+migration of old envelopes and a replica's resourceVersion.
+
+The replica's accept/refuse rule and the read's choice are in tests/state/unit/test_register.py and the
+model-based tests/state/unit/test_register_model.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from served import served
+
+from coordinator import register as reg
+from coordinator.errors import UsageError
+from coordinator.models import STATE_SCHEMA, StateEnvelope
+from coordinator.register import Replica, Stamp
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=12,
+)
+documents = st.dictionaries(st.text(min_size=1, max_size=6), json_values, max_size=4)
+
+
+def _envelope(data: dict[str, Any], stamp: Stamp) -> tuple[StateEnvelope, str]:
+    return reg.build_envelope(
+        None,
+        data,
+        stamp,
+        who="me",
+        host="h",
+        command="test",
+        now=NOW,
+        members=["c1", "c2", "c3"],
+        member_ids={},
+        namespace="ns",
+        storage="configmap",
+        keys=sorted(data),
+    )
+
+
+def _decode(text: str, storage: str = "configmap", **meta: Any) -> Replica:
+    value = base64.b64encode(text.encode()).decode() if storage == "secret" else text
+    return reg.decode_replica("c1", served({"metadata": dict(meta), "data": {reg.DATA_KEY: value}}), storage)
+
+
+# ------------------------------------------------------------------ legacy write ids
+
+
+def test_legacy_write_id_is_taken_from_the_checksum() -> None:
+    digest = "0123456789abcdef" * 4
+    assert reg.legacy_write_id("sha256:" + digest) == "legacy-" + digest[:24]
+    assert reg.legacy_write_id(digest) == "legacy-" + digest[:24]  # the prefix is optional
+    assert reg.legacy_write_id("sha256:") == "legacy-0"  # never an empty id
+    assert reg.legacy_write_id("") == "legacy-0"
+
+
+@given(documents, documents)
+def test_legacy_write_ids_are_valid_stamps_and_differ_with_the_data(a: dict[str, Any], b: dict[str, Any]) -> None:
+    wid_a, wid_b = reg.legacy_write_id(reg.checksum(a)), reg.legacy_write_id(reg.checksum(b))
+    assert Stamp.parse(f"1/2/{wid_a}") == Stamp(1, 2, wid_a)  # a write id the stamp text takes
+    assert wid_a == reg.legacy_write_id(reg.checksum(dict(a)))  # the same on every reader
+    if reg.checksum(a) != reg.checksum(b):
+        assert wid_a != wid_b
+
+
+def test_migrate_brings_schema_0_and_1_to_the_current_schema_without_touching_the_input() -> None:
+    raw: dict[str, Any] = {
+        "version": 2,
+        "token": 1,
+        "checksum": reg.checksum({"a": 1}),
+        "data": {"a": 1},
+        "history": [{"who": "x"}, "junk"],
+    }
+    doc = reg.migrate(raw)
+    assert doc["schema"] == STATE_SCHEMA == 2
+    assert doc["write_id"] == reg.legacy_write_id(raw["checksum"])
+    assert doc["members"] == [] and doc["history"] == [{"who": "x", "keys": []}]
+    assert "schema" not in raw and "write_id" not in raw  # a copy is migrated
+    one = reg.migrate({"schema": 1, "checksum": "sha256:ab", "write_id": "kept"})
+    assert one["schema"] == 2 and one["write_id"] == "kept"
+    current = {"schema": 2, "write_id": "w", "checksum": "sha256:ab"}
+    assert reg.migrate(current) == current
+
+
+def test_migrate_leaves_a_schema_1_envelope_without_a_checksum_to_the_validator() -> None:
+    doc = reg.migrate({"schema": 1, "checksum": 5})
+    assert doc["schema"] == 2 and "write_id" not in doc
+
+
+# ------------------------------------------------------------------ stamps of envelopes
+
+
+@given(st.integers(0, 10**9), st.integers(1, 10**9))
+def test_stamp_of_names_the_envelope_by_token_version_and_write_id(token: int, version: int) -> None:
+    stamp = Stamp(token, version, reg.new_write_id())
+    env, text = _envelope({"k": "v"}, stamp)
+    assert reg.stamp_of(env) == stamp
+    assert reg.stamp_of(StateEnvelope.model_validate_json(text)) == stamp
+
+
+def test_encode_envelope_is_compact_json_that_decodes_to_the_same_envelope() -> None:
+    env, text = _envelope({"b": 2, "a": [1, {"c": None}]}, Stamp(4, 5, "abc"))
+    assert reg.encode_envelope(env) == text
+    assert ": " not in text and ", " not in text
+    rep = _decode(text)
+    assert rep.corrupt is None and rep.envelope is not None
+    assert rep.envelope.data == {"b": 2, "a": [1, {"c": None}]} and rep.stamp == Stamp(4, 5, "abc")
+
+
+# ------------------------------------------------------------------ sizes
+
+
+def test_stored_size_counts_bytes_not_characters() -> None:
+    assert reg.stored_size("abc", "configmap") == 3
+    assert reg.stored_size("é", "configmap") == 2
+    assert reg.stored_size("", "configmap") == 0
+
+
+@given(st.text(max_size=300))
+def test_stored_size_of_a_secret_covers_its_base64(text: str) -> None:
+    encoded = len(base64.b64encode(text.encode()))
+    size = reg.stored_size(text, "secret")
+    assert encoded <= size <= encoded + 4
+    assert size >= reg.stored_size(text, "configmap")
+
+
+def test_check_size_allows_exactly_the_limit() -> None:
+    reg.check_size("x" * reg.ENVELOPE_LIMIT, "configmap")
+    with pytest.raises(UsageError, match="over the limit"):
+        reg.check_size("x" * (reg.ENVELOPE_LIMIT + 1), "configmap")
+
+
+# ------------------------------------------------------------------ nesting
+
+
+def nest(depth: int) -> Any:
+    """A value ``depth`` levels deep: ``[[...[]...]]`` (built without recursion)."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@given(st.integers(1, 300), st.integers(0, 300))
+def test_nested_deeper_is_exactly_depth_above_limit(depth: int, limit: int) -> None:
+    assert reg.nested_deeper(nest(depth), limit) is (depth > limit)
+
+
+def test_nested_deeper_counts_scalars_and_mappings_as_levels() -> None:
+    assert not reg.nested_deeper({}, 1)
+    assert reg.nested_deeper({"a": 1}, 1)  # the value inside is level 2
+    assert not reg.nested_deeper({"a": 1}, 2)
+    assert not reg.nested_deeper({"a": {"b": [1]}, "c": 2}, 4)
+    assert reg.nested_deeper({"a": {"b": [1]}, "c": 2}, 3)
+    assert reg.nested_deeper(5, 0) and not reg.nested_deeper(5, 1)
+    assert not reg.nested_deeper("a string is one level, not one per character", 1)
+
+
+def test_nested_deeper_takes_any_depth_without_recursing() -> None:
+    assert reg.nested_deeper(nest(200_000), reg.MAX_DEPTH)
+
+
+def test_what_a_writer_may_write_a_reader_takes_back() -> None:
+    # state writes refuse data nested deeper than MAX_DEPTH; a replica is corrupt only past it
+    deepest = {"k": nest(reg.MAX_DEPTH - 1)}
+    assert not reg.nested_deeper(deepest, reg.MAX_DEPTH)
+    _env, text = _envelope(deepest, Stamp(1, 1, "ab"))
+    assert _decode(text).corrupt is None
+    too_deep = {"k": nest(reg.MAX_DEPTH)}
+    assert reg.nested_deeper(too_deep, reg.MAX_DEPTH)
+    _env, text = _envelope(too_deep, Stamp(1, 1, "ab"))
+    corrupt = _decode(text).corrupt
+    assert corrupt is not None and "nested more than" in corrupt
+
+
+# ------------------------------------------------------------------ a replica's fields
+
+
+def test_replica_resource_version_comes_from_the_object_read() -> None:
+    _env, text = _envelope({"a": 1}, Stamp(1, 1, "ab"))
+    assert _decode(text, resourceVersion="812").resource_version == "812"
+    assert _decode(text).resource_version is None
+    assert Replica("c1", exists=False).resource_version is None
+    assert Replica("c1", exists=True, obj={"metadata": None}).resource_version is None
+
+
+def test_replica_order_and_checksum_follow_its_envelope() -> None:
+    env, text = _envelope({"a": 1}, Stamp(3, 9, "ab"))
+    rep = _decode(text, storage="secret")
+    assert rep.order == (3, 9) and rep.checksum == env.checksum == reg.checksum({"a": 1})
+    empty = Replica("c1", exists=False)
+    assert empty.order == (0, 0) and empty.checksum is None and empty.stamp == reg.NO_STAMP
+    genesis = _decode(reg.genesis_text("d"))
+    assert genesis.exists and genesis.envelope is None and genesis.order == (0, 0)
+    assert json.loads(reg.genesis_text("d"))["write_id"] == reg.GENESIS_WRITE_ID
+
+
+# ------------------------------------------------------------------ what a hand edit may not slip past
+
+
+@pytest.mark.parametrize("schema", ["99", "3", "2", "1", "0", True, 2.0, None, -1, [2]])
+def test_a_schema_that_is_no_schema_number_is_corrupt_not_current(schema: Any) -> None:
+    # Only the envelope's schema field edited: the checksum (over the data) still holds.
+    _env, text = _envelope({"a": 1}, Stamp(1, 1, "ab"))
+    rep = _decode(json.dumps(dict(json.loads(text), schema=schema)))
+    assert rep.envelope is None and rep.newer_schema is None
+    assert rep.corrupt is not None and "schema" in rep.corrupt
+
+
+def test_a_newer_schema_number_is_refused_and_an_older_one_migrated() -> None:
+    _env, text = _envelope({"a": 1}, Stamp(1, 1, "ab"))
+    doc = json.loads(text)
+    newer = _decode(json.dumps(dict(doc, schema=STATE_SCHEMA + 1)))
+    assert newer.newer_schema == STATE_SCHEMA + 1 and newer.envelope is None and newer.corrupt is None
+    doc.pop("schema")
+    doc.pop("write_id")
+    old = _decode(json.dumps(doc))
+    assert old.corrupt is None and old.envelope is not None and old.envelope.schema_ == STATE_SCHEMA
+
+
+@pytest.mark.parametrize("text", ["٣/1/ab", "1/٣/ab", "01/1/ab", "1/01/ab", "+1/1/ab", " 1/1/ab", "1/1/ab "])
+def test_stamp_parse_takes_only_what_str_writes(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a stamp"):
+        Stamp.parse(text)
+
+
+@given(st.integers(0, 10**30), st.integers(0, 10**30))
+def test_stamp_parse_is_the_inverse_of_str(token: int, version: int) -> None:
+    stamp = Stamp(token, version, reg.new_write_id())
+    assert Stamp.parse(str(stamp)) == stamp
