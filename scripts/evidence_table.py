@@ -26,7 +26,7 @@ keeps a dead lock no longer than its own TTL plus margin, except where the recor
 coordinator's writes is gone (stripped, or merged into `ancient-changes`): then one
 maximum TTL of local observation, which further edits of fields the lock rules do not read
 never restart. Writes under a manager named `coordinator` are taken as coordinator's own,
-whoever makes them (see the README's *What is assumed*).
+whoever makes them (see [What is assumed](assumptions.md)).
 
 This table is generated from `coordinator/evidence.py` (`python scripts/evidence_table.py`),
 the module every rule asks; a unit test keeps the two equal.
