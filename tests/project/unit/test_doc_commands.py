@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 TOURS = {
+    "README.md": "## A short tour",
     "docs/getting-started.md": "## A five-minute tour",
 }
 
