@@ -46,10 +46,10 @@ if [[ ! -x "${VENV}/bin/python" ]]; then
 fi
 stamp="${VENV}/.coordinator-installed"
 if [[ ! -f "${stamp}" || pyproject.toml -nt "${stamp}" ]]; then
-    say "installing coordinator with its test, sandbox and benchmark extras"
+    say "installing coordinator with its test, sandbox, benchmark and docs extras"
     log="${VENV}/pip-install.log"
     if ! { "${VENV}/bin/python" -m pip install --upgrade pip &&
-           "${VENV}/bin/python" -m pip install -e ".[test,sandbox,bench]"; } >"${log}" 2>&1; then
+           "${VENV}/bin/python" -m pip install -e ".[test,sandbox,bench,docs]"; } >"${log}" 2>&1; then
         tail -n 30 "${log}" >&2
         say "pip install failed; the whole log is in ${log}"
         exit 1

@@ -29,6 +29,11 @@ if [ "$#" -eq 0 ]; then
     "${VENV}/bin/ruff" format --check coordinator tests scripts
     echo "== mypy"
     "${VENV}/bin/mypy"
+    # The documentation site (mkdocs.yml): a broken link or anchor, or a page left out of
+    # the navigation, fails the build. It goes to site/ (ignored by git). Not --quiet: that
+    # hides the warnings from --strict too, and the build passes whatever they say.
+    echo "== mkdocs build --strict"
+    NO_MKDOCS_2_WARNING=1 "${VENV}/bin/mkdocs" build --strict
     echo "== pytest (unit, simulator, integration)"
 fi
 status=0

@@ -106,6 +106,6 @@ def test_cryptography_is_the_sandbox_extra_and_only_pki_imports_it() -> None:
 
 def test_the_readme_commands_install_the_sandbox_extra() -> None:
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert 'pip install -e ".[test,sandbox,bench]"' in setup
+    assert 'pip install -e ".[test,sandbox,bench,docs]"' in setup
     for script in ("demo.sh", "test.sh"):
         assert "source scripts/setup.sh" in (ROOT / "scripts" / script).read_text(), script
