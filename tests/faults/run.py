@@ -73,7 +73,7 @@ def _seed_state(rig: Rig, recorder: Recorder, say: Progress) -> None:
     """Write a first value before the workload starts (recorded like any write). Runs
     with membership kinds need it: a member change on a deployment whose state was never
     written stops at its copy step (``No valid replica of the state ... nothing to sync``,
-    exit 2) and leaves the change unfinishable; see the README's fault suite section."""
+    exit 2) and leaves the change unfinishable; see docs/robustness.md, *Fault suite*."""
     import anyio
 
     from coordinator.api import Coordinator

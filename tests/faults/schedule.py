@@ -489,7 +489,7 @@ class Faults:
         held = self._held_now()
         lost = self._records_lost(held, kind, targets)
         if lost is not None:
-            # Outside the fault model: the README's price for a majority whose leases and
+            # Outside the fault model: the documented price (docs/design.md) for a majority whose leases and
             # state objects were all wiped (at once or one after the other) is exit 5 for
             # good, so the schedule never takes the member set's last records from a
             # majority; it tries another member (one that has what goes: a deletion must

@@ -347,7 +347,7 @@ class Injector:
     def _guarded(self, what: str, act: Any) -> bool:
         """Do ``act`` (at once: no other task runs meanwhile) unless it leaves the members
         unable to confirm the member set where they could before; then put back what it
-        changed and say so. That is outside the fault model (README, *The member set
+        changed and say so. That is outside the fault model (docs/design.md, *The member set
         lives in the clusters*: with the leases and the state objects of a majority
         wiped, every command stops for good), for deletions, foreign writes, stripped
         managedFields and restores alike. Judged as an acquisition judges it
@@ -417,10 +417,10 @@ class Injector:
 
     def _restore(self, fault: Fault, rng: random.Random) -> Any:
         """A member's etcd snapshot taken now, restored at the episode's end, and at once
-        `cluster restored NAME`'s tombstoning (the README's procedure after a restore).
+        `cluster restored NAME`'s tombstoning (docs/design.md's procedure after a restore).
         The state object comes back only where its envelope and promise are those of the
         snapshot (a restored state object that loses a write confirmed by a bare majority
-        with it is the documented price until `state sync`: README, *A member restored
+        with it is the documented price until `state sync`: docs/design.md, *A member restored
         from a backup*); its annotations (token floor, member set) go back."""
         sim = self.sim
         name = rng.choice(self.clusters)

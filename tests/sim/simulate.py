@@ -89,7 +89,7 @@ DEPLOYMENT = "sim"
 NAMESPACE = "apps"
 KEY = "v"
 MAX_TTL_S = 20
-# The real-server soak's lock sections per hour (README, *Fault suite*: 1,659 in 60 minutes
+# The real-server soak's lock sections per hour (docs/robustness.md, *Fault suite*: 1,659 in 60 minutes
 # of wall time on this machine); the simulator's summary sets its own rate beside it.
 SOAK_SECTIONS_PER_HOUR = 1659.0
 

@@ -87,7 +87,7 @@ def test_a_max_ttl_note_under_the_coordinator_field_manager_does_not_keep_a_dead
 @integration
 @pytest.mark.xfail(
     strict=True,
-    reason="open, an assumption (README: What is assumed): alice holds (TTL 60s); `kubectl patch "
+    reason="open, an assumption (docs/assumptions.md): alice holds (TTL 60s); `kubectl patch "
     '--field-manager=coordinator lease coordinator-lock-web -p \'{"spec":{"leaseDurationSeconds":1}}\'` '
     "on every member: a write under the coordinator field manager is taken as coordinator's, so the "
     "duration is believed and bob takes the live lock in ~9s. No field of the lease ties a duration to "

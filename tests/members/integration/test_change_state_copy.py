@@ -141,7 +141,7 @@ def test_add_cluster_does_not_copy_a_state_planted_on_the_new_member(dep5: Env, 
 
 
 def test_a_stale_record_cannot_read_old_state_once_leases_are_deleted(dep5: Env, tmp_path: Path) -> None:
-    """README: a member whose lease was deleted stores nothing, and state envelopes speak
+    """docs/design.md: a member whose lease was deleted stores nothing, and state envelopes speak
     for deleted leases. A stale machine's state read must stop (exit 5) rather than
     return a value older than a confirmed write."""
     pay(dep5, "c1", "c2", "c3")

@@ -76,7 +76,7 @@ def test_a_finishing_run_whose_copy_to_the_behind_member_is_refused_does_not_com
     takes the lock; c2 also missed the confirmed write release=2.0. A
     ValidatingAdmissionPolicy on c2 refuses changing the state object's data (what a
     policy engine or a quota does) for the whole finishing run: the copy to c2 fails.
-    README: the new set is committed only once the value is on a majority of the new set
+    docs/design.md: the new set is committed only once the value is on a majority of the new set
     ({c2,c3}: both). The run must stop in the joint configuration; once the policy is
     gone, the next run finishes and the new set reads release=2.0 (c2's own object
     included).

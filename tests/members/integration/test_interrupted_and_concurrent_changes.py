@@ -73,7 +73,7 @@ def test_a_waiter_on_another_machine_does_not_follow_a_change_made_elsewhere(dep
 @pytest.mark.parametrize("edit", ["remove-annotation", "write-the-old-set"])
 def test_an_edited_member_set_on_removed_members_never_gives_two_holders(dep5: Env, tmp_path: Path, edit: str) -> None:
     """Someone with write access to the namespace edits the member-set annotation of the
-    two removed members' leases. README: a set not written by coordinator stops commands
+    two removed members' leases. docs/design.md: a set not written by coordinator stops commands
     (exit 5); a lease whose set is gone must not pass for one from before member sets."""
     pay(dep5, "c1", "c2", "c3")
     stale = machine(dep5, tmp_path, "stale")
@@ -111,7 +111,7 @@ main()
 
 
 def test_a_change_killed_after_renewing_during_the_copy_still_leaves_the_joint_set(dep5: Env, tmp_path: Path) -> None:
-    """README: an interrupted change leaves the joint set stored; every other command on a
+    """docs/design.md: an interrupted change leaves the joint set stored; every other command on a
     record that did not follow stops with exit 5. Here the change is killed after its
     record followed (joint), during a slow state copy through which it kept renewing."""
     pay(dep5, "c1", "c2", "c3")

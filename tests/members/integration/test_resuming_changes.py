@@ -46,7 +46,7 @@ def _show(env: Env) -> Any:
 
 
 def _wipe(env: Env, index: int, *, lease: bool = True, state: bool = True) -> None:
-    """What an operator does to a cluster that left the deployment (README, --force-dead:
+    """What an operator does to a cluster that left the deployment (docs/design.md, --force-dead:
     "wiped (remove its lease and state)"): delete the deployment's objects there, with
     kubectl, as any other client would."""
     if lease:

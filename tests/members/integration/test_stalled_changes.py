@@ -86,7 +86,7 @@ def test_a_stale_release_does_not_put_the_old_set_back_over_an_edited_newer_one(
 ) -> None:
     """Runner 1 holds lock L (record {c1,c2,c3}); runner 2 moves the members to {c1,c4,c5}
     by two replaces under L. Someone then strips the managedFields of the removed members'
-    leases (README: anyone may; "handled"), or reformats their member-set annotation.
+    leases (docs/design.md: anyone may; "handled"), or reformats their member-set annotation.
     Runner 1's release must not write its old set (epoch 1) back there: with c1 down, the
     old record and the new one would hold {c2,c3} and {c4,c5} at once."""
     pay(dep5, "c1", "c2", "c3")

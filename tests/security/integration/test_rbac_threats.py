@@ -1,8 +1,8 @@
-"""The threat model's limits, tried on real API servers (README, "Threat model").
+"""The threat model's limits, tried on real API servers (docs/threat-model.md).
 
 What a user with exactly the printed rights, someone with write access to the namespace
 and a cluster admin of one member can do beyond what the tool refuses. Each test states
-the behaviour the README describes; an open gap is a strict xfail that says what would
+the behaviour docs/threat-model.md describes; an open gap is a strict xfail that says what would
 close it.
 """
 

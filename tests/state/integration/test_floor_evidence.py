@@ -1,6 +1,6 @@
 """The state objects as evidence: a state object speaks for the member set only through its
 coordinator-written ``coordinator.io/membership`` annotation, and an object without a
-``coordinator.io/token-floor`` annotation counts like a missing one (README, "Why fencing
+``coordinator.io/token-floor`` annotation counts like a missing one (docs/design.md, "Why fencing
 tokens", "The member set lives in the clusters").
 
 Found in the seventh adversary round (docs/regressions.md). Everything runs on the real
@@ -63,7 +63,7 @@ def mallory(env: Env, index: int, kind: str, *edits: str) -> None:
 
 
 def operator(env: Env, index: int, kind: str, *edits: str) -> None:
-    """What README tells an operator to do to put a floor back: annotate under the
+    """What docs/design.md tells an operator to do to put a floor back: annotate under the
     coordinator field manager (a floor another client wrote does not speak)."""
     kubectl(env, index, "annotate", "--overwrite", "--field-manager=coordinator", kind, STATE, *edits)
 
@@ -167,10 +167,10 @@ def test_a_read_repair_that_recreates_a_deleted_state_object_does_not_lower_its_
 ) -> None:
     """No annotation is edited. Alice writes the state under token 1 (floors 1). c3 is
     down while Bob takes the lock (token 2: floors 2 on c1 and c2; c3 keeps 1); Bob never
-    writes the state. Someone deletes the state ConfigMap on c2 (one member: README, "a
+    writes the state. Someone deletes the state ConfigMap on c2 (one member: docs/design.md, "a
     deleted state object says nothing"). A plain `state get web` by anyone then repairs
     the stale replica, recreating c2's object (register.build_object: a recreated object's
-    floor is "the write's token"). Every lease is deleted (handled, README). The next
+    floor is "the write's token"). Every lease is deleted (handled, docs/design.md). The next
     acquisition's state read meets {c2,c3} (c1 answers last): it must not draw token 2.
 
     HELD, by luck of another rule: the repair recreates c2's object with floor 1 (the
@@ -240,7 +240,7 @@ def test_a_floor_spelled_as_no_plain_number_on_every_object_blocks_until_one_is_
     """Alice takes the lock (token T), never writes. Every floor is replaced with a
     spelling that is no plain ASCII number of at most 4300 digits (a sign, an
     Arabic-Indic five, 4301 nines), by another field manager or under coordinator's own,
-    and every lease is deleted. README: such an object counts like one without a floor:
+    and every lease is deleted. docs/design.md: such an object counts like one without a floor:
     nothing is taken (exit 4 or 5), never T again; an operator puts a floor back (T) and
     the next token is above T. The other spellings (a leading space, empty, an exponent)
     are the same parse, covered in tests/state/unit/test_floor_rules.py; under another manager
@@ -304,7 +304,7 @@ def test_the_state_objects_set_rewritten_to_the_same_set_by_another_client_is_si
     short: Env,
 ) -> None:
     """Mallory rewrites the member-set annotation of every state object to exactly the
-    value it holds (the set coordinator wrote), so another field manager owns it. README:
+    value it holds (the set coordinator wrote), so another field manager owns it. docs/design.md:
     only a set coordinator wrote speaks; with the leases intact that changes nothing (the
     lock is taken), and the acquisition's floor write notes the set again under
     coordinator's manager, so that once every lease is deleted the lock is taken again,
@@ -383,7 +383,7 @@ def test_the_longest_floor_read_does_not_leave_the_lock_unrecoverable(short: Env
     """Mallory sets every floor to 4000 nines (the longest floor token_floor reads) and
     deletes every lease: Bob's token is 10**4000 (safe: above everything). Coordinator
     raises the floors to it: 4001 digits. Bob releases; every lease is deleted again. The
-    floors coordinator itself wrote must still count (README: an object without a floor
+    floors coordinator itself wrote must still count (docs/design.md: an object without a floor
     blocks until an operator puts one back, "at least the highest token `lock history`
     shows"); at worst, putting back Bob's token as the floor lets Carol in above it.
 
@@ -391,7 +391,7 @@ def test_the_longest_floor_read_does_not_leave_the_lock_unrecoverable(short: Env
     are 4001 digits ([4001, 4001, 4001]), which has_floor/token_floor do not read (len <=
     4000), so every object counts as stripped: Carol exits 5 ("... 2 are needed: c1, c2, c3
     store no member set ..."; the objects are not counted at all), and after the operator
-    puts back Bob's token as the floor, as README says, she still exits 5: nothing the
+    puts back Bob's token as the floor, as docs/design.md says, she still exits 5: nothing the
     operator may write as a floor above Bob's token is read, and any floor that is read is
     below it (putting back 4000 nines would make the next token Bob's). Flaw:
     lock/floor.py token_floor/has_floor cap at 4000 digits while _raise_floor writes

@@ -50,7 +50,7 @@ def test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope
     (round 3 tried that alone: held, because the state objects note the newer set) *and*
     from the state ConfigMap (`kubectl annotate configmap coordinator-state-pay
     coordinator.io/membership-`). The envelopes there still carry the set of their last
-    write, epoch 1 — coordinator wrote it, long ago. README: a member whose lease says
+    write, epoch 1 — coordinator wrote it, long ago. docs/design.md: a member whose lease says
     nothing speaks through its state object, and a set another client edited is no
     evidence; nothing was deleted and no member missed a commit, so the concession of
     "What is assumed" does not apply. c1 down: the stale record must not get {c2,c3}
@@ -96,11 +96,11 @@ def test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope
 
 def test_removing_the_token_floor_annotation_does_not_let_a_token_be_granted_again(dep5: Env) -> None:
     """pay on {c1,c2,c3}, state written under token T0. Alice takes the lock (token T1 >
-    T0) and never writes the state: her token lives on the leases and, README, on the
+    T0) and never writes the state: her token lives on the leases and, docs/design.md, on the
     token floor (`coordinator.io/token-floor`) the acquisition raised on the state
     objects. Someone removes that annotation from the three state ConfigMaps (`kubectl
     annotate configmap coordinator-state-pay coordinator.io/token-floor-`: an annotation
-    edit, nothing deleted) and deletes the three leases (README: handled). README: "the
+    edit, nothing deleted) and deletes the three leases (docs/design.md: handled). docs/design.md: "the
     next holder's writes are accepted again with no purge", tokens strictly increase; the
     concession (a token granted again) needs the leases *and the state objects* of a
     majority deleted. Bob's token must be above Alice's.
