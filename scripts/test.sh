@@ -16,7 +16,8 @@
 # etcd, kube-apiserver and toxiproxy (cached under ~/.cache/coordinator).
 #
 # Then the static checks, each named (ruff's lint and format check, mypy --strict as
-# pyproject configures it), and pytest, which ends with the 30 slowest tests and the total.
+# pyproject configures it, import-linter's layer contracts), and pytest, which ends with
+# the 30 slowest tests and the total.
 # Extra arguments skip the static checks: they are for running a part of the suite.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,6 +30,8 @@ if [ "$#" -eq 0 ]; then
     "${VENV}/bin/ruff" format --check coordinator tests scripts
     echo "== mypy"
     "${VENV}/bin/mypy"
+    echo "== lint-imports (the layer contracts in pyproject.toml)"
+    "${VENV}/bin/lint-imports" --no-cache --no-logo
     echo "== pytest (unit, simulator, integration)"
 fi
 status=0
