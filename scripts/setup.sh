@@ -45,11 +45,12 @@ if [[ ! -x "${VENV}/bin/python" ]]; then
     python3 -m venv "${VENV}"
 fi
 stamp="${VENV}/.coordinator-installed"
-if [[ ! -f "${stamp}" || pyproject.toml -nt "${stamp}" ]]; then
-    say "installing coordinator with its test, sandbox, benchmark and docs extras"
+# The dev tools' versions are pinned in constraints/dev.txt: every run checks with the same ones.
+if [[ ! -f "${stamp}" || pyproject.toml -nt "${stamp}" || constraints/dev.txt -nt "${stamp}" ]]; then
+    say "installing coordinator with its test, sandbox, benchmark and docs extras (versions from constraints/dev.txt)"
     log="${VENV}/pip-install.log"
-    if ! { "${VENV}/bin/python" -m pip install --upgrade pip &&
-           "${VENV}/bin/python" -m pip install -e ".[test,sandbox,bench,docs]"; } >"${log}" 2>&1; then
+    if ! { "${VENV}/bin/python" -m pip install --upgrade pip -c constraints/dev.txt &&
+           "${VENV}/bin/python" -m pip install -e ".[test,sandbox,bench,docs]" -c constraints/dev.txt; } >"${log}" 2>&1; then
         tail -n 30 "${log}" >&2
         say "pip install failed; the whole log is in ${log}"
         exit 1
