@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 import anyio
@@ -192,9 +193,16 @@ def _status_message(raw: bytes) -> str:
 def _http_date(value: str | None) -> datetime | None:
     """An HTTP date (``Date``, ``Retry-After``) as an aware UTC datetime, or None when it
     is absent or is no date (a zone of 20 digits, a year past 9999). A date without a
-    zone (``-0000``) is taken as UTC, as HTTP dates are."""
+    zone (``-0000``) is taken as UTC, as HTTP dates are. Remembered for texts no longer
+    than a date (every answer carries one, and a second's answers the same), so that
+    what a server sends cannot make the cache large."""
     if not value:
         return None
+    return _read_http_date(value) if len(value) <= 40 else _read_http_date.__wrapped__(value)
+
+
+@lru_cache(maxsize=256)
+def _read_http_date(value: str) -> datetime | None:
     try:
         when = parsedate_to_datetime(value)
         return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)

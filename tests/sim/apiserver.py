@@ -52,6 +52,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import format_datetime
+from functools import lru_cache
 from typing import Any
 
 import anyio
@@ -96,9 +97,23 @@ class Change:
     prev: JSON | None
 
 
+def http_date(when: datetime) -> str:
+    """The ``Date`` header for the server's time ``when`` (whole seconds)."""
+    return _http_date(when.replace(microsecond=0))
+
+
+@lru_cache(maxsize=64)
+def _http_date(second: datetime) -> str:
+    return format_datetime(second, usegmt=True)
+
+
 class Store:
     """The etcd of one cluster: the objects, one revision counter, the history of changes
-    (the last ``keep`` of them, or since ``compact``), and the watches to tell."""
+    (the last ``keep`` of them, or since ``compact``), and the watches to tell.
+
+    A stored object is never changed in place: a write stores a new one. So readers that
+    only look (a GET's answer, an update's comparison) take it as it is (:meth:`peek`),
+    and its JSON, made once when it is stored, is every answer's body that carries it."""
 
     def __init__(self, *, keep: int = 10_000) -> None:
         self.revision = 1
@@ -107,29 +122,50 @@ class Store:
         self.keep = keep
         self.compacted = 0  # changes at or below this revision are forgotten
         self.watches: set[_Watch] = set()
+        # id(object) -> (the object, its JSON), for the objects stored now.
+        self._encoded: dict[int, tuple[JSON, bytes]] = {}
 
     def get(self, key: Key) -> JSON | None:
+        """A copy of the object, to change and write back."""
         found = self.objects.get(key)
         return clone(found) if found is not None else None
 
+    def peek(self, key: Key) -> JSON | None:
+        """The object as stored, to look at only."""
+        return self.objects.get(key)
+
+    def encoded(self, obj: JSON) -> bytes | None:
+        """The JSON of ``obj`` if it is an object stored now (made when it was stored)."""
+        found = self._encoded.get(id(obj))
+        return found[1] if found is not None and found[0] is obj else None
+
+    def _replace(self, key: Key, stored: JSON | None) -> JSON | None:
+        prev = self.objects.pop(key, None)
+        if prev is not None:
+            del self._encoded[id(prev)]
+        if stored is not None:
+            self.objects[key] = stored
+            self._encoded[id(stored)] = (stored, json.dumps(stored).encode())
+        return prev
+
     def put(self, key: Key, obj: JSON) -> JSON:
-        """Store ``obj`` under a new revision; return it as stored."""
-        prev = self.objects.get(key)
+        """Store a copy of ``obj`` under a new revision; return it as stored (not to be changed)."""
         self.revision += 1
         stored = clone(obj)
         stored["metadata"]["resourceVersion"] = str(self.revision)
-        self.objects[key] = stored
+        prev = self._replace(key, stored)
         self._record(Change(self.revision, "ADDED" if prev is None else "MODIFIED", key, stored, prev))
-        return clone(stored)
+        return stored
 
     def delete(self, key: Key) -> JSON:
         """Remove the object; return it as it was, with the revision of its deletion."""
-        prev = self.objects.pop(key)
+        prev = self._replace(key, None)
+        assert prev is not None, key
         self.revision += 1
         gone = clone(prev)
         gone["metadata"]["resourceVersion"] = str(self.revision)
         self._record(Change(self.revision, "DELETED", key, gone, prev))
-        return clone(gone)
+        return gone
 
     def _record(self, change: Change) -> None:
         self.history.append(change)
@@ -297,8 +333,9 @@ class ApiServer:
         except ApiError as err:
             status, body = err.code, err.status()
             headers.update(err.headers)
-        headers["Date"] = format_datetime(self.now(), usegmt=True)
-        return _Answer(status, headers, json.dumps(body).encode())
+        headers["Date"] = http_date(self.now())
+        encoded = self.store.encoded(body)
+        return _Answer(status, headers, encoded if encoded is not None else json.dumps(body).encode())
 
     def _serve(self, request: Request) -> tuple[int, JSON]:
         if self._throttled is not None:
@@ -364,9 +401,9 @@ class ApiServer:
             seconds = float(query.get("timeoutSeconds") or timeout)
         except ApiError as err:
             headers.update(err.headers)
-            headers["Date"] = format_datetime(self.now(), usegmt=True)
+            headers["Date"] = http_date(self.now())
             return _WatchReply(self, err.code, headers, json.dumps(err.status()).encode())
-        headers["Date"] = format_datetime(self.now(), usegmt=True)
+        headers["Date"] = http_date(self.now())
         watch = _Watch(self, where.kind, where.namespace, labels, names, seconds, query)
         return _WatchReply(self, 200, headers, b"", watch)
 
@@ -446,7 +483,7 @@ class _Watch:
             for key in sorted(store.objects):
                 obj = store.objects[key]
                 if self._wanted(key, obj):
-                    self.queue.append({"type": "ADDED", "object": clone(obj)})
+                    self.queue.append({"type": "ADDED", "object": obj})
             self.since = store.revision
             return
         self.since = int(rv)  # checked by the caller
@@ -475,18 +512,19 @@ class _Watch:
 
     def offer(self, change: Change) -> None:
         """Queue what ``change`` means to this watch (an object entering or leaving its
-        selection is ADDED or DELETED)."""
+        selection is ADDED or DELETED). The objects are queued as stored (never changed:
+        :class:`Store`); an event is encoded when it is read."""
         if change.revision <= self.since:
             return
         now_in = change.type != "DELETED" and self._wanted(change.key, change.obj)
         was_in = change.prev is not None and self._wanted(change.key, change.prev)
         if change.type == "DELETED":
             if was_in:
-                self.queue.append({"type": "DELETED", "object": clone(change.obj)})
+                self.queue.append({"type": "DELETED", "object": change.obj})
         elif now_in and was_in:
-            self.queue.append({"type": "MODIFIED", "object": clone(change.obj)})
+            self.queue.append({"type": "MODIFIED", "object": change.obj})
         elif now_in:
-            self.queue.append({"type": "ADDED", "object": clone(change.obj)})
+            self.queue.append({"type": "ADDED", "object": change.obj})
         elif was_in:
             gone = clone(change.prev)
             assert gone is not None

@@ -88,7 +88,7 @@ class Handler:
         if sub is not None:
             raise no_such_resource()
         if method == "GET":
-            found = self.store.get(self.key(self.name))
+            found = self.store.peek(self.key(self.name))
             if found is None:
                 raise not_found(self.kind, self.name)
             return 200, found
@@ -220,7 +220,7 @@ class Handler:
             )
         meta["name"] = self.name
         key = self.key(self.name)
-        cur = self.store.get(key)
+        cur = self.store.peek(key)  # looked at, never changed
         if cur is None and not self.kind.create_on_update:
             raise not_found(self.kind, self.name)
         # The uid the body names is a precondition, checked first (by the storage).
