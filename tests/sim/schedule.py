@@ -356,9 +356,9 @@ class Injector:
         ns_key = ("namespaces", "", NAMESPACE)
         stores = {c: self.sim.world.clusters[c].store for c in self.clusters}
         before = {(c, k): stores[c].objects.get(k) for c in stores for k in (*keys, ns_key)}
-        could = self.confirmed()
+        could = self.confirmed(), self.readable()
         act()
-        if not could or self.confirmed():
+        if (not could[0] or self.confirmed()) and (not could[1] or self.readable()):
             return True
         for (c, k), old in sorted(before.items(), key=lambda item: item[0][1] != ns_key):
             if stores[c].objects.get(k) is old:
@@ -367,8 +367,24 @@ class Injector:
                 stores[c].delete(k)
             else:
                 stores[c].put(k, old)
-        self.sim.note(f"{what}: undone at once: the members would no longer confirm the member set")
+        self.sim.note(f"{what}: undone at once: the members would no longer confirm the member set or hold a state")
         return False
+
+    def readable(self) -> bool:
+        """Whether the state objects that are corrupt (coordinator/register.py's decoding:
+        one that does not decode, or whose envelope or promise coordinator does not own)
+        leave a majority of the members. A majority of corrupt replicas stops every read
+        (exit 6) until a write replaces them (README, *The state register*): a foreign
+        write or strip that makes it is outside the fault model, as one that leaves the
+        member set unconfirmed is. Missing objects are no answer (exit 4), not counted."""
+        from coordinator.register import _decode
+
+        members = self._engine().members
+        corrupt = 0
+        for c in members:
+            obj = self.sim.world.clusters[c].store.objects.get(self._key(self._state_path()))
+            corrupt += bool(_decode(c, obj, "configmap", deployment=DEPLOYMENT, from_file=False).corrupt)
+        return len(members) - corrupt >= quorum_size(len(members))
 
     def confirmed(self) -> bool:
         """Whether an acquisition that reads every member now finds that they confirm its
