@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faults.admission import add_policy, remove_policy
+from helpers.cli import StreamReader
 from helpers.lockrun import (
     Tree,
     finish_run,
@@ -238,28 +238,16 @@ def test_wait_reports_progress(dep3: Any) -> None:
         stderr=subprocess.PIPE,
     )
     # Released once bob says he waits (a fixed pause is shorter than a busy machine's start-up).
-    lines: list[str] = []
-    waiting = threading.Event()
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if "waiting for web" in line:
-                waiting.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    reader = StreamReader(proc.stderr, "waiting for web")
     try:
-        assert waiting.wait(60), "".join(lines)
+        assert reader.wait_marker(60), reader.text()
         assert dep3.cli("lock", "release", "web", "--lock-id", taken["lock_id"]).returncode == 0
-        assert proc.wait(60) == 0, "".join(lines)
+        assert proc.wait(60) == 0, reader.text()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    reader.join(10)
-    err = "".join(lines)
+    err = reader.text(join=10)
     assert not watchdogs(proc.pid), "the watchdog outlived `lock run`"
     assert "waiting for web: held by alice" in err, err
     assert "released lock" in err, err

@@ -7,49 +7,27 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import StreamReader
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO_LIMIT_S = 600  # set-up with the Go builds cached, three clusters started, the tour, teardown
 
 
-class _Watcher:
-    """A `lock status --watch` process whose output is read as it comes, so that the test
-    signals it once it has shown its first round (a fixed pause is shorter than a busy
-    machine's start-up, and a signal during the imports is no test of the watch)."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self.shown = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if "not held by a majority" in line:
-                self.shown.set()
-
-    def wait_shown(self) -> None:
-        assert self.shown.wait(60), "the watch showed nothing within 60 s: " + "".join(self.lines)
-
-    def finish(self) -> tuple[str, str]:
-        try:
-            self.proc.wait(15)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(10)
-        assert self.proc.stderr is not None
-        return "".join(self.lines), self.proc.stderr.read()
+def _finish(watcher: subprocess.Popen[str], shown: StreamReader) -> tuple[str, str]:
+    """Wait for a signalled watch to end (killed after 15 s), then its stdout and stderr."""
+    try:
+        watcher.wait(15)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert watcher.stderr is not None
+    return shown.text(join=10), watcher.stderr.read()
 
 
 @pytest.mark.integration
@@ -66,15 +44,16 @@ def test_watch_ends_cleanly_on_sigterm_even_with_sigint_ignored(dep3: Any) -> No
         stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
-    watch = _Watcher(watcher)
+    # Signalled once it has shown its first round: a signal during the imports is no test of the watch.
+    shown = StreamReader(watcher.stdout, "not held by a majority")
     try:
-        watch.wait_shown()
+        assert shown.wait_marker(60), "the watch showed nothing within 60 s: " + shown.text()
         watcher.send_signal(signal.SIGINT)
         time.sleep(1)
         assert watcher.poll() is None, "an inherited SIG_IGN for SIGINT must stay ignored"
         watcher.send_signal(signal.SIGTERM)
     finally:
-        out, err = watch.finish()
+        out, err = _finish(watcher, shown)
     assert watcher.returncode == 0, err
     assert "web is not held by a majority" in out, out + err
     assert "Traceback" not in err and "Unclosed" not in err, err  # clients closed on the way out
@@ -85,12 +64,12 @@ def test_watch_ends_cleanly_on_ctrl_c(dep3: Any) -> None:
     watcher = dep3.popen(
         "lock", "status", "web", "--watch", "--interval", "0.5s", stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    watch = _Watcher(watcher)
+    shown = StreamReader(watcher.stdout, "not held by a majority")
     try:
-        watch.wait_shown()
+        assert shown.wait_marker(60), "the watch showed nothing within 60 s: " + shown.text()
         watcher.send_signal(signal.SIGINT)
     finally:
-        out, err = watch.finish()
+        out, err = _finish(watcher, shown)
     assert watcher.returncode == 0, err
     assert "web is not held by a majority" in out, out + err
     assert "Traceback" not in err and "Unclosed" not in err, err
