@@ -355,11 +355,16 @@ def behind_stand_in(
         and value.epoch < before.epoch
         and set(value.members).intersection(before.members)
     ]
-    if not standing_in or not Majorities([old]).reached(result.agreeing):
+    if not standing_in:
         return result
-    if Majorities([new]).reached([*result.agreeing, *standing_in]):
+    old_set, new_set = Majorities([old]), Majorities([new])
+    if old_set.reached(result.agreeing) and new_set.reached([*result.agreeing, *standing_in]):
         return replace(result, verdict=Verdict.OK)
-    if Majorities([new]).reached([*result.agreeing, *standing_in, *result.unseen]):
+    # Members not read yet may be what completes either majority (the old set's
+    # confirmation lets the behind member stand in): not observed, not refused.
+    if old_set.reached([*result.agreeing, *result.unseen]) and new_set.reached(
+        [*result.agreeing, *standing_in, *result.unseen]
+    ):
         return replace(result, verdict=Verdict.UNOBSERVABLE)
     return result
 

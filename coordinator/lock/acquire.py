@@ -188,6 +188,8 @@ class Acquire(TokenFloor, Turns):
 
                 unjudged = {c: s for c, s in stored.items() if not (says_nothing(s, self.membership) and may_speak(c))}
                 verdict = self.check_members(unjudged)
+            if verdict.verdict is Verdict.UNOBSERVABLE and reads_done < self.n and not final:
+                return  # members still to answer may confirm the set: hear them first
             floors = [t for c in self._present(state_reads) if (found := state_reads[c].value) for t in found[:1]]
             chosen["token"] = self._token(reads, floors, evidence is not None) if enough else None
             members_check.append(verdict)
@@ -200,17 +202,20 @@ class Acquire(TokenFloor, Turns):
             async def read_state() -> None:
                 state_reads[cluster] = await self._state_one(cluster)
 
+            error: KubeError | None = None
             try:
-                try:
-                    view = await self._checked_read(cluster, read_state)
-                except KubeError as err:
-                    if err.kind == kube.IDENTITY_MISMATCH:
-                        attempt_over["mismatch"] = True
-                    return failed(cluster, err)  # type: ignore[return-value]
+                view = await self._checked_read(cluster, read_state)
+            except KubeError as err:
+                if err.kind == kube.IDENTITY_MISMATCH:
+                    attempt_over["mismatch"] = True
+                error = err
+            else:
                 reads[cluster] = view
             finally:
                 reads_done += 1
-            await maybe_choose_token()
+            await maybe_choose_token()  # the last answer, a failure too, may be what decides
+            if error is not None:
+                return failed(cluster, error)  # type: ignore[return-value]
             if not token_ready.is_set():
                 # Waiting for members that may not answer: after a while, decide with what
                 # was read (a missing lease is still recorded as a tombstone then).

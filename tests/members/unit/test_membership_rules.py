@@ -483,6 +483,17 @@ def test_a_stand_in_with_the_rest_unseen_is_unobservable() -> None:
     assert result.verdict is Verdict.UNOBSERVABLE
 
 
+def test_a_stand_in_waiting_on_the_old_sets_unseen_member_is_unobservable_not_refused() -> None:
+    # eu-2 (behind) and us-1 (agreeing) answered first; eu-1, whose confirmation of the
+    # old set is what lets eu-2 stand in, has not answered yet: more answers may confirm
+    older = by(Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1), "coordinator")
+    early = finishing({"eu-2": older, "us-1": JOINT})
+    assert early.verdict is Verdict.UNOBSERVABLE, early
+    assert finishing({"eu-1": JOINT, "eu-2": older, "us-1": JOINT}).ok
+    # eu-1 answered and stores nothing: the old set does not decide, and that is known
+    assert finishing({"eu-1": None, "eu-2": older, "us-1": JOINT}).verdict is Verdict.UNCONFIRMED
+
+
 def test_explain_during_a_change_names_the_group_short_of_a_majority() -> None:
     older = Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1)
     text = check(JOINT, {"eu-1": JOINT, "eu-2": older, "us-1": JOINT}, OLD, [OLD, NEW]).explain("pay", IDS)
