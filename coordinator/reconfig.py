@@ -47,8 +47,9 @@ from coordinator.clusters import failed
 from coordinator.errors import MembershipError, NoQuorumError, StateConflictError, UsageError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.history import HistoryStore
+from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
-from coordinator.lease import LeaseView
+from coordinator.lease import LeaseView, Standing
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
 from coordinator.logs import get_logger
 from coordinator.membership import Check, Membership, Stored, behind_stand_in, foreign_set
@@ -269,18 +270,28 @@ async def _until_new_set_takeable(
     new set's majority. The take reached a majority of the old set without them — e.g.
     a killed holder's lease still live on one of them — and such a lease lapses by itself
     (its holder does not hold the lock: this change does, on a majority of the old set).
-    Only reads: nothing is written before the wait is over, so the lock's renewals under
-    the set in force go on as before (lapse judged with a probe's margins, as it is taken)."""
-    deadline = anyio.current_time() + max(0.0, wait)
+    Nothing of ours is written before the wait is over, so the lock's renewals under the
+    set in force go on as before. A lease's lapse is judged by the very rule the joint
+    step takes it by, a probe's server stamp included: judged by the Date hint alone, a
+    lease at the edge of lapsing (or read through an API server whose clock runs ahead)
+    passed this wait and then stopped the joint step half-written."""
     new = joint.majorities.groups[-1]
+    deadline = anyio.current_time() + max(0.0, wait)
 
     async def one(cluster: str) -> ClusterResult[bool]:
         try:
             view = await joint._checked_read(cluster)
+            if view.lock_id == lock_id or not view.held:
+                return ClusterResult(cluster, Outcome.OK, True)
+            stand = joint._stand(cluster, view, lock_id)
+            if stand is Standing.PROBE:
+                view, stamp = await joint._probe(cluster, view)  # a nonce on that lease, not ours
+                stand = joint._stand(cluster, view, lock_id, stamp)
         except KubeError as err:
+            if err.kind == kube.CONFLICT:
+                return ClusterResult(cluster, Outcome.OK, False)  # written meanwhile: look again
             return failed(cluster, err)  # type: ignore[return-value]
-        left = view.remaining_hint(joint.max_ttl_s, joint.max_server_skew_s)  # a probe's margins, +1 s
-        return ClusterResult(cluster, Outcome.OK, view.lock_id == lock_id or not view.held or (left or 0) < -1.0)
+        return ClusterResult(cluster, Outcome.OK, stand is Standing.LAPSED)
 
     others = [m for m in new if m not in seed]
     new_set = Majorities([new])

@@ -106,3 +106,43 @@ def test_a_change_waits_within_its_wait_for_a_dead_holders_lease_on_a_member_of_
         now = stored_on(env, index)
         assert now is not None and list(now.members) == ids(env, "c1", "c2") and now.joint is None, (index, now)
     assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
+
+
+_HINT_SAYS_LAPSED = """
+import sys
+import coordinator.lease as lease
+def remaining_hint(view, *, max_ttl_s, max_server_skew_s=0.0):
+    return -30.0  # every Date hint says the lease lapsed long ago: only server stamps can tell
+lease.remaining_hint = remaining_hint
+sys.argv = ["coordinator", *sys.argv[1:]]
+from coordinator.cli import main
+main()
+"""
+
+
+def test_the_wait_before_the_joint_step_judges_a_dead_holders_lease_by_server_stamps(dep5: Env, tmp_path: Path) -> None:
+    """As above, with every Date hint saying the dead holder's lease lapsed long ago, as
+    an API server whose clock runs ahead says it (seen on HA members with one API server
+    3 s ahead: "c2: held-by-other ... expires in 0.0s"). The wait before the joint step
+    judged lapse by the hint, passed at once, and the joint step, which takes a lease only
+    on a server stamp, stopped half-written with exit 4. The wait now judges by the
+    joint step's own rule, waits for the lease to lapse, and the change finishes."""
+    env = dep5
+    pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    succeeded(env.cli("lock", "acquire", DEP, "--holder", "dead", "--ttl", "10s"))
+    env.sandbox.pause(1)
+    try:  # the holder's release reaches c2 and c3 only: c1 keeps its live lease
+        env.cli("--timeout", "2", "lock", "release", DEP, "--holder", "dead")
+    finally:
+        env.sandbox.resume(1)
+    script = tmp_path / "hint_says_lapsed.py"
+    script.write_text(_HINT_SAYS_LAPSED)
+    changed = subprocess.run(
+        [sys.executable, str(script), "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "60s"],
+        env=env.environ(PYTHONPATH=str(Path.cwd())), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    for index in (1, 2):
+        now = stored_on(env, index)
+        assert now is not None and list(now.members) == ids(env, "c1", "c2") and now.joint is None, (index, now)
+    assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
