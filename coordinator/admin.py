@@ -431,41 +431,6 @@ async def create_deployment(
     if max_ttl_s is not None:
         record.max_ttl_s = max_ttl_s
 
-    async def ensure_namespace(cluster: str) -> ClusterResult[str]:
-        client = clusters.client(cluster)
-        try:
-            await clusters.check_identity(cluster)
-            readable = True
-            try:
-                await client.request("GET", namespace_path(namespace))
-                return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
-            except KubeError as err:
-                if err.kind not in (kube.NOT_FOUND, kube.FORBIDDEN):
-                    raise
-                readable = err.kind != kube.FORBIDDEN
-            body = {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": namespace, "labels": {LABEL_MANAGED_BY: LABEL_VALUE}},
-            }
-            try:
-                await client.request("POST", "/api/v1/namespaces", body=body)
-                return ClusterResult(cluster, Outcome.OK, "created", detail="namespace created")
-            except KubeError as err:
-                if err.kind == kube.ALREADY_EXISTS:
-                    return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
-                if err.kind == kube.FORBIDDEN:
-                    detail = (
-                        f"may not create namespace {namespace}; ask an admin to create it"
-                        if readable
-                        else f"may neither read nor create namespace {namespace}; if it does not exist "
-                        "yet, ask an admin to create it"
-                    )
-                    return ClusterResult(cluster, Outcome.FORBIDDEN, None, detail=detail)
-                raise
-        except KubeError as err:
-            return failed(cluster, err)  # type: ignore[return-value]
-
     async def prove(cluster: str) -> ClusterResult[str]:
         try:
             await clusters.check_identity(cluster)
@@ -475,7 +440,10 @@ async def create_deployment(
 
     # Every member proves its identity before any namespace is created anywhere, so a
     # repointed context stops the command before it changes even the true members.
-    for step in (prove, ensure_namespace):
+    async def namespace_there(cluster: str) -> ClusterResult[str]:
+        return await ensure_namespace(clusters, cluster, namespace)
+
+    for step in (prove, namespace_there):
         results = await fan_out(members, step, timeout=clusters.timeout)
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
         if bad:
@@ -493,7 +461,7 @@ async def create_deployment(
     engine = LockEngine(clusters, record)
     leases = await engine.create_leases()
     stored = engine.membership.document()
-    seeded = await fan_out(members, lambda c: _seed_state(clusters, record, c, stored), timeout=clusters.timeout)
+    seeded = await fan_out(members, lambda c: seed_state(clusters, record, c, stored), timeout=clusters.timeout)
     for k, seed in seeded.items():
         if not seed.ok and results.get(k) is not None and results[k].ok:
             results[k] = ClusterResult(
@@ -648,13 +616,55 @@ async def _refuse_planted_state(clusters: ClusterSet, record: DeploymentRecord) 
         )
 
 
-async def _seed_state(
+async def ensure_namespace(clusters: ClusterSet, cluster: str, namespace: str) -> ClusterResult[str]:
+    """Make sure ``namespace`` exists on ``cluster`` (create it where it does not), after
+    the cluster proved its identity: FORBIDDEN, with what to ask an admin, where this user
+    may not create it."""
+    client = clusters.client(cluster)
+    try:
+        await clusters.check_identity(cluster)
+        readable = True
+        try:
+            await client.request("GET", namespace_path(namespace))
+            return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
+        except KubeError as err:
+            if err.kind not in (kube.NOT_FOUND, kube.FORBIDDEN):
+                raise
+            readable = err.kind != kube.FORBIDDEN
+        body = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {LABEL_MANAGED_BY: LABEL_VALUE}},
+        }
+        try:
+            await client.request("POST", "/api/v1/namespaces", body=body)
+            return ClusterResult(cluster, Outcome.OK, "created", detail="namespace created")
+        except KubeError as err:
+            if err.kind == kube.ALREADY_EXISTS:
+                return ClusterResult(cluster, Outcome.OK, "exists", detail="namespace exists")
+            if err.kind == kube.FORBIDDEN:
+                detail = (
+                    f"may not create namespace {namespace}; ask an admin to create it"
+                    if readable
+                    else f"may neither read nor create namespace {namespace}; if it does not exist "
+                    "yet, ask an admin to create it"
+                )
+                return ClusterResult(cluster, Outcome.FORBIDDEN, None, detail=detail)
+            raise
+    except KubeError as err:
+        return failed(cluster, err)  # type: ignore[return-value]
+
+
+async def seed_state(
     clusters: ClusterSet, record: DeploymentRecord, cluster: str, membership: dict[str, Any]
 ) -> ClusterResult[str]:
     """Create the member's state object holding the empty state for this deployment, so
     the name is taken before anyone else can create an object under it (one already
     there is left as it is). It stores the member set too, which confirms it when every
-    lease was deleted before the first state write."""
+    lease was deleted before the first state write. Marked seeded, it answers reads
+    ("nothing written yet") where an empty object made later does not: it is made
+    before any write could have landed there (by `deployment create`, or by a member
+    change for a joining member, which no write has reached yet)."""
     from coordinator.lock import genesis_state_object
 
     collection, _ = state_paths(record.namespace, record.name, record.storage)

@@ -42,6 +42,7 @@ from typing import Any, TypeGuard
 
 import anyio
 
+from coordinator.admin import ensure_namespace, seed_state
 from coordinator.api import Coordinator, check_ttl
 from coordinator.clusters import failed
 from coordinator.errors import MembershipError, NoQuorumError, StateConflictError, UsageError
@@ -181,6 +182,12 @@ async def change_members(
             )
             joint = LockEngine(c.clusters, joint_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
             seed = [m for m in target if m not in rec.clusters]
+            # A joining member needs the namespace, as `deployment create` makes it: without
+            # it every write there fails, and an old set of three reaches the new set's
+            # majority without it, leaving a member that holds nothing (its lease then
+            # counts as deleted, held by an unknown holder). Where it cannot be made, the
+            # joint step reports that member's failure.
+            await fan_out(seed, lambda m: ensure_namespace(c.clusters, m, rec.namespace), timeout=c.clusters.timeout)
             await _refuse_foreign(joint, seed, getattr(engine, "accepted", ()))
             await _until_new_set_takeable(joint, held.lock_id, seed, wait, lost)
             _confirm(
@@ -198,6 +205,14 @@ async def change_members(
                 # its name is taken before anyone can plant a copy full of forged events.
                 book = HistoryStore(c.clusters, name, rec.namespace, seed)
                 await fan_out(seed, book.create_empty, timeout=c.clusters.timeout)
+                # And their state objects, seeded as `deployment create` seeds them: while
+                # nothing is written, a joining member answers reads as the others do (an
+                # empty object made later, where one may have been deleted, answers
+                # nothing, and a new member set with one member short of answers would
+                # lose the state's reads to one more unreachable member). The floor raised
+                # next notes this change's token on them; the copy then writes the value.
+                stored = joint.membership.document()
+                await fan_out(seed, lambda m: seed_state(c.clusters, joint_rec, m, stored), timeout=c.clusters.timeout)
             if os.environ.get("COORDINATOR_TEST_KILL_AFTER") == "joint":
                 os.kill(os.getpid(), signal.SIGKILL)  # the interrupted-change test
             if lost.is_set():

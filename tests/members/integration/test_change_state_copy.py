@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from helpers.members import (
     drop_policies,
     json_doc,
     kubectl_on,
+    lease_on,
     machine,
     pay,
     refuse_state_data,
@@ -156,3 +158,30 @@ def test_a_stale_record_cannot_read_old_state_once_leases_are_deleted(dep5: Env,
     finally:
         dep5.sandbox.resume(1)
     assert got.returncode != 0 or got.stdout.strip() == "2.0", got.stdout
+
+
+def test_a_member_added_where_its_namespace_is_missing_gets_it_and_answers_reads_of_an_empty_state(
+    dep5: Env, tmp_path: Path
+) -> None:
+    """`pay` is made on c1, c2, c3 in a namespace of its own (c4 and c5 do not have it),
+    and nothing is written to its state. `add-cluster pay c4` must make the namespace on
+    c4 as `deployment create` does: the old set's three members reach the new set's
+    majority (3 of 4) without c4, so the change finished while every write to c4 failed,
+    leaving a member with no lease, no history and no state object. And c4's state object
+    must answer reads as the others' do (seeded, as create seeds them): with c3 then
+    unreachable, `state get` reads the empty state from c1, c2, c4 (it exited 4, "2 of 4
+    clusters answered", when c4's object was an empty one made later)."""
+    env = Env(sandbox=dep5.sandbox, config=dep5.config, namespace="t-add-" + secrets.token_hex(3),
+              deployment=DEP, clusters=list(dep5.clusters))  # fmt: skip
+    args = [a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]
+    succeeded(env.cli("deployment", "create", DEP, "-n", env.namespace, *args, "--max-ttl", "8s"))
+    assert kubectl_on(env, 4, "get", "namespace", env.namespace).returncode != 0  # not there yet
+    succeeded(env.cli("deployment", "add-cluster", DEP, "c4", "--ttl", "8s"))
+    assert lease_on(env, 4) is not None, "c4 holds no lease after it was added"
+    env.sandbox.pause(3)
+    try:
+        read = env.cli("--timeout", "3", "-o", "json", "state", "get", DEP)
+    finally:
+        env.sandbox.resume(3)
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout) == {}
