@@ -29,7 +29,19 @@ ALLOWED = {
     "write": {0, 3, 4, 6},
     "read": {0, 4},
     "sync": {0, 2, 4, 6},
+    # a member change: 3 the lock is held, 4 too few answered (the change stops in a safe
+    # state and a rerun finishes it), 6 the lock was lost or is not held by its --lock-id
+    "change": {0, 3, 4, 6},
 }
+
+
+def stale_record(err: Exception) -> bool:
+    """Exit 5 because another machine's member change moved the deployment on: this
+    machine's record is older than the set the members store (the `deployment import`
+    hint). Expected of the holders and readers while a changer runs; counted."""
+    from coordinator.errors import MembershipError
+
+    return isinstance(err, MembershipError) and "differs from this machine's record" in err.message
 
 
 def unseen_exit_5(err: Exception) -> bool:
@@ -107,6 +119,9 @@ class Contender:
             if rc == 5 and unseen_exit_5(err):
                 self.stat(f"{what} exit 5 with members unseen")
                 return 4, err
+            if rc == 5 and self.sim.opts.changers and stale_record(err):
+                self.stat(f"{what} exit 5: the record is stale")
+                return 4, err  # refused before anything was sent: as too few answers
             if rc not in ALLOWED[what]:
                 self.problem(f"{what} exit {rc}", f"{type(err).__name__}: {err.message[:600]}")
             return rc, err
@@ -196,6 +211,8 @@ class ApiHolder(Contender):
         except CoordinatorError as err:
             if unseen_exit_5(err):
                 self.stat("acquire exit 5 with members unseen")
+            elif self.sim.opts.changers and stale_record(err):
+                self.stat("acquire exit 5: the record is stale")
             else:
                 why = f"Coordinator.lock: {type(err).__name__}: {err.message[:600]}"
                 self.problem(f"exit {int(err.exit_code)}", why)
@@ -269,14 +286,16 @@ class CommandHolder(Contender):
         try:
             await self.critical(lock_id, token, boot_until)
         finally:
+            counted: list[str] = []
 
             async def release() -> Any:
                 async with self.sim.coordinator(self.name) as c:
+                    counted[:] = c.config.deployments[DEPLOYMENT].clusters  # the record it releases with
                     return await c.release(DEPLOYMENT, lock_id=lock_id, holder=self.name)
 
             rc, _ = await self.command("release", release)
             if rc == 0:
-                self.check_released(lock_id)
+                self.check_released(lock_id, counted)
         if not self.stopping() and self.rng.random() < 0.3:
             async with self.sim.coordinator(self.name) as c:
                 await self.read(c.state(DEPLOYMENT))
@@ -324,21 +343,34 @@ class CommandHolder(Contender):
         left = now()
         self.emit("exit", t=min(left, valid_until), overstay=left > valid_until)
 
-    def check_released(self, lock_id: str) -> None:
-        """A release that exits 0 has cleared its lock id from a majority: what stays
-        (on members it did not reach) is less than a majority. Read from the stores."""
+    def check_released(self, lock_id: str, members: list[str]) -> None:
+        """A release that exits 0 has cleared its lock id from a majority of the members it
+        counted with: what stays (on members it did not reach) is less than a majority.
+        Read from the stores. A lease whose holder field no coordinator manager owns any
+        more (managedFields stripped, or merged into another manager's entry) is no
+        longer the holder's (docs/design.md, *Evidence has an owner*): it blocks as held
+        by an unknown holder until it lapses, and a release leaves it."""
         from coordinator.lease import lock_id_of
         from coordinator.quorum import quorum_size
 
-        members = self.sim.members
         still = [
             c
             for c in members
             if (obj := self.sim.world.clusters[c].store.objects.get(_lease_key())) is not None
             and lock_id_of((obj.get("spec") or {}).get("holderIdentity")) == lock_id
+            and _holder_owned_by_coordinator(obj)
         ]
         if len(still) >= quorum_size(len(members)):
             self.problem("release exit 0", f"lock {lock_id} still held on {still} after its release exited 0")
+
+
+def _holder_owned_by_coordinator(obj: dict[str, Any]) -> bool:
+    """Whether a coordinator field manager's managedFields entry owns spec.holderIdentity."""
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        owned = ((entry.get("fieldsV1") or {}).get("f:spec") or {}) if isinstance(entry, dict) else {}
+        if str(entry.get("manager", "")).startswith("coordinator") and "f:holderIdentity" in owned:
+            return True
+    return False
 
 
 def _lease_key() -> tuple[str, str, str]:
@@ -362,15 +394,109 @@ class Reader(Contender):
     async def run(self) -> None:
         with clock.using(self.clock, self.chance, self.process):
             self.emit("start", mode=self.mode)
+            if self.sim.opts.changers:
+                # one command at a time, each with the machine's record as it is then
+                while not self.stopping():
+                    async with self.sim.coordinator(self.name) as c:
+                        await self.step(c)
+                return
             async with self.sim.coordinator(self.name) as c:
                 while not self.stopping():
-                    state = c.state(DEPLOYMENT)
-                    if self.rng.random() < 0.1:
-                        rc, _ = await self.command("sync", self._sync(state))
-                        self.stat(f"sync exit {rc}")
-                    else:
-                        await self.read(state)
-                    await anyio.sleep(self.rng.uniform(2.0, 6.0))
+                    await self.step(c)
+
+    async def step(self, c: Coordinator) -> None:
+        state = c.state(DEPLOYMENT)
+        if self.rng.random() < 0.1:
+            rc, _ = await self.command("sync", self._sync(state))
+            self.stat(f"sync exit {rc}")
+        else:
+            await self.read(state)
+        await anyio.sleep(self.rng.uniform(2.0, 6.0))
+
+
+class Changer(CommandHolder):
+    """A machine that adds and removes members (`deployment add-cluster`/`remove-cluster`):
+    it adds the spare cluster, then removes any member, and so on. Half its changes run
+    under a lock it took first (``--lock-id``: the section is recorded as a command
+    holder's), half take the lock themselves (their sections are not recorded: the lock
+    is taken inside the change). A change that stops is run again with the same target
+    until it finishes, as its message asks (also once the workload ended). The machine's record is the one every other
+    contender starts its next command from; a contender that kept an older one is refused
+    (exit 5, counted)."""
+
+    mode = "member"
+    stopped: list[str] | None = None  # the target of a change that stopped: run it again
+
+    def target(self) -> list[str]:
+        record = self.sim.config.deployments[DEPLOYMENT]
+        if record.joint is not None:
+            return list(record.joint)  # finish the change in progress
+        if self.stopped is not None:
+            return list(self.stopped)  # "run the same command again to finish it"
+        members = list(record.clusters)
+        spare = [n for n in self.sim.world.clusters if n not in members]
+        if len(members) > self.sim.opts.clusters or not spare:
+            gone = self.rng.choice(members)
+            return [m for m in members if m != gone]
+        return [*members, self.rng.choice(spare)]
+
+    async def change(self, target: list[str], lock_id: str | None = None) -> int:
+        from coordinator.reconfig import change_members
+
+        async def run() -> Any:
+            async with self.sim.coordinator(self.name) as c:
+                try:
+                    return await change_members(
+                        c, DEPLOYMENT, target, lock_id=lock_id, holder=self.name, ttl=self.ttl,
+                        wait=self.rng.choice((0.0, 5.0)),
+                    )  # fmt: skip
+                finally:
+                    # what the change recorded, done or stopped (a joint record included),
+                    # is this machine's record from now on
+                    self.sim.config.deployments[DEPLOYMENT] = c.config.deployments[DEPLOYMENT]
+
+        before = self.sim.members
+        rc, out = await self.command("change", run)
+        self.stopped = None if rc in (0, 3) else list(target)
+        self.stat(f"change exit {rc}")
+        after = self.sim.config.deployments[DEPLOYMENT]
+        why = f": {getattr(out, 'message', out)}"[:400] if rc else ""
+        self.sim.note(f"{self.name}: change {before} -> {target}: exit {rc}, record epoch {after.epoch}"
+                      + (f", joint {after.joint}" if after.joint else "") + why)  # fmt: skip
+        return rc
+
+    async def iteration(self) -> None:
+        await anyio.sleep(self.rng.uniform(3.0, 12.0))
+        if self.stopping():
+            return
+        if self.rng.random() < 0.5:
+            await self.change(self.target())
+            return
+        await super().iteration()  # takes the lock; the change runs inside (critical)
+
+    async def critical(self, lock_id: str, token: int, boot_until: float) -> None:
+        entered = now()
+        if entered >= self.true_until(boot_until) - MARGIN_S:
+            self.stat("validity gone before entry")
+            return
+        self.sim.granted.append((entered, token))
+        self.emit("enter", t=entered, token=token, valid_until=self.true_until(boot_until), lock_id=lock_id)
+        try:
+            await self.change(self.target(), lock_id)
+        finally:
+            if self.name in self.sim.recorder.inside:
+                self.exit_at(self.true_until(boot_until))
+
+    async def run(self) -> None:
+        await super().run()
+        with clock.using(self.clock, self.chance, self.process):
+            # the run ends with no change in progress: finish one that stopped
+            for _ in range(10):
+                if self.sim.config.deployments[DEPLOYMENT].joint is None and self.stopped is None:
+                    return
+                await self.change(self.target())
+                await anyio.sleep(2.0)
+            self.problem("change not finished", "a stopped change did not finish in 10 runs once the workload ended")
 
 
 def contenders(sim: Sim) -> list[Contender]:
@@ -379,4 +505,5 @@ def contenders(sim: Sim) -> list[Contender]:
     players += [ApiHolder(sim, f"api{i + 1}", i) for i in range(o.api)]
     players += [CommandHolder(sim, f"cmd{i + 1}", i) for i in range(o.cmd)]
     players += [Reader(sim, f"read{i + 1}", i) for i in range(o.readers)]
+    players += [Changer(sim, f"change{i + 1}", i) for i in range(o.changers)]
     return players

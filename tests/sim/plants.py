@@ -241,6 +241,45 @@ def _no_fencing(stack: ExitStack) -> None:
     _set(stack, writes, "next_stamp", any_stamp)
 
 
+def _no_namespace_for_joining_members(stack: ExitStack) -> None:
+    """A member change does not make the deployment's namespace on a joining member."""
+    from coordinator import reconfig
+    from coordinator.fanout import ClusterResult
+    from coordinator.outcome import Outcome
+
+    async def nothing(clusters: Any, cluster: str, namespace: str) -> Any:
+        return ClusterResult(cluster, Outcome.OK, "not made")
+
+    _set(stack, reconfig, "ensure_namespace", nothing)
+
+
+def _stand_in_needs_the_read_majority(stack: ExitStack) -> None:
+    """A finishing run's stand-in rule asks for the old set's majority among the members
+    read so far, so the member check is decided before a member that would confirm it
+    has answered (exit 5, "could not be read")."""
+    import dataclasses
+
+    from coordinator import reconfig
+    from coordinator.membership import Membership, Verdict
+    from coordinator.quorum import Majorities
+
+    def early(result: Any, stored: Any, old: Any, new: Any, before: Any) -> Any:
+        if result.verdict is not Verdict.UNCONFIRMED and result.verdict is not Verdict.UNOBSERVABLE:
+            return result
+        standing_in = [
+            m for m in result.behind
+            if m in new and isinstance(v := stored.get(m), Membership) and v.written_by_us
+            and v.epoch < before.epoch and set(v.members).intersection(before.members)
+        ]  # fmt: skip
+        if not standing_in or not Majorities([old]).reached(result.agreeing):
+            return result
+        if Majorities([new]).reached([*result.agreeing, *standing_in]):
+            return dataclasses.replace(result, verdict=Verdict.OK)
+        return result
+
+    _set(stack, reconfig, "behind_stand_in", early)
+
+
 def _plant(name: str, bug: str, fix: str, patch: Callable[[ExitStack], None], **options: Any) -> None:
     PLANTS[name] = Plant(name, bug, fix, patch, options)
 
@@ -271,3 +310,8 @@ _plant("sync-over-promise", "`state sync` overwriting a newer promise", "3fc3182
        fields=("coordinator.io/state-promise",))  # fmt: skip
 _plant("no-fencing", "writers that do not fence (paired runs)", "cb56914",
        _no_fencing, kinds=("freeze-holder",))  # fmt: skip
+_plant("namespace-not-made", "a member change that does not make the namespace on a joining member", "f982f28",
+       _no_namespace_for_joining_members, changers=1)  # fmt: skip
+_plant("stand-in-early", "a finishing run's member check decided before the member that confirms it answered",
+       "c319a6c", _stand_in_needs_the_read_majority, changers=1,
+       kinds=("pause-minority", "delay", "cut-minority"))  # fmt: skip

@@ -423,12 +423,13 @@ class Injector:
         return bool(verdict.ok)
 
     def _engine(self) -> Any:
-        if self._judge is None:
+        cfg = self.sim.config
+        record = cfg.deployments[DEPLOYMENT]
+        if self._judge is None or self._judge.dep != record:  # a member change moved the record on
             from coordinator.clusters import ClusterSet
             from coordinator.lock.engine import LockEngine
 
-            cfg = self.sim.config
-            self._judge = LockEngine(ClusterSet(cfg, timeout=1.0), cfg.deployments[DEPLOYMENT])
+            self._judge = LockEngine(ClusterSet(cfg, timeout=1.0), record)
         return self._judge
 
     def _restore(self, fault: Fault, rng: random.Random) -> Any:

@@ -104,6 +104,7 @@ class Options:
     api: int = 2  # holders through Coordinator.lock
     cmd: int = 1  # holders one command at a time
     readers: int = 1
+    changers: int = 0  # machines running member changes (a spare cluster is connected)
     state: float = 0.5  # the share of sections with steps inside (writes, reads, holds)
     seconds: float = 300.0  # of virtual time for the workload
     timeout: float = 2.0  # each contender's per-cluster timeout
@@ -124,6 +125,7 @@ class Options:
             ("api", "--api"),
             ("cmd", "--cmd"),
             ("readers", "--readers"),
+            ("changers", "--changers"),
             ("state", "--state"),
             ("seconds", "--seconds"),
             ("timeout", "--timeout"),
@@ -293,7 +295,7 @@ class Sim:
         return Coordinator(copy.deepcopy(self.config), store=None, timeout=self.opts.timeout, transport_factory=factory)
 
 
-async def _setup(world: World, workdir: Path, names: list[str]) -> Any:
+async def _setup(world: World, workdir: Path, names: list[str], members: list[str]) -> Any:
     from coordinator.admin import connect_cluster, create_deployment
     from coordinator.clusters import ClusterSet
     from coordinator.config import ConfigStore
@@ -303,7 +305,7 @@ async def _setup(world: World, workdir: Path, names: list[str]) -> Any:
         await connect_cluster(store, name, name, None, transport_factory=world.transport_factory)
     clusters = ClusterSet(store.load(), timeout=5, transport_factory=world.transport_factory)
     try:
-        await create_deployment(store, clusters, DEPLOYMENT, NAMESPACE, names, "configmap", max_ttl_s=MAX_TTL_S)
+        await create_deployment(store, clusters, DEPLOYMENT, NAMESPACE, members, "configmap", max_ttl_s=MAX_TTL_S)
     finally:
         await clusters.aclose()
     return store.load()
@@ -381,14 +383,15 @@ async def _run_in(opts: Options, schedule: list[Any], workdir: Path) -> Result:
 
     rng = random.Random(f"{opts.seed}:world")
     world = World(clock=server_time, rng=random.Random(f"{opts.seed}:servers"))
-    names = [f"c{i + 1}" for i in range(opts.clusters)]
+    # With member changes, one cluster more is connected: the one a change adds.
+    names = [f"c{i + 1}" for i in range(opts.clusters + (1 if opts.changers else 0))]
     for name in names:
         cluster = world.cluster(name, apiservers=2 if opts.server_skew else 1)
         if opts.server_skew:
             skew = rng.uniform(-opts.server_skew, opts.server_skew)
             cluster.servers[1].offset = timedelta(seconds=skew)
     net = Network(random.Random(f"{opts.seed}:network"))
-    config = await _setup(world, workdir, names)
+    config = await _setup(world, workdir, names, names[: opts.clusters])
     sim = Sim(opts, world, net, Recorder(), config, workdir)
     injector = Injector(sim, schedule)
     players = contenders(sim)
@@ -580,6 +583,9 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
     p.add_argument("--api", type=int, default=2)
     p.add_argument("--cmd", type=int, default=1)
     p.add_argument("--readers", type=int, default=1)
+    p.add_argument(
+        "--changers", type=int, default=0, help="contenders that add and remove members (a spare cluster is connected)"
+    )
     p.add_argument("--state", type=float, default=0.5, help="the share of sections that do anything inside")
     p.add_argument("--seconds", type=float, default=300.0, help="virtual seconds of workload per run")
     p.add_argument("--timeout", type=float, default=2.0)
@@ -615,6 +621,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
         api=ns.api,
         cmd=ns.cmd,
         readers=ns.readers,
+        changers=ns.changers,
         state=ns.state,
         seconds=ns.seconds,
         timeout=ns.timeout,

@@ -77,6 +77,37 @@ def test_recorded_seeds_under_every_fault_kind_find_no_violation() -> None:
     assert sections >= SOAK_MIN_SECTIONS, sections
 
 
+# Recorded seeds with a machine changing the members (add a spare cluster, remove any
+# member, again and again) beside the holders and readers, under every fault kind.
+CHANGE_SEEDS = (1, 2, 3)
+
+
+@pytest.mark.slow
+def test_recorded_seeds_with_member_changes_find_no_violation() -> None:
+    failed, changes = [], 0
+    for seed in CHANGE_SEEDS:
+        result = run(Options(seed=seed, seconds=120, changers=1))
+        changes += result.stats["member change exit 0"]
+        if not result.passed:
+            failed.append(f"{result.summary()}\n  " + "\n  ".join(result.violations[:5]) + f"\n  replay: "
+                          f"{result.options.command()}")  # fmt: skip
+    assert not failed, "\n".join(failed)
+    # The members did change (a run whose changes all stopped would pass vacuously).
+    assert changes >= 2 * len(CHANGE_SEEDS), changes
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="OPEN: a `lock break` that lands while an acquisition is under way clears the leases the "
+    "attempt took before it, and the attempt, finishing on a member the break left free, reports the "
+    "lock taken: at 25.6 s api2 (token 11) holds c1 only while cmd1 takes c2, c3, c4 (docs/simulator.md)",
+)
+def test_a_break_during_an_acquisition_leaves_no_overlap() -> None:
+    result = run(Options(seed=3, seconds=200, changers=1))
+    assert not any("critical sections overlap" in v for v in result.violations), result.violations[:3]
+
+
 # Seeds that find each planted bug within 60 virtual seconds (the first failing seed of
 # `python scripts/simulate.py --seed 1000 --seconds 60 --plant NAME --until-found`),
 # replayed: the bug is found again, and the same run without the bug passes.
@@ -84,6 +115,7 @@ def test_recorded_seeds_under_every_fault_kind_find_no_violation() -> None:
 FOUND = {
     "creation-timestamp": 1000,
     "missing-free": 1000,
+    "namespace-not-made": 1005,
 }
 FOUND_SECONDS = 60.0
 
