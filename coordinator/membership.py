@@ -215,12 +215,25 @@ class Check:
         else:
             counted = f"{len(self.agreeing)} of {len(self.local.members)} members"
             needed = f"{self.local.quorum} are needed"
-        return (
+        head = (
             f"Only {counted} of deployment {deployment!r} "
             f"confirm this machine's member set (epoch {self.local.epoch}); {needed}"
             + (f": {'; '.join(told)}" if told else "")
-            + f". Nothing was done. If the deployment was changed elsewhere, re-import it with `coordinator "
-            f"deployment import {deployment} --cluster NAME`; if members are unreachable, retry when they answer."
+            + ". Nothing was done."
+        )
+        if self.local.joint is not None:
+            # The members behind are where a member change that stopped half-way has not
+            # written yet: finishing it is what brings them along, not an import.
+            going = ", ".join(name(i) for i in self.local.joint)
+            return head + (
+                f" This machine's record has a member change of {deployment!r} in progress (to {going}) that "
+                "stopped half-way: run that change again (the same `coordinator deployment add-cluster`, "
+                "`remove-cluster` or `replace-cluster` command) to finish it, then retry; if members are "
+                "unreachable, retry when they answer."
+            )
+        return head + (
+            f" If the deployment was changed elsewhere, re-import it with `coordinator deployment import "
+            f"{deployment} --cluster NAME`; if members are unreachable, retry when they answer."
         )
 
 

@@ -36,12 +36,17 @@ ALLOWED = {
 
 
 def stale_record(err: Exception) -> bool:
-    """Exit 5 because another machine's member change moved the deployment on: this
-    machine's record is older than the set the members store (the `deployment import`
-    hint). Expected of the holders and readers while a changer runs; counted."""
+    """Exit 5 because a member change moved the deployment on: this contender's record is
+    older than the set the members store (the `deployment import` hint), or it is the
+    machine's record of a change that stopped half-way (the hint to finish it). Expected
+    of the holders and readers while a changer runs; counted."""
     from coordinator.errors import MembershipError
 
-    return isinstance(err, MembershipError) and "differs from this machine's record" in err.message
+    if not isinstance(err, MembershipError):
+        return False
+    # or the record is the machine's own change in progress, stopped half-way, whose joint
+    # set not enough members store yet: finishing the change brings them along
+    return "differs from this machine's record" in err.message or "stopped half-way" in err.message
 
 
 def unseen_exit_5(err: Exception) -> bool:

@@ -113,7 +113,7 @@ def test_a_break_during_an_acquisition_leaves_no_overlap() -> None:
 # replayed: the bug is found again, and the same run without the bug passes.
 # docs/simulator.md has the full-length search for every plant.
 FOUND = {
-    "creation-timestamp": 1000,
+    "creation-timestamp": 1001,
     "missing-free": 1000,
     "namespace-not-made": 1005,
 }

@@ -499,3 +499,13 @@ def test_explain_during_a_change_names_the_group_short_of_a_majority() -> None:
     text = check(JOINT, {"eu-1": JOINT, "eu-2": older, "us-1": JOINT}, OLD, [OLD, NEW]).explain("pay", IDS)
     assert "Only 1 of the 2 members eu-2, us-1 of deployment 'pay'" in text
     assert "a majority of the old set and of the new set" in text and "eu-2 store an older configuration" in text
+
+
+def test_a_record_with_a_change_in_progress_is_told_to_finish_it_not_to_import() -> None:
+    # The joint step reached eu-1 and us-1; eu-2 still stores the set from before the change.
+    older = by(BEFORE, "coordinator")
+    text = check(JOINT, {"eu-1": JOINT, "eu-2": older, "us-1": older}, OLD, [OLD, NEW]).explain("pay", IDS)
+    assert "member change of 'pay' in progress (to eu-2, us-1)" in text, text
+    assert "run that change again" in text and "deployment import" not in text
+    plain = check(BEFORE, {"eu-1": None, "eu-2": None, "us-1": BEFORE}, OLD).explain("pay", IDS)
+    assert "deployment import pay --cluster NAME" in plain and "in progress" not in plain
