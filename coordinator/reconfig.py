@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 import anyio
@@ -441,8 +441,25 @@ class _Resuming(LockEngine):
     def agrees(self, stored: Membership) -> bool:
         return stored in self.accepted
 
+    def stored_membership(self, view: LeaseView) -> Stored:
+        stored = super().stored_membership(view)
+        if (
+            isinstance(stored, Membership)
+            and not stored.written_by_us
+            and _of_this_change_on(stored, view)
+            and self.agrees(stored)
+        ):
+            # Stripped, on a lease coordinator made (it names its own uid): a step of this
+            # change whose record of its writer is gone. Counted as coordinator's from here on.
+            return replace(stored, writers=None)
+        # Stripped on a lease that does not name its own uid (another client made it, or
+        # copied one): it stays a set nobody known wrote, which never agrees.
+        return stored
+
     def _agreeing(self, stored: Stored) -> Stored:
-        return self.membership if _of_this_change(stored) and self.agrees(stored) else stored
+        if isinstance(stored, Membership) and stored.written_by_us and self.agrees(stored):
+            return self.membership
+        return stored
 
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
         result = super().check_members({k: self._agreeing(v) for k, v in stored.items()})

@@ -8,13 +8,17 @@ On the real sandbox API servers (5-cluster sandbox); c2 is paused with SIGSTOP."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from coord_fixtures import Env
-from helpers.members import DEP, ids, json_doc, pay_short, stored_on, succeeded
+from faults.kubectl import kubectl
+from helpers.members import DEP, LEASE, STATE, ids, json_doc, kubectl_on, pay_short, stored_on, succeeded
+
+from coordinator.membership import A_MEMBERSHIP
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -146,3 +150,50 @@ def test_the_wait_before_the_joint_step_judges_a_dead_holders_lease_by_server_st
         now = stored_on(env, index)
         assert now is not None and list(now.members) == ids(env, "c1", "c2") and now.joint is None, (index, now)
     assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
+
+
+def test_a_planted_commit_with_its_managed_fields_stripped_does_not_confirm_a_finishing_run(dep5: Env) -> None:
+    """Found by an outside attack. `pay` over c1, c2, c3; c4 added; c5 added while c3 was
+    down (c3 keeps epoch 3); removing c1 with c3 and c5 down stops at the joint step
+    (epoch 6 on c1, c2, c4). Then another client deletes c3's lease and state object and
+    creates on c3 a copy of c2's lease carrying the change's commit (epoch 7), its
+    managedFields stripped; on c4 it removes the set annotation and deletes the state
+    object. A stripped set is this change's step only on a lease coordinator made (one that
+    names its own uid, docs/design.md): the copy names c2's, so it confirms nothing and the
+    finishing run refuses (exit 5), as it does with c3 simply wiped. It counted the plant
+    and committed the new set (exit 0)."""
+    env = dep5
+    pay_short(env, "c1", "c2", "c3", max_ttl="10s")
+    succeeded(_change(env, "add-cluster", DEP, "c4"))
+    env.sandbox.pause(3)
+    try:
+        succeeded(_change(env, "add-cluster", DEP, "c5"))
+    finally:
+        env.sandbox.resume(3)
+    env.sandbox.pause(3)
+    env.sandbox.pause(5)
+    try:
+        assert _change(env, "remove-cluster", DEP, "c1").returncode == 4
+    finally:
+        env.sandbox.resume(3)
+        env.sandbox.resume(5)
+    joint = stored_on(env, 2)
+    assert joint is not None and joint.joint is not None, joint
+    succeeded(kubectl_on(env, 3, "delete", "lease", LEASE))
+    succeeded(kubectl_on(env, 3, "delete", "configmap", STATE))
+    copy = json.loads(succeeded(kubectl_on(env, 2, "get", "lease", LEASE, "-o", "json")).stdout)
+    meta = copy["metadata"]
+    for key in ("uid", "resourceVersion", "managedFields", "creationTimestamp"):
+        meta.pop(key, None)
+    commit = {"epoch": joint.epoch + 1, "members": sorted(joint.joint)}
+    meta["annotations"][A_MEMBERSHIP] = json.dumps(commit, separators=(",", ":"))
+    copy["spec"] = {"holderIdentity": "", "leaseDurationSeconds": 60}
+    succeeded(kubectl(env.kubeconfig, 3, env.namespace, "create", "-f", "-", stdin=json.dumps(copy)))
+    strip = '{"metadata":{"managedFields":[{}]}}'
+    succeeded(kubectl_on(env, 3, "patch", "lease", LEASE, "--type=merge", "-p", strip))
+    succeeded(kubectl_on(env, 4, "annotate", "lease", LEASE, f"{A_MEMBERSHIP}-"))
+    succeeded(kubectl_on(env, 4, "delete", "configmap", STATE))
+    finishing = _change(env, "remove-cluster", DEP, "c1", timeout="10")
+    assert finishing.returncode == 5, (finishing.returncode, finishing.stdout, finishing.stderr)
+    shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
+    assert shown.get("change_in_progress") is not None, shown
