@@ -173,20 +173,21 @@ def _cluster_row(name: str, view: LeaseView | None, max_ttl_s: float) -> tuple[F
     """The row, the live lock id (if held), and its remaining seconds (if known)."""
     if view is None:
         return FleetCluster(name, "missing", detail="no lease of this deployment was listed here"), None, None
-    # The young-copy rule of acquisitions and `lock status` (lease.copy_standing), by the hint.
+    # The young-copy rule of acquisitions and `lock status` (lease.copy_standing), by the hint;
+    # expiry, as there, past the margins a takeover needs (the skew included).
     skew = DEFAULT_MAX_SERVER_SKEW_S
     copy = copy_standing(view, None, max_ttl_s=max_ttl_s, max_server_skew_s=skew) is Standing.HELD
     if view.unknown_holder:
         why = "the lease was deleted" if view.vanished else holder_field_why(view)
-        if view.expired(max_ttl_s) and not copy:
+        if view.expired(max_ttl_s, skew) and not copy:
             return FleetCluster(name, "expired", detail=why), None, None
         return FleetCluster(name, "held", detail=f"{why}: held by an unknown holder"), None, None
-    if copy and not (view.held and not view.expired(max_ttl_s)):
+    if copy and not (view.held and not view.expired(max_ttl_s, skew)):
         return FleetCluster(name, "held", detail=f"{COPY_WHY}: held by an unknown holder"), None, None
     if not view.held:
         return FleetCluster(name, "free"), None, None
     who = view.info.get("holder") or None
-    if view.expired(max_ttl_s):
+    if view.expired(max_ttl_s, skew):
         return FleetCluster(name, "expired", who, view.lock_id), None, None
     return FleetCluster(name, "held", who, view.lock_id), view.lock_id, lease_expiry_s(view, max_ttl_s)
 

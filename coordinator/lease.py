@@ -360,12 +360,15 @@ class LeaseView:
     def remaining_hint(self, max_ttl_s: float = DEFAULT_MAX_TTL_S, skew_s: float = 0.0) -> float | None:
         return remaining_hint(self, max_ttl_s=max_ttl_s, max_server_skew_s=skew_s)
 
-    def expired(self, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> bool | None:
+    def expired(self, max_ttl_s: float = DEFAULT_MAX_TTL_S, skew_s: float = 0.0) -> bool | None:
         """A hint (by the response's ``Date``): True when not blocking or seemingly
-        lapsed, None without evidence. Taking over never relies on it alone."""
+        lapsed, None without evidence. Taking over never relies on it alone. ``skew_s``:
+        the ``--max-server-skew`` margin a takeover would add (an API server whose clock
+        runs that far ahead answers with a ``Date`` that makes a live lease look lapsed);
+        what tells people whether a lock is free passes it."""
         if not self.blocking:
             return True
-        rem = self.remaining_hint(max_ttl_s)
+        rem = self.remaining_hint(max_ttl_s, skew_s)
         return None if rem is None else rem <= 0
 
     def remaining_s(self) -> float | None:

@@ -359,9 +359,16 @@ def _run_watch(c: Any, follow: Any) -> None:
 )
 @click.option("--watch", "-w", is_flag=True, help="Keep printing changes until interrupted.")
 @click.option("--interval", default="1s", show_default=True, help="With --watch: how often to look.")
+@_max_server_skew
 @click.pass_context
 def status(
-    ctx: click.Context, deployment: str | None, all_: bool, namespace: str | None, watch: bool, interval: str
+    ctx: click.Context,
+    deployment: str | None,
+    all_: bool,
+    namespace: str | None,
+    watch: bool,
+    interval: str,
+    max_server_skew: str,
 ) -> None:
     """Who holds the lock, where, since when, until when.
 
@@ -398,6 +405,8 @@ def status(
             "record names. Give either DEPLOYMENT or --namespace, not both."
         )
     c = _coordinator(ctx)
+    # A lease shown expired must be one an acquisition could take: past the same margins.
+    c.max_server_skew_s = _duration(max_server_skew, "--max-server-skew")
     fmt = app_of(ctx).output
 
     if not watch:

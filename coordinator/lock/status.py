@@ -36,7 +36,10 @@ class Status(Members):
             v = r.value.view
             if v.live_claim is not None and v.claim_fresh():
                 claims.append(v.live_claim)
-            expired = v.expired(self.max_ttl_s)
+            # Lapsed only past the margins a takeover needs, --max-server-skew included: a
+            # lease an acquisition would still be refused is not shown expired, whatever
+            # the Date of the API server that answered says.
+            expired = v.expired(self.max_ttl_s, self.max_server_skew_s)
             # The rule an acquisition applies first (lease.copy_standing): a lease not known
             # to be the object coordinator wrote blocks for a maximum TTL after its creation.
             # Judged, as every expiry here, by the Date hint: where it says the lease is

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import anyio
 from coord_fixtures import Env
 from faults.kubectl import kubectl as run_kubectl
 
@@ -31,6 +34,12 @@ def paused(env: Env, *indexes: int) -> Iterator[None]:
 
 def _acquire(env: Env, holder: str) -> str:
     proc = env.cli("-o", "json", "--timeout", "2s", "lock", "acquire", "web", "--holder", holder, "--ttl", "120s")
+    assert proc.returncode == 0, proc.stderr
+    return str(json.loads(proc.stdout)["lock_id"])
+
+
+def _acquire_for(env: Env, holder: str, ttl: str) -> str:
+    proc = env.cli("-o", "json", "lock", "acquire", "web", "--holder", holder, "--ttl", ttl)
     assert proc.returncode == 0, proc.stderr
     return str(json.loads(proc.stdout)["lock_id"])
 
@@ -159,3 +168,48 @@ def test_status_is_unknown_where_an_acquisition_refuses_a_young_copy(dep3: Env) 
     assert text.returncode == 4 and "UNKNOWN whether it is held" in text.stdout, text.stdout + text.stderr
     bob = dep3.cli("--timeout", "2s", "lock", "acquire", "web", "--holder", "bob", "--ttl", "10s")
     assert bob.returncode == 3, bob.stderr
+
+
+def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lock_expired(
+    dep3: Env, tmp_path: Path
+) -> None:
+    """Found by an outside attack (HA members whose API servers are 4 s apart, inside the
+    default --max-server-skew of 5 s). Bob reads every member through a proxy whose Date
+    runs 29 s ahead, and counts with --max-server-skew 30s, the bound such a control plane
+    needs. Alice takes a 30 s lock; seconds later, well inside her validity, bob's
+    acquisition is refused (a takeover needs the skew margin past the TTL) and his `lock
+    status` must say so too: held by alice. It judged expiry by the Date without that
+    margin and showed every lease expired and the lock "not held" (exit 0)."""
+    from dateproxy import DateShiftingProxy, proxy_kubeconfig
+
+    from coordinator.admin import connect_cluster
+    from coordinator.config import ConfigStore
+    from coordinator.records import DeploymentRecord
+
+    alice = _acquire_for(dep3, "alice", "30s")
+    pki = dep3.sandbox.dir / "pki"
+    proxies = [DateShiftingProxy(dep3.sandbox.server(i), pki, 29.0) for i in (1, 2, 3)]
+    urls = {f"ahead-{i}": p.start() for i, p in zip((1, 2, 3), proxies, strict=True)}
+    try:
+        kc = proxy_kubeconfig(tmp_path / "ahead.kubeconfig", pki, dep3.sandbox.token, urls)
+        bob = Env(sandbox=dep3.sandbox, config=tmp_path / "bob" / "config.yaml", namespace=dep3.namespace)
+        store = ConfigStore(bob.config)
+
+        async def setup() -> None:
+            for i in (1, 2, 3):
+                await connect_cluster(store, f"c{i}", f"ahead-{i}", str(kc))
+
+        anyio.run(setup)
+        with store.edit() as cfg:
+            cfg.deployments["web"] = DeploymentRecord(name="web", namespace=dep3.namespace, clusters=["c1", "c2", "c3"])
+        time.sleep(4)  # alice's leases are 4 s old: 33 s by the proxies' Date
+        shown = bob.cli("-o", "json", "lock", "status", "web", "--max-server-skew", "30s")
+        taken = bob.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob", "--max-server-skew", "30s")
+    finally:
+        for p in proxies:
+            p.stop()
+    assert taken.returncode == 3, taken.stderr
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["lock_id"] == alice and status["holder"] == "alice", status
+    assert all(row["status"] == "held" for row in status["clusters"]), status["clusters"]

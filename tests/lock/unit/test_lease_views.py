@@ -418,3 +418,13 @@ def test_effective_ttl_method_is_the_rule_of_the_lease_it_is_called_on() -> None
     foreign.obj["metadata"]["managedFields"][0]["fieldsV1"] = {"f:spec": {"f:holderIdentity": {}}}
     reparsed = LeaseView.parse(foreign.obj)
     assert not reparsed.ttl_owned and reparsed.effective_ttl(600) == 600
+
+
+def test_a_lease_shown_expired_is_past_the_margin_a_takeover_needs_with_the_skew() -> None:
+    # A 30 s lease written at T0, read through an API server whose Date says T0 + 33 s
+    # (4 s after the write, the server 29 s ahead): by the Date alone it lapsed, but a
+    # takeover with --max-server-skew 30s needs TTL + 1 % + 2 s + 30 s, so it is live.
+    late = view(ttl=30, date=T0 + timedelta(seconds=33))
+    assert late.expired(60) is True  # without the skew margin (what status used)
+    assert late.expired(60, 30.0) is False
+    assert view(ttl=30, date=T0 + timedelta(seconds=63)).expired(60, 30.0) is True
