@@ -53,6 +53,7 @@ from coordinator.lease import (
     TurnClaim,
     copy_standing,
     pid_of,
+    shown_expired,
 )
 from coordinator.lock.reports import COPY_WHY, holder_field_why
 from coordinator.lock.results import lease_expiry_s, renewed_ago
@@ -169,30 +170,35 @@ def _key(view: LeaseView) -> tuple[str, str]:
     return str(meta.get("name", ""))[len(LEASE_PREFIX) :], str(meta.get("namespace", ""))
 
 
-def _cluster_row(name: str, view: LeaseView | None, max_ttl_s: float) -> tuple[FleetCluster, str | None, float | None]:
+def _cluster_row(
+    name: str, view: LeaseView | None, max_ttl_s: float, skew: float = DEFAULT_MAX_SERVER_SKEW_S
+) -> tuple[FleetCluster, str | None, float | None]:
     """The row, the live lock id (if held), and its remaining seconds (if known)."""
     if view is None:
         return FleetCluster(name, "missing", detail="no lease of this deployment was listed here"), None, None
     # The young-copy rule of acquisitions and `lock status` (lease.copy_standing), by the hint;
-    # expiry, as there, past the margins a takeover needs (the skew included).
-    skew = DEFAULT_MAX_SERVER_SKEW_S
+    # expiry, as there, past every margin a takeover may need (see lease.shown_expired).
     copy = copy_standing(view, None, max_ttl_s=max_ttl_s, max_server_skew_s=skew) is Standing.HELD
     if view.unknown_holder:
         why = "the lease was deleted" if view.vanished else holder_field_why(view)
-        if view.expired(max_ttl_s, skew) and not copy:
+        if shown_expired(view, max_ttl_s, skew) and not copy:
             return FleetCluster(name, "expired", detail=why), None, None
         return FleetCluster(name, "held", detail=f"{why}: held by an unknown holder"), None, None
-    if copy and not (view.held and not view.expired(max_ttl_s, skew)):
+    if copy and not (view.held and not shown_expired(view, max_ttl_s, skew)):
         return FleetCluster(name, "held", detail=f"{COPY_WHY}: held by an unknown holder"), None, None
     if not view.held:
         return FleetCluster(name, "free"), None, None
     who = view.info.get("holder") or None
-    if view.expired(max_ttl_s, skew):
+    if shown_expired(view, max_ttl_s, skew):
         return FleetCluster(name, "expired", who, view.lock_id), None, None
     return FleetCluster(name, "held", who, view.lock_id), view.lock_id, lease_expiry_s(view, max_ttl_s)
 
 
-def build_fleet(config: LocalConfig, listed: dict[str, ClusterResult[list[LeaseView]]]) -> Fleet:
+def build_fleet(
+    config: LocalConfig,
+    listed: dict[str, ClusterResult[list[LeaseView]]],
+    max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
+) -> Fleet:
     """Pure: the fleet from what each cluster listed (no I/O; unit-testable)."""
     by_identity = {rec.identity: name for name, rec in config.clusters.items()}
     seen: dict[str, str] = {}
@@ -223,7 +229,7 @@ def build_fleet(config: LocalConfig, listed: dict[str, ClusterResult[list[LeaseV
             groups = _stored_groups(leases, by_identity) or [sorted(leases)]
             max_ttl_s = 600.0
         majorities = quorum.Majorities(groups)
-        entries.append(_entry(name, namespace, imported, majorities, leases, seen, max_ttl_s))
+        entries.append(_entry(name, namespace, imported, majorities, leases, seen, max_ttl_s, max_server_skew_s))
     entries.sort(key=lambda e: (e.deployment, e.namespace))
     return Fleet(entries, seen)
 
@@ -253,6 +259,7 @@ def _entry(
     leases: dict[str, LeaseView],
     seen: dict[str, str],
     max_ttl_s: float,
+    skew: float = DEFAULT_MAX_SERVER_SKEW_S,
 ) -> FleetEntry:
     rows: list[FleetCluster] = []
     live: dict[str, str | None] = {}
@@ -266,7 +273,7 @@ def _entry(
             unseen.append(member)
             continue
         view = leases.get(member)
-        row, lock_id, rem = _cluster_row(member, view, max_ttl_s)
+        row, lock_id, rem = _cluster_row(member, view, max_ttl_s, skew)
         rows.append(row)
         live[member] = lock_id
         if rem is not None:
@@ -327,10 +334,12 @@ def _verdict(
     return ("partly-held" if any(r.status == "held" for r in rows) else "free"), None
 
 
-async def survey(config: LocalConfig, clusters: ClusterSet) -> Fleet:
+async def survey(
+    config: LocalConfig, clusters: ClusterSet, max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S
+) -> Fleet:
     """List every connected cluster once and build the fleet view."""
     listed = await list_leases(clusters, list(config.clusters))
-    return build_fleet(config, listed)
+    return build_fleet(config, listed, max_server_skew_s)
 
 
 def fleet_document(fleet: Fleet, to_claim: Callable[[Any], Any]) -> dict[str, Any]:
@@ -423,9 +432,17 @@ class FleetWatch:
     its first LIST or failed it. ``fleet()`` builds the view from what is mirrored, with
     no request."""
 
-    def __init__(self, config: LocalConfig, clusters: ClusterSet, *, watch_s: float | None = None) -> None:
+    def __init__(
+        self,
+        config: LocalConfig,
+        clusters: ClusterSet,
+        *,
+        watch_s: float | None = None,
+        max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
+    ) -> None:
         self.config = config
         self.clusters = clusters
+        self.max_server_skew_s = max_server_skew_s
         # How long the server is asked to keep one watch open (whole seconds, as the API
         # takes them): the end of each watch is the sign of life of a quiet server.
         self.watch_s = float(watch_s if watch_s is not None else max(1, math.ceil(clusters.timeout)))
@@ -449,7 +466,7 @@ class FleetWatch:
                 continue
             server_now = now + m.offset if m.offset is not None else None
             listed[name] = ClusterResult(name, Outcome.OK, _views(name, list(m.objects.values()), server_now))
-        return build_fleet(self.config, listed)
+        return build_fleet(self.config, listed, self.max_server_skew_s)
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:

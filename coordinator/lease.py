@@ -294,7 +294,13 @@ class LeaseView:
                 if isinstance(ann.get(A_UID), str) and writer(obj, annotation(A_UID)) is Writer.OURS
                 else None
             ),
-            uid_claim=ann.get(A_UID) if isinstance(ann.get(A_UID), str) else None,
+            # the note unless another client is on record as its writer (a stripped one
+            # has no known writer: see names_itself)
+            uid_claim=(
+                ann.get(A_UID)
+                if isinstance(ann.get(A_UID), str) and writer(obj, annotation(A_UID)) is not Writer.OTHER
+                else None
+            ),
             created=parse_time(meta.get("creationTimestamp")),
         )
 
@@ -310,11 +316,12 @@ class LeaseView:
 
     @property
     def names_itself(self) -> bool:
-        """Does the uid note name this very object, whoever wrote the note? Weaker than
-        :attr:`verified` (after managedFields were stripped the note has no known writer,
-        and any client could have written it): a member change uses it only to take a
-        stripped lease's set for a step of its own when the set *equals* that step, which
-        grants nothing coordinator would not have written itself."""
+        """Does the uid note name this very object, written by coordinator or by nobody on
+        record? Weaker than :attr:`verified` (after managedFields were stripped the note
+        has no known writer, and any client could have written it before the strip); a
+        note another client is on record as writing never counts. A member change uses it
+        only to take a stripped lease's set for a step of its own when the set *equals*
+        that step, and to tell a lease of this deployment on a joining member."""
         return self.exists and self.uid is not None and self.uid_claim == self.uid
 
     @property
@@ -455,6 +462,15 @@ def lapsed_by_stamps(
         return None
     ttl = effective_ttl(view, max_ttl_s)
     return (stamp - view.own_write).total_seconds() > ttl + lapse_margin(ttl, max_server_skew_s)
+
+
+def shown_expired(view: LeaseView, max_ttl_s: float, max_server_skew_s: float) -> bool | None:
+    """Whether what people are shown (`lock status`, the fleet view) calls ``view``
+    expired: only once no takeover could still be refused. The Date of the server that
+    answered may run up to the skew ahead of the one that stamped the last write, and a
+    takeover's probe stamp up to the skew behind it, on top of the skew a takeover adds:
+    three skews in all. Read-only, status never probes; so it errs towards "held"."""
+    return view.expired(max_ttl_s, 3 * max_server_skew_s)
 
 
 def remaining_hint(view: LeaseView, *, max_ttl_s: float, max_server_skew_s: float = 0.0) -> float | None:

@@ -253,12 +253,13 @@ def release(
 MOVING = ("expires_in_s", "renewed_ago_s")
 
 
-def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None = None) -> None:
+def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None, skew: float) -> None:
     import dataclasses
 
     from coordinator.fleet import fleet_document, survey
 
     c = _coordinator(ctx)
+    c.max_server_skew_s = skew
     fmt = app_of(ctx).output
     from coordinator.errors import missing_config
 
@@ -277,7 +278,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None 
 
         async def once() -> Any:
             async with c:
-                return await survey(c.config, c.clusters)
+                return await survey(c.config, c.clusters, c.max_server_skew_s)
 
         fleet = scoped(run(once))
         emit(ctx, doc_of(fleet), lambda: fleet_text(fleet))
@@ -294,7 +295,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None 
 
         # One LIST and then one watch per cluster; between events, the view is rebuilt
         # from what the watches mirror every --interval (expiry moves on with the clock).
-        watch = FleetWatch(c.config, c.clusters)
+        watch = FleetWatch(c.config, c.clusters, max_server_skew_s=c.max_server_skew_s)
         last: str | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch.run)
@@ -395,7 +396,7 @@ def status(
             from coordinator.errors import UsageError
 
             raise UsageError("--all shows every deployment: give either DEPLOYMENT or --all, not both.")
-        _fleet(ctx, watch, every, namespace)
+        _fleet(ctx, watch, every, namespace, _duration(max_server_skew, "--max-server-skew"))
         return
     if namespace is not None:
         from coordinator.errors import UsageError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.lease import Standing, TurnClaim, copy_standing
+from coordinator.lease import Standing, TurnClaim, copy_standing, shown_expired
 from coordinator.lock.members import Members
 from coordinator.lock.reports import copy_note, holder_field_why
 from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder, lease_expiry_s, renewed_ago
@@ -36,10 +36,10 @@ class Status(Members):
             v = r.value.view
             if v.live_claim is not None and v.claim_fresh():
                 claims.append(v.live_claim)
-            # Lapsed only past the margins a takeover needs, --max-server-skew included: a
-            # lease an acquisition would still be refused is not shown expired, whatever
-            # the Date of the API server that answered says.
-            expired = v.expired(self.max_ttl_s, self.max_server_skew_s)
+            # Lapsed only past every margin a takeover may need (lease.shown_expired): a
+            # lease an acquisition could still be refused is not shown expired, whichever
+            # of a cluster's API servers answered.
+            expired = shown_expired(v, self.max_ttl_s, self.max_server_skew_s)
             # The rule an acquisition applies first (lease.copy_standing): a lease not known
             # to be the object coordinator wrote blocks for a maximum TTL after its creation.
             # Judged, as every expiry here, by the Date hint: where it says the lease is

@@ -173,13 +173,16 @@ def test_status_is_unknown_where_an_acquisition_refuses_a_young_copy(dep3: Env) 
 def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lock_expired(
     dep3: Env, tmp_path: Path
 ) -> None:
-    """Found by an outside attack (HA members whose API servers are 4 s apart, inside the
+    """Found by outside attacks (HA members whose API servers are 4 s apart, inside the
     default --max-server-skew of 5 s). Bob reads every member through a proxy whose Date
-    runs 29 s ahead, and counts with --max-server-skew 30s, the bound such a control plane
-    needs. Alice takes a 30 s lock; seconds later, well inside her validity, bob's
-    acquisition is refused (a takeover needs the skew margin past the TTL) and his `lock
-    status` must say so too: held by alice. It judged expiry by the Date without that
-    margin and showed every lease expired and the lock "not held" (exit 0)."""
+    runs 60 s ahead and counts with --max-server-skew 30s (a proxy stamping its own Date
+    is beyond any bound: the numbers only make one skew, the fleet view's default bound
+    and three skews tell apart). Alice takes a 30 s lock; seconds later, well inside her
+    validity, bob's acquisition is refused and his `lock status` must say so too: held by
+    alice, for the deployment and in the fleet view. Status judged expiry by the Date
+    without the skew margin and showed every lease expired and the lock "not held" (exit
+    0); then with one skew, short of the three a takeover may need; the fleet view ignored
+    --max-server-skew."""
     from dateproxy import DateShiftingProxy, proxy_kubeconfig
 
     from coordinator.admin import connect_cluster
@@ -188,7 +191,7 @@ def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lo
 
     alice = _acquire_for(dep3, "alice", "30s")
     pki = dep3.sandbox.dir / "pki"
-    proxies = [DateShiftingProxy(dep3.sandbox.server(i), pki, 29.0) for i in (1, 2, 3)]
+    proxies = [DateShiftingProxy(dep3.sandbox.server(i), pki, 60.0) for i in (1, 2, 3)]
     urls = {f"ahead-{i}": p.start() for i, p in zip((1, 2, 3), proxies, strict=True)}
     try:
         kc = proxy_kubeconfig(tmp_path / "ahead.kubeconfig", pki, dep3.sandbox.token, urls)
@@ -202,8 +205,9 @@ def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lo
         anyio.run(setup)
         with store.edit() as cfg:
             cfg.deployments["web"] = DeploymentRecord(name="web", namespace=dep3.namespace, clusters=["c1", "c2", "c3"])
-        time.sleep(4)  # alice's leases are 4 s old: 33 s by the proxies' Date
+        time.sleep(4)  # alice's leases are 4 s old: 64 s by the proxies' Date
         shown = bob.cli("-o", "json", "lock", "status", "web", "--max-server-skew", "30s")
+        fleet = bob.cli("-o", "json", "lock", "status", "--max-server-skew", "30s")
         taken = bob.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob", "--max-server-skew", "30s")
     finally:
         for p in proxies:
@@ -213,3 +217,6 @@ def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lo
     status = json.loads(shown.stdout)
     assert status["lock_id"] == alice and status["holder"] == "alice", status
     assert all(row["status"] == "held" for row in status["clusters"]), status["clusters"]
+    # the fleet view too, with the bound it is given
+    entry = next(d for d in json.loads(fleet.stdout)["deployments"] if d["deployment"] == "web")
+    assert entry["status"] == "held" and entry["lock_id"] == alice, entry

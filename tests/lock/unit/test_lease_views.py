@@ -420,11 +420,15 @@ def test_effective_ttl_method_is_the_rule_of_the_lease_it_is_called_on() -> None
     assert not reparsed.ttl_owned and reparsed.effective_ttl(600) == 600
 
 
-def test_a_lease_shown_expired_is_past_the_margin_a_takeover_needs_with_the_skew() -> None:
-    # A 30 s lease written at T0, read through an API server whose Date says T0 + 33 s
-    # (4 s after the write, the server 29 s ahead): by the Date alone it lapsed, but a
-    # takeover with --max-server-skew 30s needs TTL + 1 % + 2 s + 30 s, so it is live.
-    late = view(ttl=30, date=T0 + timedelta(seconds=33))
-    assert late.expired(60) is True  # without the skew margin (what status used)
-    assert late.expired(60, 30.0) is False
-    assert view(ttl=30, date=T0 + timedelta(seconds=63)).expired(60, 30.0) is True
+def test_a_lease_shown_expired_is_past_every_margin_a_takeover_may_need() -> None:
+    from coordinator.lease import shown_expired
+
+    # A 10 s lease written at T0 by a server 5 s behind the one whose Date answers: the
+    # Date says T0 + 20.5 s at a true 15.5 s. A takeover with --max-server-skew 5s needs
+    # TTL + 1 % + 2 s + 5 s by a probe stamp, which may come from the slow server: 22.1 s
+    # of its time, a true 27.1 s at worst. Shown expired only past three skews by the Date.
+    at = view(ttl=10, date=T0 + timedelta(seconds=20.5))
+    assert at.expired(60) is True  # by the Date with no skew margin (what status used)
+    assert shown_expired(at, 60, 5.0) is False
+    assert shown_expired(view(ttl=10, date=T0 + timedelta(seconds=27.0)), 60, 5.0) is False
+    assert shown_expired(view(ttl=10, date=T0 + timedelta(seconds=27.2)), 60, 5.0) is True

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env
+from faults.kubectl import kubectl
 from helpers.members import (
     DEP,
     LEASE,
@@ -185,3 +186,29 @@ def test_a_member_added_where_its_namespace_is_missing_gets_it_and_answers_reads
         env.sandbox.resume(3)
     assert read.returncode == 0, read.stderr
     assert json.loads(read.stdout) == {}
+
+
+def test_a_lease_another_client_made_on_a_new_member_is_not_taken_for_ours_by_its_uid_note(dep5: Env) -> None:
+    """Found by an outside attack: another client creates `pay`'s lease on c4 before c4
+    is added and annotates it with its own uid (`kubectl annotate ... coordinator.io/uid=
+    <uid>`), managedFields left as kubectl wrote them. A uid note another client is on
+    record as writing says nothing of who made the lease: `add-cluster pay c4` refuses it
+    as a lease coordinator did not write (exit 5), as it refuses one without the note. It
+    took the note for coordinator's and added c4 (exit 0)."""
+    env = dep5
+    args = [a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]
+    succeeded(env.cli("deployment", "create", DEP, "-n", env.namespace, *args, "--max-ttl", "8s"))
+    planted = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": env.namespace},
+        "spec": {"leaseDurationSeconds": 60},
+    }
+    succeeded(kubectl(env.kubeconfig, 4, env.namespace, "create", "-f", "-", stdin=json.dumps(planted)))
+    uid = succeeded(kubectl_on(env, 4, "get", "lease", LEASE, "-o", "jsonpath={.metadata.uid}")).stdout.strip()
+    succeeded(kubectl_on(env, 4, "annotate", "lease", LEASE, f"coordinator.io/uid={uid}"))
+    added = env.cli("--timeout", "3s", "deployment", "add-cluster", DEP, "c4", "--ttl", "8s")
+    assert added.returncode == 5, (added.returncode, added.stdout, added.stderr)
+    assert "c4" in added.stderr, added.stderr
+    shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
+    assert shown["clusters"] == ["c1", "c2", "c3"], shown
