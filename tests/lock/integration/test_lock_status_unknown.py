@@ -207,7 +207,7 @@ def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lo
             cfg.deployments["web"] = DeploymentRecord(name="web", namespace=dep3.namespace, clusters=["c1", "c2", "c3"])
         time.sleep(4)  # alice's leases are 4 s old: 64 s by the proxies' Date
         shown = bob.cli("-o", "json", "lock", "status", "web", "--max-server-skew", "30s")
-        fleet = bob.cli("-o", "json", "lock", "status", "--max-server-skew", "30s")
+        fleet = bob.cli("-o", "json", "lock", "status", "-n", dep3.namespace, "--max-server-skew", "30s")
         taken = bob.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob", "--max-server-skew", "30s")
     finally:
         for p in proxies:
@@ -218,5 +218,7 @@ def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lo
     assert status["lock_id"] == alice and status["holder"] == "alice", status
     assert all(row["status"] == "held" for row in status["clusters"]), status["clusters"]
     # the fleet view too, with the bound it is given
-    entry = next(d for d in json.loads(fleet.stdout)["deployments"] if d["deployment"] == "web")
+    # (other tests' deployments named web live in other namespaces of the shared sandbox)
+    found = json.loads(fleet.stdout)["deployments"]
+    entry = next(d for d in found if d["deployment"] == "web" and d["namespace"] == dep3.namespace)
     assert entry["status"] == "held" and entry["lock_id"] == alice, entry
