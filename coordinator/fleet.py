@@ -171,7 +171,7 @@ def _key(view: LeaseView) -> tuple[str, str]:
 
 
 def _cluster_row(
-    name: str, view: LeaseView | None, max_ttl_s: float, skew: float = DEFAULT_MAX_SERVER_SKEW_S
+    name: str, view: LeaseView | None, max_ttl_s: float, skew: float
 ) -> tuple[FleetCluster, str | None, float | None]:
     """The row, the live lock id (if held), and its remaining seconds (if known)."""
     if view is None:
@@ -259,7 +259,7 @@ def _entry(
     leases: dict[str, LeaseView],
     seen: dict[str, str],
     max_ttl_s: float,
-    skew: float = DEFAULT_MAX_SERVER_SKEW_S,
+    skew: float,
 ) -> FleetEntry:
     rows: list[FleetCluster] = []
     live: dict[str, str | None] = {}

@@ -253,6 +253,8 @@ class LeaseView:
                 malformed = token < 0
             except UNREADABLE:
                 malformed = True
+        uid_note = ann.get(A_UID) if isinstance(ann.get(A_UID), str) else None
+        uid_writer = writer(obj, annotation(A_UID)) if uid_note is not None else Writer.OTHER
         claimed = lock_id_of(spec.get("holderIdentity"))
         holder_writer = writer(obj, ("spec", "holderIdentity"))
         edited = _holder_edited(holder_writer)
@@ -289,18 +291,10 @@ class LeaseView:
             max_ttl_note=_max_ttl_note(obj, ann.get(A_MAX_TTL)),
             break_note=note,
             uid=meta.get("uid") or None,
-            uid_note=(
-                ann.get(A_UID)
-                if isinstance(ann.get(A_UID), str) and writer(obj, annotation(A_UID)) is Writer.OURS
-                else None
-            ),
+            uid_note=uid_note if uid_writer is Writer.OURS else None,
             # the note unless another client is on record as its writer (a stripped one
             # has no known writer: see names_itself)
-            uid_claim=(
-                ann.get(A_UID)
-                if isinstance(ann.get(A_UID), str) and writer(obj, annotation(A_UID)) is not Writer.OTHER
-                else None
-            ),
+            uid_claim=uid_note if uid_writer is not Writer.OTHER else None,
             created=parse_time(meta.get("creationTimestamp")),
         )
 

@@ -298,10 +298,8 @@ async def _until_new_set_takeable(
             view = await joint._checked_read(cluster)
             if view.lock_id == lock_id or not view.held:
                 return ClusterResult(cluster, Outcome.OK, True)
-            stand = joint._stand(cluster, view, lock_id)
-            if stand is Standing.PROBE:
-                view, stamp = await joint._probe(cluster, view)  # a nonce on that lease, not ours
-                stand = joint._stand(cluster, view, lock_id, stamp)
+            view, stamp = await joint._probed(cluster, view, lock_id)  # a nonce on that lease, not ours
+            stand = joint._stand(cluster, view, lock_id, stamp)
         except KubeError as err:
             if err.kind == kube.CONFLICT:
                 return ClusterResult(cluster, Outcome.OK, False)  # written meanwhile: look again

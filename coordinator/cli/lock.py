@@ -391,12 +391,14 @@ def status(
     from coordinator.durations import INTERVAL_MIN
 
     every = _duration(interval, "--interval", INTERVAL_MIN)
+    # A lease shown expired must be one an acquisition could take: past the same margins.
+    skew = _duration(max_server_skew, "--max-server-skew")
     if deployment is None or all_:
         if deployment is not None:
             from coordinator.errors import UsageError
 
             raise UsageError("--all shows every deployment: give either DEPLOYMENT or --all, not both.")
-        _fleet(ctx, watch, every, namespace, _duration(max_server_skew, "--max-server-skew"))
+        _fleet(ctx, watch, every, namespace, skew)
         return
     if namespace is not None:
         from coordinator.errors import UsageError
@@ -406,8 +408,7 @@ def status(
             "record names. Give either DEPLOYMENT or --namespace, not both."
         )
     c = _coordinator(ctx)
-    # A lease shown expired must be one an acquisition could take: past the same margins.
-    c.max_server_skew_s = _duration(max_server_skew, "--max-server-skew")
+    c.max_server_skew_s = skew
     fmt = app_of(ctx).output
 
     if not watch:

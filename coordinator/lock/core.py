@@ -240,6 +240,14 @@ class EngineCore:
             date_trusted=cluster not in self._date_untrusted,
         )
 
+    async def _probed(self, cluster: str, view: LeaseView, lock_id: str) -> tuple[LeaseView, datetime | None]:
+        """``view`` with a probe's server stamp where it is another lock id's lease that the
+        Date hint says may have lapsed (Standing.PROBE): only a stamp can say it has. The
+        view as it is, and no stamp, otherwise."""
+        if view.held and self._stand(cluster, view, lock_id) is Standing.PROBE:
+            return await self._probe(cluster, view)
+        return view, None
+
     async def _probe(self, cluster: str, view: LeaseView) -> tuple[LeaseView, datetime | None]:
         """Get a fresh server time stamp on the lease (a compare-and-swap write of a
         nonce under the probe manager): the second stamp of the expiry rule. Also checks

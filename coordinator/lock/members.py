@@ -184,11 +184,7 @@ class Members(EngineCore):
         async def one(cluster: str) -> ClusterResult[ClusterLease]:
             stamp: datetime | None = None
             try:
-                view = await self._checked_read(cluster)
-                if view.held and self._stand(cluster, view, lock_id) is Standing.PROBE:
-                    # Another lock id's lease that the Date hint says may have lapsed:
-                    # as for an acquisition, only a server stamp can say that it has.
-                    view, stamp = await self._probe(cluster, view)
+                view, stamp = await self._probed(cluster, await self._checked_read(cluster), lock_id)
             except KubeError as err:
                 if err.kind != kube.CONFLICT:
                     return failed(cluster, err)  # type: ignore[return-value]
