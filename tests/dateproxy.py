@@ -14,6 +14,8 @@ import asyncio
 import ssl
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from email.utils import formatdate
 from pathlib import Path
 from typing import Any
@@ -148,3 +150,36 @@ def proxy_kubeconfig(path: Path, pki_dir: Path, token: str, servers: dict[str, s
     path.write_text(yaml.safe_dump(doc))
     path.chmod(0o600)
     return path
+
+
+@contextmanager
+def machine_through_proxies(env: Any, tmp_path: Path, shift_s: float, label: str) -> Iterator[tuple[Any, list[Any]]]:
+    """Another machine (``label``) that reaches every member of ``env``'s 3-cluster sandbox
+    through a proxy whose Date runs ``shift_s`` ahead, and records deployment ``web`` (as
+    `deployment import` would); with the proxies, stopped on leaving."""
+    import anyio
+    from coord_fixtures import Env
+
+    from coordinator.admin import connect_cluster
+    from coordinator.config import ConfigStore
+    from coordinator.records import DeploymentRecord
+
+    pki = env.sandbox.dir / "pki"
+    proxies = [DateShiftingProxy(env.sandbox.server(i), pki, shift_s) for i in (1, 2, 3)]
+    urls = {f"{label}-{i}": p.start() for i, p in zip((1, 2, 3), proxies, strict=True)}
+    try:
+        kc = proxy_kubeconfig(tmp_path / f"{label}.kubeconfig", pki, env.sandbox.token, urls)
+        machine = Env(sandbox=env.sandbox, config=tmp_path / label / "config.yaml", namespace=env.namespace)
+        store = ConfigStore(machine.config)
+
+        async def setup() -> None:
+            for i in (1, 2, 3):
+                await connect_cluster(store, f"c{i}", f"{label}-{i}", str(kc))
+
+        anyio.run(setup)
+        with store.edit() as cfg:
+            cfg.deployments["web"] = DeploymentRecord(name="web", namespace=env.namespace, clusters=["c1", "c2", "c3"])
+        yield machine, proxies
+    finally:
+        for p in proxies:
+            p.stop()

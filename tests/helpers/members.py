@@ -228,3 +228,29 @@ def connected_machine(env: Env, tmp_path: Path) -> Env:
     anyio.run(go)
     return Env(sandbox=env.sandbox, config=cfg, namespace=env.namespace, deployment=env.deployment,
                clusters=[f"c{i}" for i in range(1, env.sandbox.n + 1)])  # fmt: skip
+
+
+# What a patched CLI script runs after its patch: the command line, as `coordinator` would.
+_CLI_MAIN = 'import sys\nsys.argv = ["coordinator", *sys.argv[1:]]\nfrom coordinator.cli import main\nmain()\n'
+
+
+def patched_cli(
+    env: Env, tmp_path: Path, patch: str, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """The CLI with ``patch`` (Python source, run first in the same process: an adversary
+    or a delay inside the command) applied, with ``args``."""
+    script = tmp_path / "patched_cli.py"
+    script.write_text(f"{patch}\n{_CLI_MAIN}")
+    return subprocess.run([sys.executable, str(script), *args], env=env.environ(PYTHONPATH=str(Path.cwd())),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def dead_holders_lease_on(env: Env, index: int) -> None:
+    """A holder took `pay`'s lock and died; its release reached every member but cluster
+    ``index``, which keeps the dead holder's live lease until it lapses."""
+    succeeded(env.cli("lock", "acquire", DEP, "--holder", "dead", "--ttl", "10s"))
+    env.sandbox.pause(index)
+    try:
+        env.cli("--timeout", "2", "lock", "release", DEP, "--holder", "dead")
+    finally:
+        env.sandbox.resume(index)

@@ -305,13 +305,19 @@ class CommandHolder(Contender):
             async with self.sim.coordinator(self.name) as c:
                 await self.read(c.state(DEPLOYMENT))
 
-    async def critical(self, lock_id: str, token: int, boot_until: float) -> None:
+    def enter(self, lock_id: str, token: int, boot_until: float) -> bool:
+        """Record the section's entry; False (counted) when too little validity is left."""
         entered = now()
         if entered >= self.true_until(boot_until) - MARGIN_S:
             self.stat("validity gone before entry")
-            return
+            return False
         self.sim.granted.append((entered, token))
         self.emit("enter", t=entered, token=token, valid_until=self.true_until(boot_until), lock_id=lock_id)
+        return True
+
+    async def critical(self, lock_id: str, token: int, boot_until: float) -> None:
+        if not self.enter(lock_id, token, boot_until):
+            return
         steps = self.rng.randint(1, 3) if self.rng.random() < self.sim.opts.state else 0
         try:
             for _ in range(steps):
@@ -480,12 +486,8 @@ class Changer(CommandHolder):
         await super().iteration()  # takes the lock; the change runs inside (critical)
 
     async def critical(self, lock_id: str, token: int, boot_until: float) -> None:
-        entered = now()
-        if entered >= self.true_until(boot_until) - MARGIN_S:
-            self.stat("validity gone before entry")
+        if not self.enter(lock_id, token, boot_until):
             return
-        self.sim.granted.append((entered, token))
-        self.emit("enter", t=entered, token=token, valid_until=self.true_until(boot_until), lock_id=lock_id)
         try:
             await self.change(self.target(), lock_id)
         finally:

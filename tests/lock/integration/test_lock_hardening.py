@@ -373,36 +373,14 @@ def test_a_date_header_from_a_clock_ahead_never_takes_a_live_lease(dep3: Env, tm
     """Bob reaches every member through a TLS-terminating proxy whose Date runs 90 s
     ahead. Alice's 60 s lease looks long expired by that Date; the probe's server stamp
     says it is seconds old, so Bob is refused."""
-    from dateproxy import DateShiftingProxy, proxy_kubeconfig
-
-    from coordinator.admin import connect_cluster
-    from coordinator.config import ConfigStore
-    from coordinator.records import DeploymentRecord
+    from dateproxy import machine_through_proxies
 
     a = acquire(dep3, "alice", "--ttl", "60s")
     assert a.returncode == 0, a.stderr
-    pki = dep3.sandbox.dir / "pki"
-    proxies = [DateShiftingProxy(dep3.sandbox.server(i), pki, 90.0) for i in (1, 2, 3)]
-    urls = {f"proxied-{i}": p.start() for i, p in zip((1, 2, 3), proxies, strict=True)}
-    try:
-        kc = proxy_kubeconfig(tmp_path / "proxied.kubeconfig", pki, dep3.sandbox.token, urls)
-        bob = Env(sandbox=dep3.sandbox, config=tmp_path / "bob" / "config.yaml", namespace=dep3.namespace)
-        store = ConfigStore(bob.config)
-
-        async def setup() -> None:
-            for i in (1, 2, 3):
-                await connect_cluster(store, f"c{i}", f"proxied-{i}", str(kc))
-
-        anyio.run(setup)
-        # The deployment exists: bob's machine records it (as `deployment import` would).
-        with store.edit() as cfg:
-            cfg.deployments["web"] = DeploymentRecord(name="web", namespace=dep3.namespace, clusters=["c1", "c2", "c3"])
+    with machine_through_proxies(dep3, tmp_path, 90.0, "proxied") as (bob, proxies):
         b = bob.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob")
         assert b.returncode == 3, b.stderr
         assert all(p.requests > 0 for p in proxies)
-    finally:
-        for p in proxies:
-            p.stop()
     assert all(holder_on(dep3, i) == doc(a)["lock_id"] for i in (1, 2, 3))
 
 

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 from coord_fixtures import Env
 from faults.kubectl import kubectl as run_kubectl
 
@@ -183,35 +182,14 @@ def test_status_through_api_servers_whose_clock_runs_ahead_never_shows_a_held_lo
     without the skew margin and showed every lease expired and the lock "not held" (exit
     0); then with one skew, short of the three a takeover may need; the fleet view ignored
     --max-server-skew."""
-    from dateproxy import DateShiftingProxy, proxy_kubeconfig
-
-    from coordinator.admin import connect_cluster
-    from coordinator.config import ConfigStore
-    from coordinator.records import DeploymentRecord
+    from dateproxy import machine_through_proxies
 
     alice = _acquire_for(dep3, "alice", "30s")
-    pki = dep3.sandbox.dir / "pki"
-    proxies = [DateShiftingProxy(dep3.sandbox.server(i), pki, 60.0) for i in (1, 2, 3)]
-    urls = {f"ahead-{i}": p.start() for i, p in zip((1, 2, 3), proxies, strict=True)}
-    try:
-        kc = proxy_kubeconfig(tmp_path / "ahead.kubeconfig", pki, dep3.sandbox.token, urls)
-        bob = Env(sandbox=dep3.sandbox, config=tmp_path / "bob" / "config.yaml", namespace=dep3.namespace)
-        store = ConfigStore(bob.config)
-
-        async def setup() -> None:
-            for i in (1, 2, 3):
-                await connect_cluster(store, f"c{i}", f"ahead-{i}", str(kc))
-
-        anyio.run(setup)
-        with store.edit() as cfg:
-            cfg.deployments["web"] = DeploymentRecord(name="web", namespace=dep3.namespace, clusters=["c1", "c2", "c3"])
+    with machine_through_proxies(dep3, tmp_path, 60.0, "bob") as (bob, _):
         time.sleep(4)  # alice's leases are 4 s old: 64 s by the proxies' Date
         shown = bob.cli("-o", "json", "lock", "status", "web", "--max-server-skew", "30s")
         fleet = bob.cli("-o", "json", "lock", "status", "-n", dep3.namespace, "--max-server-skew", "30s")
         taken = bob.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob", "--max-server-skew", "30s")
-    finally:
-        for p in proxies:
-            p.stop()
     assert taken.returncode == 3, taken.stderr
     assert shown.returncode == 0, shown.stderr
     status = json.loads(shown.stdout)

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from coord_fixtures import Env
 from faults.kubectl import kubectl
-from helpers.members import DEP, LEASE, STATE, ids, json_doc, kubectl_on, pay_short, stored_on, succeeded
+from helpers.members import (
+    DEP,
+    LEASE,
+    STATE,
+    dead_holders_lease_on,
+    ids,
+    json_doc,
+    kubectl_on,
+    patched_cli,
+    pay_short,
+    stored_on,
+    succeeded,
+)
 
 from coordinator.membership import A_MEMBERSHIP
 
@@ -29,7 +40,6 @@ def _change(env: Env, *args: str, timeout: str = "3") -> subprocess.CompletedPro
 
 
 _C1_ANSWERS_LAST = """
-import sys
 import anyio
 from coordinator.lock import LockEngine
 from coordinator.reconfig import _Resuming
@@ -39,9 +49,6 @@ async def checked_read(self, cluster, *a, **kw):
         await anyio.sleep(1.5)  # c2 (behind) and c3 (agreeing) answer the acquisition first
     return await original(self, cluster, *a, **kw)
 LockEngine._checked_read = checked_read
-sys.argv = ["coordinator", *sys.argv[1:]]
-from coordinator.cli import main
-main()
 """
 
 
@@ -72,13 +79,10 @@ def test_a_change_whose_new_set_missed_the_joint_step_is_finished_once_the_behin
     joint = stored_on(env, 3)
     assert joint is not None and joint.epoch == 6 and joint.joint is not None, joint
 
-    script = tmp_path / "c1_answers_last.py"
-    script.write_text(_C1_ANSWERS_LAST)
     # every member answers now: a busy machine must not turn a slow answer into "could not be read"
-    finished = subprocess.run(
-        [sys.executable, str(script), "--timeout", "20", "deployment", "remove-cluster", DEP, "c1", "--ttl", "10s"],
-        env=env.environ(PYTHONPATH=str(Path.cwd())), capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    finished = patched_cli(
+        env, tmp_path, _C1_ANSWERS_LAST, "--timeout", "20", "deployment", "remove-cluster", DEP, "c1", "--ttl", "10s"
+    )
     assert finished.returncode == 0, finished.stderr
     for index in (2, 3):
         now = stored_on(env, index)
@@ -98,13 +102,12 @@ def test_a_change_waits_within_its_wait_for_a_dead_holders_lease_on_a_member_of_
     its --wait the change now waits for it, then takes it and finishes."""
     env = dep5
     pay_short(env, "c1", "c2", "c3", max_ttl="10s")
-    succeeded(env.cli("lock", "acquire", DEP, "--holder", "dead", "--ttl", "10s"))
-    env.sandbox.pause(1)
-    try:  # the holder's release reaches c2 and c3 only: c1 keeps its live lease
-        env.cli("--timeout", "2", "lock", "release", DEP, "--holder", "dead")
-    finally:
-        env.sandbox.resume(1)
-    changed = env.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "60s")
+    dead_holders_lease_on(env, 1)  # c1 keeps the dead holder's live lease
+    _c3_removed(env, env.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "60s"))
+
+
+def _c3_removed(env: Env, changed: subprocess.CompletedProcess[str]) -> None:
+    """The removal of c3 finished: c1 and c2 store the new set, the state is kept."""
     assert changed.returncode == 0, changed.stderr
     for index in (1, 2):
         now = stored_on(env, index)
@@ -113,14 +116,10 @@ def test_a_change_waits_within_its_wait_for_a_dead_holders_lease_on_a_member_of_
 
 
 _HINT_SAYS_LAPSED = """
-import sys
 import coordinator.lease as lease
 def remaining_hint(view, *, max_ttl_s, max_server_skew_s=0.0):
     return -30.0  # every Date hint says the lease lapsed long ago: only server stamps can tell
 lease.remaining_hint = remaining_hint
-sys.argv = ["coordinator", *sys.argv[1:]]
-from coordinator.cli import main
-main()
 """
 
 
@@ -133,23 +132,11 @@ def test_the_wait_before_the_joint_step_judges_a_dead_holders_lease_by_server_st
     joint step's own rule, waits for the lease to lapse, and the change finishes."""
     env = dep5
     pay_short(env, "c1", "c2", "c3", max_ttl="10s")
-    succeeded(env.cli("lock", "acquire", DEP, "--holder", "dead", "--ttl", "10s"))
-    env.sandbox.pause(1)
-    try:  # the holder's release reaches c2 and c3 only: c1 keeps its live lease
-        env.cli("--timeout", "2", "lock", "release", DEP, "--holder", "dead")
-    finally:
-        env.sandbox.resume(1)
-    script = tmp_path / "hint_says_lapsed.py"
-    script.write_text(_HINT_SAYS_LAPSED)
-    changed = subprocess.run(
-        [sys.executable, str(script), "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "60s"],
-        env=env.environ(PYTHONPATH=str(Path.cwd())), capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert changed.returncode == 0, changed.stderr
-    for index in (1, 2):
-        now = stored_on(env, index)
-        assert now is not None and list(now.members) == ids(env, "c1", "c2") and now.joint is None, (index, now)
-    assert succeeded(env.cli("state", "get", DEP, "release")).stdout.strip() == "1.2.0"
+    dead_holders_lease_on(env, 1)  # c1 keeps the dead holder's live lease
+    changed = patched_cli(
+        env, tmp_path, _HINT_SAYS_LAPSED, "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "60s"
+    )
+    _c3_removed(env, changed)
 
 
 def test_a_planted_commit_with_its_managed_fields_stripped_does_not_confirm_a_finishing_run(dep5: Env) -> None:
