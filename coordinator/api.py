@@ -427,12 +427,12 @@ class Coordinator:
                 payload=result,
             )
         if not result.acquired:
-            from coordinator.lock import _summarize
+            from coordinator.lock.reports import summarize
 
             seen = [r for r in result.results.values() if r.outcome.observable]
             msg = (
                 f"Could not renew lock {lid} of {deployment!r} on a majority of "
-                f"{engine.q} of {engine.n} clusters ({_summarize(result.results)})."
+                f"{engine.q} of {engine.n} clusters ({summarize(result.results)})."
             )
             if len(seen) < engine.q:
                 raise NoQuorumError(msg + " Too few clusters answered; the lock may be lost.", payload=result)

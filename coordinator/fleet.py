@@ -26,7 +26,7 @@ at once: one refused (no ``watch`` right) leaves a LIST of every Lease of the cl
 every 10 s, not twice a second. Between events, expiry hints move on with the clock: each lease
 is judged against the server's time estimated from the LIST's ``Date`` header.
 
-Read-only, and a view: decisions (take, release, break) stay with ``lock.py``.
+Read-only, and a view: decisions (take, release, break) stay with the engine (:mod:`coordinator.lock`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 No I/O happens here and no clock is read: every rule takes the lease as parsed
 (:class:`LeaseView`) and the times it needs as arguments, so each can be unit-tested
-case by case. ``lock.py`` is the engine that reads, writes and fans out.
+case by case. :mod:`coordinator.lock` is the engine that reads, writes and fans out.
 
 Evidence of expiry
 ------------------

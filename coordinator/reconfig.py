@@ -34,8 +34,6 @@ be lost; the report says so.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
@@ -213,8 +211,6 @@ async def change_members(
                 # next notes this change's token on them; the copy then writes the value.
                 stored = joint.membership.document()
                 await fan_out(seed, lambda m: seed_state(c.clusters, joint_rec, m, stored), timeout=c.clusters.timeout)
-            if os.environ.get("COORDINATOR_TEST_KILL_AFTER") == "joint":
-                os.kill(os.getpid(), signal.SIGKILL)  # the interrupted-change test
             if lost.is_set():
                 raise StateConflictError("The lock was lost during the change; run the same command again.")
             # The joint set and the token floor are noted on the state objects of

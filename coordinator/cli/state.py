@@ -10,18 +10,6 @@ import click
 
 from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
 
-# Where the input checks of `state set` and `state apply` used to be: still importable
-# from here, loaded only when asked for (they need the register's limits, and pydantic).
-_DOCUMENTS = ("Assignment", "parse_assignment", "parse_document")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DOCUMENTS:
-        from coordinator.cli import documents
-
-        return getattr(documents, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
     from coordinator.api import Coordinator

@@ -84,7 +84,7 @@ _WHERE = {
         ],
         "coordinator.lease",
     ),
-    **dict.fromkeys(["MAX_CAS_RETRIES", "first_kube_error"], "coordinator.lock.core"),
+    "first_kube_error": "coordinator.lock.core",
     "LockEngine": "coordinator.lock.engine",
     "A_TOKEN_FLOOR": "coordinator.kube.resources",
     **dict.fromkeys(
@@ -107,16 +107,13 @@ _WHERE = {
         "coordinator.lock.results",
     ),
 }
-# The names these had when the engine was one module (api.py and tests import them).
-_ALIASES = {"_envelope_evidence": "envelope_evidence", "_summarize": "summarize"}
 
 
 def __getattr__(name: str) -> Any:
-    real = _ALIASES.get(name, name)
-    module = _WHERE.get(real)
+    module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), real)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
@@ -140,7 +137,7 @@ if TYPE_CHECKING:
         LeaseView,
         TurnClaim,
     )
-    from coordinator.lock.core import MAX_CAS_RETRIES, first_kube_error
+    from coordinator.lock.core import first_kube_error
     from coordinator.lock.engine import LockEngine
     from coordinator.lock.floor import (
         ABSENT,
@@ -162,9 +159,6 @@ if TYPE_CHECKING:
         new_lock_id,
     )
 
-    _envelope_evidence = envelope_evidence
-    _summarize = summarize
-
 __all__ = [
     "ABSENT",
     "A_COMMAND",
@@ -181,7 +175,6 @@ __all__ = [
     "A_TOKEN_FLOOR",
     "HANDOFF_GRACE_S",
     "LINE_MANAGER",
-    "MAX_CAS_RETRIES",
     "AcquireResult",
     "ClusterLease",
     "ClusterStatus",

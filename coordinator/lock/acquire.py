@@ -7,14 +7,13 @@ from datetime import datetime
 
 import anyio
 
-from coordinator import clock, history
+from coordinator import cas, clock, history
 from coordinator.clusters import failed
 from coordinator.errors import IdentityMismatchError, LockHeldError, NoQuorumError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import A_TOKEN, LeaseView, Standing, TurnClaim, boot_clock, remaining_validity, token_taken
-from coordinator.lock.core import MAX_CAS_RETRIES
 from coordinator.lock.floor import TokenFloor, kept_set_speaks
 from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision, new_lock_id
@@ -345,7 +344,7 @@ class Acquire(TokenFloor, Turns):
         that contenders do not split the clusters between them)."""
 
         stamp: datetime | None = None
-        for _ in range(MAX_CAS_RETRIES):
+        for _ in range(cas.ATTEMPTS):
             st = self._stand(cluster, view, lock_id)
             try:
                 if st is Standing.MISSING and not attempt_over["lost"]:

@@ -53,12 +53,7 @@ from coordinator.records import DeploymentRecord
 if TYPE_CHECKING:
     from coordinator.history import HistoryStore
 
-log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
-
-
-MAX_CAS_RETRIES = 4
-# Races a write may lose to waiters' claims alone, besides its MAX_CAS_RETRIES.
-LINE_RACES = 2 * MAX_CAS_RETRIES
+log = get_logger("coordinator.lock")  # one logger for the whole engine
 
 
 def only_the_line_moved(before: LeaseView, after: LeaseView) -> bool:
@@ -378,6 +373,7 @@ class EngineCore:
         either a final result, or the body to write and the action to report. A write
         that loses the race (409) is never retried blindly: the lease is read again and
         decided again."""
+
         from coordinator import cas  # the write side: a command that only reads never needs it
 
         def step(view: LeaseView) -> cas.Put[tuple[dict[str, Any], str, str]] | cas.Keep[ClusterResult[ClusterLease]]:
@@ -396,13 +392,13 @@ class EngineCore:
             step,
             write,
             current=view,
-            attempts=MAX_CAS_RETRIES,
             reread_last=True,
             # Waiters list and refresh their claims in the lease (coordinator/turnline.py)
             # while a holder renews or releases it: a race lost to a claim alone costs the
-            # holder no attempt, or waiters could take every one of them.
+            # holder no attempt (up to twice its attempts), or waiters could take every one
+            # of them.
             harmless=None if manager == LINE_MANAGER else only_the_line_moved,
-            harmless_extra=LINE_RACES,
+            harmless_extra=2 * cas.ATTEMPTS,
         )
         match result:
             case cas.Written(value=done) | cas.Decided(value=done):

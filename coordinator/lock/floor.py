@@ -21,7 +21,6 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import A_TOKEN_FLOOR, FIELD_MANAGER, owned_metadata, state_name, state_paths
-from coordinator.lock.core import MAX_CAS_RETRIES
 from coordinator.lock.release import Release
 from coordinator.lock.results import AcquireResult
 from coordinator.logs import get_logger
@@ -309,7 +308,7 @@ class TokenFloor(Release):
                 await client.request("PUT", path, body=body, query=query)  # resourceVersion: CAS
             return token
 
-        result = await cas.compare_and_swap(read, decide, write, attempts=MAX_CAS_RETRIES)
+        result = await cas.compare_and_swap(read, decide, write)
         match result:
             case cas.Written(value=floor) | cas.Decided(value=floor):
                 return ClusterResult(cluster, Outcome.OK, floor)

@@ -21,7 +21,7 @@ from coordinator.membership import Check, Membership, Stored, Verdict, explain_e
 from coordinator.membership import check as check_membership
 from coordinator.outcome import Outcome
 
-log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+log = get_logger("coordinator.lock")  # one logger for the whole engine
 
 
 def membership_error(result: Check, deployment: str, names: Mapping[str, str]) -> MembershipError | NoQuorumError:

@@ -20,7 +20,7 @@ from coordinator.logs import get_logger
 from coordinator.outcome import Outcome
 from coordinator.text import printable
 
-log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+log = get_logger("coordinator.lock")  # one logger for the whole engine
 
 
 class Release(Members):

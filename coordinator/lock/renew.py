@@ -21,7 +21,7 @@ from coordinator.membership import Membership
 from coordinator.outcome import Outcome
 from coordinator.text import printable
 
-log = get_logger("coordinator.lock")  # one logger for the whole engine, as before the split
+log = get_logger("coordinator.lock")  # one logger for the whole engine
 
 
 class Renew(Members):

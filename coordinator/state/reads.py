@@ -16,7 +16,7 @@ from coordinator.state.data import get_path
 from coordinator.state.replicas import Replicas
 from coordinator.state.results import ReadReport, _replicas
 
-log = get_logger("coordinator.state")  # one logger for the whole register, as before the split
+log = get_logger("coordinator.state")  # one logger for the whole register
 
 
 class Reads(Replicas):

@@ -40,7 +40,7 @@ from coordinator.register import (
 )
 from coordinator.state.results import Observed, _failed, _replicas
 
-log = get_logger("coordinator.state")  # one logger for the whole register, as before the split
+log = get_logger("coordinator.state")  # one logger for the whole register
 
 
 class Replicas:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -231,6 +232,14 @@ def connected_machine(env: Env, tmp_path: Path) -> Env:
 
 
 # What a patched CLI script runs after its patch: the command line, as `coordinator` would.
+# The environment of a command that SIGKILLs itself right after a member change stored
+# its joint set (tests/helpers/kill_after_joint/sitecustomize.py says where exactly).
+KILL_AFTER_JOINT = {
+    "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parent / "kill_after_joint"), os.environ.get("PYTHONPATH")) if p
+    )
+}
+
 _CLI_MAIN = 'import sys\nsys.argv = ["coordinator", *sys.argv[1:]]\nfrom coordinator.cli import main\nmain()\n'
 
 

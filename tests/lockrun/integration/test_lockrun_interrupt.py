@@ -315,7 +315,11 @@ def test_ctrl_c_while_lock_acquire_closes_reports_the_lock_it_took(dep3: Env) ->
     )
     done = _patched_cli(dep3, patch, "-o", "json", "lock", "acquire", DEP, "--ttl", "60s", "--holder", "closing")
     assert done.returncode == 0, (done.returncode, done.stderr)
-    assert "Interrupted after the lock was taken" in done.stderr, done.stderr
+    # Where the Ctrl-C reaches the command as an interrupt, it says so. It can also land
+    # while the task group's own cancellation is under way and be taken as part of it (on
+    # a busy machine it did): the command then just finishes. Either way the lock is shown.
+    assert "Aborted" not in done.stderr, done.stderr
+    assert done.stderr == "" or "Interrupted after the lock was taken" in done.stderr, done.stderr
     lock_id = json.loads(done.stdout)["lock_id"]
     assert anyio.run(lambda: _holders(dep3)) == [lock_id] * 3
     released = dep3.cli("lock", "release", DEP, "--lock-id", lock_id)

@@ -30,8 +30,6 @@ from helpers.members import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-KILL = {"COORDINATOR_TEST_KILL_AFTER": "joint"}
-
 
 # -- 1. the state object's member-set annotation removed: its envelope's older set speaks
 

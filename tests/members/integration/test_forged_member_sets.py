@@ -284,7 +284,7 @@ def test_add_cluster_does_not_take_over_another_deployments_member(dep5: Env, tm
     assert again.returncode == 0, again.stderr
 
 
-# -- SIGKILL at moments the built-in kill hook does not cover
+# -- SIGKILL at moments helpers.members.KILL_AFTER_JOINT does not cover
 
 
 # -- removing a member "dead" that is alive

@@ -14,6 +14,7 @@ from coord_fixtures import COMMIT_EVERYWHERE, Env
 from helpers import web
 from helpers.members import (
     DEP,
+    KILL_AFTER_JOINT,
     LEASE,
     acquire,
     connected_machine,
@@ -142,7 +143,7 @@ def test_import_during_a_joint_configuration_then_the_commit_elsewhere(dep5: Env
     importer = machine(dep5, tmp_path, "importer")
     succeeded(importer.cli("deployment", "delete", DEP))
     killed = dep5.cli("deployment", "add-cluster", DEP, "c4", "--ttl", "5s",
-                      env={"COORDINATOR_TEST_KILL_AFTER": "joint"})  # fmt: skip
+                      env=KILL_AFTER_JOINT)  # fmt: skip
     assert killed.returncode == -9, killed.stderr
     succeeded(importer.cli("--timeout", "3s", "deployment", "import", DEP, "--cluster", "c2", "-n", dep5.namespace))
     rec = record(importer)

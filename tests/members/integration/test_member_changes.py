@@ -16,6 +16,7 @@ import anyio
 import pytest
 from coord_fixtures import COMMIT_EVERYWHERE, Env
 from helpers.members import (
+    KILL_AFTER_JOINT,
     identities,
     pay,
     replica_data,
@@ -73,9 +74,7 @@ def test_add_then_remove_a_member(dep5: Env, tmp_path: Path) -> None:
 
 def test_an_interrupted_change_is_finished_by_running_it_again(dep5: Env) -> None:
     pay(dep5, "c1", "c2", "c3")
-    killed = dep5.cli(
-        "deployment", "add-cluster", "pay", "c4", "--ttl", "5s", env={"COORDINATOR_TEST_KILL_AFTER": "joint"}
-    )
+    killed = dep5.cli("deployment", "add-cluster", "pay", "c4", "--ttl", "5s", env=KILL_AFTER_JOINT)
     assert killed.returncode == -9, killed.stderr
     show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["change_in_progress"] == {"to": ["c1", "c2", "c3", "c4"]} and show["epoch"] == 2
@@ -99,9 +98,7 @@ def test_an_interrupted_change_whose_leases_were_then_deleted_is_finished_by_run
     succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "15s",
                  *[a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]))  # fmt: skip
     succeeded(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))  # the set is noted on the state objects
-    killed = dep5.cli(
-        "deployment", "remove-cluster", "pay", "c4", "--ttl", "5s", env={"COORDINATOR_TEST_KILL_AFTER": "joint"}
-    )
+    killed = dep5.cli("deployment", "remove-cluster", "pay", "c4", "--ttl", "5s", env=KILL_AFTER_JOINT)
     assert killed.returncode == -9, killed.stderr
     show = json.loads(succeeded(dep5.cli("-o", "json", "deployment", "show", "pay")).stdout)
     assert show["change_in_progress"] == {"to": ["c1", "c2"]}, show
@@ -339,7 +336,7 @@ def test_an_interrupted_change_whose_managed_fields_were_stripped_is_finished(de
     # they lapse only once watched unchanged for that long.
     succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, "--max-ttl", "10s",
                  *[a for m in first for a in ("--cluster", m)]))  # fmt: skip
-    killed = dep5.cli("deployment", step, "pay", member, "--ttl", "5s", env={"COORDINATOR_TEST_KILL_AFTER": "joint"})
+    killed = dep5.cli("deployment", step, "pay", member, "--ttl", "5s", env=KILL_AFTER_JOINT)
     assert killed.returncode == -9, killed.stderr
     after = ("c1", "c2", "c3") if step == "remove-cluster" else ("c1", "c2", "c3", "c4")
     final = Membership.of(identities(dep5, *after), 3)

@@ -190,7 +190,7 @@ def test_a_state_object_speaks_for_the_member_set_only_through_an_annotation_coo
     the annotation, the set of the last acquisition or member change. Only an annotation
     a coordinator wrote counts, and the envelope's set never does (with the annotation
     removed it spoke for the old set: round 6 of the adversary tests)."""
-    from coordinator.lock import _envelope_evidence
+    from coordinator.lock.floor import envelope_evidence
     from coordinator.register import genesis_text
 
     old = Membership.of(["a", "b", "c"], epoch=1)
@@ -203,11 +203,11 @@ def test_a_state_object_speaks_for_the_member_set_only_through_an_annotation_coo
         obj["data"] = {"envelope.json": genesis_text("pay", old.document())}
         return obj
 
-    assert _envelope_evidence(state("coordinator"), secret=False) == (0, new)
+    assert envelope_evidence(state("coordinator"), secret=False) == (0, new)
     for planted in (state("kubectl-annotate"), state(None), state(None, None)):
-        assert _envelope_evidence(planted, secret=False) == (0, None)
+        assert envelope_evidence(planted, secret=False) == (0, None)
     # an annotation older than the envelope is still what the object says (an acquisition
     # counts it only at its own epoch or newer)
     older = state("coordinator", Membership.of(["a"], epoch=1))
     older["data"] = {"envelope.json": genesis_text("pay", new.document())}
-    assert _envelope_evidence(older, secret=False) == (0, Membership.of(["a"], epoch=1))
+    assert envelope_evidence(older, secret=False) == (0, Membership.of(["a"], epoch=1))

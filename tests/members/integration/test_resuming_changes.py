@@ -20,6 +20,7 @@ import pytest
 from coord_fixtures import Env
 from helpers.members import (
     DEP,
+    KILL_AFTER_JOINT,
     LEASE,
     STATE,
     acquire,
@@ -33,8 +34,6 @@ from helpers.members import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-KILL = {"COORDINATOR_TEST_KILL_AFTER": "joint"}
 
 
 def _where(p: subprocess.CompletedProcess[str]) -> list[str]:
@@ -68,7 +67,7 @@ def _interrupted_removal_then_moved_on(
     keeps the joint set (epoch 2) and its state object the set from before (epoch 1).
     Returns (A, B)."""
     pay_short(env, "c1", "c2", "c3", max_ttl="10s")
-    killed = env.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "5s", env=KILL)
+    killed = env.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "5s", env=KILL_AFTER_JOINT)
     assert killed.returncode == -9, killed.stderr
     assert _show(env)["change_in_progress"] == {"to": ["c1", "c2"]}
     b = machine(env, tmp_path, "b")
@@ -260,7 +259,7 @@ def test_two_machines_finishing_one_interrupted_change_after_every_lease_was_del
     {c1,c2} epoch 5, the confirmed write survives, and a later lock's token is above all."""
     pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
     succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
-    killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL)
+    killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL_AFTER_JOINT)
     assert killed.returncode == -9, killed.stderr
     before = max(_lease_token(dep5, i) for i in (1, 2, 4))
     other = machine(dep5, tmp_path, "a2")
@@ -298,12 +297,12 @@ def test_a_rerun_killed_again_after_every_lease_was_deleted_is_finished_by_a_thi
     afterwards gets a token above every earlier one (the killed runs' included)."""
     pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
     succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
-    killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL)
+    killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL_AFTER_JOINT)
     assert killed.returncode == -9, killed.stderr
     first = max(_lease_token(dep5, i) for i in (1, 2, 4))
     for i in (1, 2, 3, 4):
         kubectl_on(dep5, i, "delete", "lease", LEASE, "--ignore-not-found")
-    again = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s", env=KILL)
+    again = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s", env=KILL_AFTER_JOINT)
     assert again.returncode == -9, again.stderr
     second = max(_lease_token(dep5, i) for i in (1, 2))
     assert second > first, (first, second)
@@ -327,7 +326,7 @@ def test_a_rerun_after_every_lease_was_deleted_with_lease_writes_refused_on_a_me
 
     pay_short(dep5, "c1", "c2", "c3", max_ttl="10s")
     succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
-    killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL)
+    killed = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "5s", env=KILL_AFTER_JOINT)
     assert killed.returncode == -9, killed.stderr
     first = max(_lease_token(dep5, i) for i in (1, 2, 4))
     for i in (1, 2, 3, 4):

@@ -9,6 +9,7 @@ separate local configs (helpers.members)."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import pytest
 from coord_fixtures import COMMIT_EVERYWHERE, Env
 from helpers.members import (
     DEP,
+    KILL_AFTER_JOINT,
     LEASE,
     PY,
     acquire,
@@ -303,7 +305,8 @@ def test_a_change_killed_after_the_joint_step_and_finished_under_the_same_lock_r
     pay(dep5, "c1", "c2", "c3")
     stale = machine(dep5, tmp_path, "stale")
     py = " ".join(PY)
-    step = (f"COORDINATOR_TEST_KILL_AFTER=joint {py} deployment replace-cluster {DEP} c3 c4 --ttl 6s; "
+    killed = f"PYTHONPATH={shlex.quote(KILL_AFTER_JOINT['PYTHONPATH'])}"
+    step = (f"{killed} {py} deployment replace-cluster {DEP} c3 c4 --ttl 6s; "
             f"{py} deployment replace-cluster {DEP} c3 c4 --ttl 6s")  # fmt: skip
     succeeded(dep5.cli("lock", "run", DEP, "--ttl", "6s", "--holder", "ci", "--", "sh", "-c", step,
                  env=COMMIT_EVERYWHERE))  # fmt: skip

@@ -253,7 +253,7 @@ def test_a_key_path_with_odd_digits_is_a_usage_error(key: str) -> None:
 
 @pytest.mark.parametrize("depth", [100, 150, 300, 3000])
 def test_a_deeply_dotted_key_is_refused_like_a_deep_typed_value(depth: int) -> None:
-    from coordinator.cli.state import parse_assignment
+    from coordinator.cli.documents import parse_assignment
     from coordinator.errors import UsageError
 
     key = ".".join(["a"] * depth)
@@ -266,7 +266,7 @@ def test_a_deeply_dotted_key_is_refused_like_a_deep_typed_value(depth: int) -> N
 
 
 def test_a_deep_typed_value_is_refused() -> None:
-    from coordinator.cli.state import parse_assignment
+    from coordinator.cli.documents import parse_assignment
     from coordinator.errors import UsageError
 
     with pytest.raises(UsageError):
@@ -287,8 +287,8 @@ def test_a_planted_deep_but_valid_envelope_can_still_be_printed() -> None:
 def test_what_input_takes_a_replica_holds_and_prints_and_no_more(depth: int) -> None:
     """The depth limit of `state set`/`state apply` input (100 levels, the data mapping
     being one) is the one a replica is read with: what one writes the other reads."""
+    from coordinator.cli.documents import parse_document
     from coordinator.cli.output import dump_document
-    from coordinator.cli.state import parse_document
     from coordinator.errors import UsageError
     from coordinator.register import checksum, decode_replica, genesis_text
 

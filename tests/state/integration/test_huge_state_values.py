@@ -29,7 +29,7 @@ def _alias_fanout() -> str:
     "text", [f'{{"a": {HUGE_INT}}}', f"a: {HUGE_INT}\n", "a: 0x" + "f" * 5000 + "\n"], ids=["json", "yaml", "yaml-hex"]
 )
 def test_an_integer_too_long_to_convert_is_a_usage_error(text: str) -> None:
-    from coordinator.cli.state import parse_document
+    from coordinator.cli.documents import parse_document
 
     with pytest.raises(UsageError):
         parse_document(text, "bomb.yaml")
@@ -47,7 +47,7 @@ def test_an_integer_too_long_to_convert_is_a_usage_error(text: str) -> None:
     ids=["deep-flow-yaml", "deep-json-list", "deep-json-map", "alias-fanout", "many-keys"],
 )
 def test_bombs_are_refused_as_usage_errors(text: str) -> None:
-    from coordinator.cli.state import parse_document
+    from coordinator.cli.documents import parse_document
 
     with pytest.raises(UsageError):
         parse_document(text, "bomb.yaml")
@@ -67,7 +67,7 @@ def test_state_apply_of_a_huge_integer_exits_2_and_writes_nothing(dep3: Env, tmp
 
 
 def test_a_typed_value_too_long_to_convert_is_a_usage_error() -> None:
-    from coordinator.cli.state import parse_assignment
+    from coordinator.cli.documents import parse_assignment
 
     with pytest.raises(UsageError):
         parse_assignment("replicas:=" + HUGE_INT)
