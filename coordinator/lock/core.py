@@ -107,10 +107,10 @@ def recorded_membership(clusters: ClusterSet, deployment: DeploymentRecord) -> M
     """The member set ``deployment`` (a machine's record) names, by identity, as the
     leases and state objects store it (see coordinator/membership.py). Raises for a
     member this process does not know."""
-    joint = getattr(deployment, "joint", None)
+    joint = deployment.joint
     return Membership.of(
         (clusters.record(m).identity for m in deployment.clusters),
-        getattr(deployment, "epoch", 1),
+        deployment.epoch,
         [clusters.record(m).identity for m in joint] if joint else None,
     )
 
@@ -162,7 +162,7 @@ class EngineCore:
         self.dep = deployment
         self.name = lease_name(deployment.name)
         self.path = lease_path(deployment.namespace, self.name)
-        joint = list(getattr(deployment, "joint", None) or [])
+        joint = list(deployment.joint or [])
         # One group normally; the old and the new set while a member change is under way.
         self.majorities = quorum.Majorities([list(deployment.clusters), *([joint] if joint else [])])
         self.members = self.majorities.members

@@ -109,7 +109,7 @@ class Writes(Replicas):
         ``_token`` is for tests of fencing only: it skips the lease check and writes with
         the given token, as a holder whose lease was taken over in the meantime would.
         """
-        if getattr(self.dep, "joint", None):
+        if self.dep.joint:
             raise StateConflictError(
                 f"A member change of {self.dep.name!r} (to {', '.join(self.dep.joint or [])}) is in progress: "
                 "run the same `coordinator deployment ...-cluster` command again to finish it before writing "
