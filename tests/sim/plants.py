@@ -212,11 +212,41 @@ def _no_skew_margin(stack: ExitStack) -> None:
 
 
 def _sync_over_newer_promise(stack: ExitStack) -> None:
-    """`state sync` overwrites a corrupt replica that promised a newer write than the
-    newest readable one."""
+    """`state sync` as it was before 3fc3182: it chooses its value from the replicas that
+    answered, and overwrites every corrupt one with it, whatever stamp the corrupt one
+    names. Three guards stand in the way today, each enough alone: the refusal of a
+    corrupt replica naming a newer stamp (3fc3182), a majority of replicas that decode
+    (6cf4d04), and a corrupt member's replica taking the value as a write judged against
+    what it names (8345d4e); all three go, or no schedule reaches the bug."""
+    import contextvars
+
+    from coordinator.register import Kind
     from coordinator.state import sync
+    from coordinator.state.replicas import Replicas
+
+    syncing: contextvars.ContextVar[bool] = contextvars.ContextVar("syncing", default=False)
+    run_sync, need_decoded, cas = sync.Sync.sync, Replicas._need_decoded, Replicas._cas
+
+    async def old_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        mark = syncing.set(True)  # the fan-outs' tasks inherit it
+        try:
+            return await run_sync(self, *args, **kwargs)
+        finally:
+            syncing.reset(mark)
+
+    def decoded_or_not(self: Any, results: Any, what: str, *args: Any, **kwargs: Any) -> None:
+        if what != "sync":
+            need_decoded(self, results, what, *args, **kwargs)
+
+    async def overwrite(self: Any, rep: Any, stamp: Any, kind: Any, text: Any) -> Any:
+        if syncing.get() and kind is Kind.WRITE and rep.corrupt:
+            kind = Kind.OVERWRITE
+        return await cas(self, rep, stamp, kind, text)
 
     _set(stack, sync, "corrupt_promised_newer", lambda reps, corrupt, stamp: [])
+    _set(stack, sync.Sync, "sync", old_sync)
+    _set(stack, Replicas, "_need_decoded", decoded_or_not)
+    _set(stack, Replicas, "_cas", overwrite)
 
 
 def _no_fencing(stack: ExitStack) -> None:
@@ -307,7 +337,7 @@ _plant("no-skew-margin", "the lapse margin without --max-server-skew (HA servers
        _no_skew_margin, kinds=("delay",), server_skew=4.9)  # fmt: skip
 _plant("sync-over-promise", "`state sync` overwriting a newer promise", "3fc3182",
        _sync_over_newer_promise, kinds=("foreign-write", "cut-minority"),
-       fields=("coordinator.io/state-promise",))  # fmt: skip
+       fields=("coordinator.io/state-promise",), readers=3)  # fmt: skip
 _plant("no-fencing", "writers that do not fence (paired runs)", "cb56914",
        _no_fencing, kinds=("freeze-holder",))  # fmt: skip
 _plant("namespace-not-made", "a member change that does not make the namespace on a joining member", "f982f28",
