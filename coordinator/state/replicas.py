@@ -306,7 +306,9 @@ class Replicas:
     def _refuse_unreadable(self, results: Mapping[str, ClusterResult[Observed]], choice: Choice, what: str) -> None:
         """With no trusted replica, the state is empty only if a majority holds none at
         all: corrupt and suspect replicas are never taken as empty, any more than
-        unobservable ones are."""
+        unobservable ones are. While members that did not answer could still make that
+        majority, nothing is decided yet: exit 4, as for any read short of answers; exit
+        6 only once every member answered."""
         answered = _replicas(results)
         absent = [k for k, rep in answered.items() if rep.envelope is None and not rep.corrupt]
         absent = [k for k in absent if k not in choice.suspect]
@@ -319,15 +321,25 @@ class Replicas:
         # each, escaped, in a paragraph whose own lines are kept.
         why = [f"{k}: corrupt ({printable(r)})" for k, r in sorted(choice.corrupt.items())]
         why += [f"{k}: suspect ({printable(r)})" for k, r in sorted(choice.suspect.items())]
-        raise StateConflictError(
+        head = (
             f"Cannot {what} the state of {name!r}: no trusted replica was found and the ones on "
             f"{', '.join(sorted([*choice.corrupt, *choice.suspect]))} are corrupt or suspect ("
             + "; ".join(why)
-            + f"), so it is not known to be empty. Nothing was changed. `coordinator state diff {name}` "
-            f"shows every replica; `coordinator state sync {name} --from CLUSTER`, `coordinator state "
-            f"restore {name} -f BACKUP` or `coordinator state apply {name} -f FILE` (under the lock) "
-            "writes a whole valid state over them, saving the replicas it replaces to files first."
+            + "), so it is not known to be empty."
         )
+        recover = (
+            f"`coordinator state diff {name}` shows every replica; `coordinator state sync {name} --from CLUSTER`, "
+            f"`coordinator state restore {name} -f BACKUP` or `coordinator state apply {name} -f FILE` (under the "
+            "lock) writes a whole valid state over them, saving the replicas it replaces to files first."
+        )
+        unheard = sorted({*(k for k, r in results.items() if not r.ok), *(k for k in self.members if k not in results)})
+        if len(absent) + len(unheard) >= self.q:
+            raise NoQuorumError(
+                f"{head} {', '.join(unheard)} did not answer, and {'its' if len(unheard) == 1 else 'their'} "
+                "answer decides whether a majority holds no state. Nothing was changed. Retry when more "
+                f"clusters are reachable. If the corrupt ones stay so, {recover}"
+            )
+        raise StateConflictError(f"{head} Nothing was changed. {recover}")
 
     def _refuse_conflict(self, choice: Choice, what: str) -> None:
         if not choice.conflict:

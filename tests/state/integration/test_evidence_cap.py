@@ -386,3 +386,22 @@ def test_whatever_is_left_of_a_deployment_stops_its_create(dep3: Env, tmp_path: 
     assert made.returncode == 6, made.stdout + made.stderr
     b = dep3.cli("--config", other, "lock", "acquire", "web", "--holder", "B")
     assert b.returncode != 0, b.stdout + b.stderr
+
+
+def test_nothing_written_one_replica_corrupt_and_one_member_silent_is_no_quorum_not_a_conflict(dep3: Env) -> None:
+    """Nothing was ever written; another client writes c2's promise (c2 is corrupt); c1
+    does not answer. c3 holds no state, and c1's answer decides whether a majority holds
+    none (the state is empty) or c1 holds the newest write: a read cannot decide yet, which
+    is exit 4 ("retry when more clusters are reachable"), not the exit 6 that sends an
+    operator to repair replicas. Found by the simulator (seed 1022, foreign promise writes
+    and a cut minority). Once c1 answers, the state is known to be empty."""
+    _k(dep3, 2, "annotate", "--overwrite", "configmap", STATE, "coordinator.io/state-promise=5/1/x")
+    dep3.sandbox.pause(1)
+    try:
+        got = dep3.cli("-o", "json", "state", "get", "web")
+    finally:
+        dep3.sandbox.resume(1)
+    assert got.returncode == 4, (got.returncode, got.stderr)
+    assert "c1" in got.stderr and "not known to be empty" in got.stderr, got.stderr
+    heard = dep3.cli("-o", "json", "state", "get", "web")
+    assert heard.returncode == 0, heard.stderr
