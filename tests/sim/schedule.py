@@ -371,20 +371,23 @@ class Injector:
         return False
 
     def readable(self) -> bool:
-        """Whether the state objects that are corrupt (coordinator/register.py's decoding:
-        one that does not decode, or whose envelope or promise coordinator does not own)
-        leave a majority of the members. A majority of corrupt replicas stops every read
-        (exit 6) until a write replaces them (README, *The state register*): a foreign
-        write or strip that makes it is outside the fault model, as one that leaves the
-        member set unconfirmed is. Missing objects are no answer (exit 4), not counted."""
+        """Whether a majority of the members hold a state object that answers
+        (coordinator/register.py's ``Replica.answers``: it decodes, its envelope and promise
+        are coordinator's, and it is not an empty one made since the deployment was
+        created). The register keeps a confirmed write while a minority of its replicas
+        is lost (README, *The state register*): a deletion, foreign write or strip that
+        leaves fewer than a majority that answer is outside the fault model, as one that
+        leaves the member set unconfirmed is. Corrupt replicas stop every read (exit 6)
+        until a write replaces them; missing and later-made empty ones are no answer, and
+        deleting the state of a majority before a write repairs it loses what it held."""
         from coordinator.register import _decode
 
         members = self._engine().members
-        corrupt = 0
+        answering = 0
         for c in members:
             obj = self.sim.world.clusters[c].store.objects.get(self._key(self._state_path()))
-            corrupt += bool(_decode(c, obj, "configmap", deployment=DEPLOYMENT, from_file=False).corrupt)
-        return len(members) - corrupt >= quorum_size(len(members))
+            answering += _decode(c, obj, "configmap", deployment=DEPLOYMENT, from_file=False).answers
+        return answering >= quorum_size(len(members))
 
     def confirmed(self) -> bool:
         """Whether an acquisition that reads every member now finds that they confirm its
