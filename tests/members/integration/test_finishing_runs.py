@@ -244,7 +244,10 @@ def test_a_change_on_ha_members_with_one_api_server_each_stalled_and_skewed(ha: 
                 runs.append((run.returncode, run.stderr.strip().splitlines()[-1:] if run.stderr else []))
                 if run.returncode == 0:
                     break
-                assert run.returncode in (4, 3, 1), run.stderr
+                # 4: too few answers; 3: the lock is held (a stopped run's lease lives on);
+                # 6: the change's own lock was lost to renewals that hung (it says to run
+                # the command again). An internal error (1) is a bug.
+                assert run.returncode in (4, 3, 6), run.stderr
                 middle = acquire(stale, "s", "--ttl", "10s")
                 if middle.returncode == 0:
                     # (its release meets the stopped apiservers too: exit 4 until it lands)
