@@ -3,13 +3,14 @@
 #
 #   scripts/test.sh              # everything (unit + integration on real control planes)
 #   scripts/test.sh -k lock      # extra arguments go to pytest
-#   scripts/test.sh -n 0         # one process (the default is four workers, see below)
+#   scripts/test.sh -n 0         # one process (the default is three workers, see below)
 #
-# Four pytest workers (pytest-xdist) by default, COORDINATOR_TEST_WORKERS to change it: most
+# Three pytest workers (pytest-xdist) by default, COORDINATOR_TEST_WORKERS to change it: most
 # integration tests wait on real API servers (TTLs, timeouts, watches) rather than compute
 # (with two workers the two cores sat 65-85 % idle through the integration half), and each
-# worker starts sandboxes of its own (about 3 GB of kube-apiservers for four). Measured from
-# a fresh clone: two workers 31 min, four 20 min with a simulator running beside them.
+# worker starts sandboxes of its own (about 0.8 GB of kube-apiservers a worker). Measured
+# from a fresh clone: two workers 31 min; four 18 min, but with load peaks (load average
+# 12) in which tests that give an API server 3 s to answer failed now and then.
 # Work stealing: handed out in fixed shares, the last 20 minutes of a run went to one worker
 # while the other had finished.
 #
@@ -46,7 +47,7 @@ if [ "$#" -eq 0 ]; then
     echo "== pytest (unit, simulator, integration)"
 fi
 status=0
-"${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-4}" --dist worksteal \
+"${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-3}" --dist worksteal \
     --durations=30 "$@" || status=$?
 if [ "$#" -eq 0 ] && [ -n "${COORDINATOR_CHECK_PYTHONS:-}" ]; then
     echo "== the unit half on Python 3.12 and 3.13 (scripts/check-pythons.sh)"
