@@ -9,8 +9,8 @@
 # integration tests wait on real API servers (TTLs, timeouts, watches) rather than compute
 # (with two workers the two cores sat 65-85 % idle through the integration half), and each
 # worker starts sandboxes of its own (about 0.8 GB of kube-apiservers a worker). Measured
-# from a fresh clone: two workers 31 min; four 18 min, but with load peaks (load average
-# 12) in which tests that give an API server 3 s to answer failed now and then.
+# from a fresh clone: two workers 31 min, three 22 min; four 18 min, but with load peaks
+# (load average 12) in which tests that give an API server 3 s to answer failed now and then.
 # Work stealing: handed out in fixed shares, the last 20 minutes of a run went to one worker
 # while the other had finished.
 #
