@@ -373,7 +373,6 @@ class EngineCore:
         either a final result, or the body to write and the action to report. A write
         that loses the race (409) is never retried blindly: the lease is read again and
         decided again."""
-
         from coordinator import cas  # the write side: a command that only reads never needs it
 
         def step(view: LeaseView) -> cas.Put[tuple[dict[str, Any], str, str]] | cas.Keep[ClusterResult[ClusterLease]]:

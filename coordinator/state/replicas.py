@@ -243,6 +243,10 @@ class Replicas:
             stored[k] = found
         return check_membership(self.membership, stored, self.members)
 
+    def _unheard(self, results: Mapping[str, ClusterResult[Any]]) -> list[str]:
+        """The members that gave no answer: not asked, or failed (unreachable, refused)."""
+        return sorted(k for k in self.members if k not in results or not results[k].ok)
+
     def _need_quorum(self, results: Mapping[str, ClusterResult[Any]], what: str) -> None:
         seen = [k for k, r in results.items() if r.ok]
         if len(seen) < self.q:
@@ -332,7 +336,7 @@ class Replicas:
             f"`coordinator state restore {name} -f BACKUP` or `coordinator state apply {name} -f FILE` (under the "
             "lock) writes a whole valid state over them, saving the replicas it replaces to files first."
         )
-        unheard = sorted({*(k for k, r in results.items() if not r.ok), *(k for k in self.members if k not in results)})
+        unheard = self._unheard(results)
         if len(absent) + len(unheard) >= self.q:
             raise NoQuorumError(
                 f"{head} {', '.join(unheard)} did not answer, and {'its' if len(unheard) == 1 else 'their'} "

@@ -189,7 +189,7 @@ class Sync(Replicas):
             "winner": winner.cluster,
             "repaired": repaired,
             "failed": {k: f"{r.outcome}: {r.detail}" for k, r in fixed.items() if not r.ok},
-            "unreachable": sorted(k for k in self.members if k not in results or not results[k].ok),
+            "unreachable": self._unheard(results),
             "saved_corrupt": saved,
             "suspect": dict(choice.suspect),
             "holds_other": holds_other,

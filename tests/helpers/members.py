@@ -231,7 +231,6 @@ def connected_machine(env: Env, tmp_path: Path) -> Env:
                clusters=[f"c{i}" for i in range(1, env.sandbox.n + 1)])  # fmt: skip
 
 
-# What a patched CLI script runs after its patch: the command line, as `coordinator` would.
 # The environment of a command that SIGKILLs itself right after a member change stored
 # its joint set (tests/helpers/kill_after_joint/sitecustomize.py says where exactly).
 KILL_AFTER_JOINT = {
@@ -240,6 +239,7 @@ KILL_AFTER_JOINT = {
     )
 }
 
+# What a patched CLI script runs after its patch: the command line, as `coordinator` would.
 _CLI_MAIN = 'import sys\nsys.argv = ["coordinator", *sys.argv[1:]]\nfrom coordinator.cli import main\nmain()\n'
 
 
