@@ -68,7 +68,7 @@ run coordinator state history payments
 step "Pause eu-1's API server (it accepts connections but never answers)"
 run coordinator sandbox pause 1 --dir "${work}/sandbox"
 export COORDINATOR_HOLDER=carol   # as a CI job would: its own holder id
-run coordinator --timeout 2s lock acquire payments --ttl 60s
+run coordinator --timeout 2s lock acquire payments --ttl 10m
 run coordinator --timeout 2s state set payments replicas:=4
 run coordinator --timeout 2s lock status payments
 
