@@ -203,6 +203,18 @@ def _equal_token_taken(stack: ExitStack) -> None:
     _set(stack, acquire, "token_taken", only_higher)
 
 
+def _no_token_floor(stack: ExitStack) -> None:
+    """An acquisition that does not record its token on the state objects: the token of a
+    holder that writes no state lives on the leases alone, and deleting every lease forgets
+    it (the design limit that the token floor closes)."""
+    from coordinator.lock.floor import TokenFloor
+
+    async def nothing(self: Any, result: Any) -> None:
+        return None
+
+    _set(stack, TokenFloor, "_record_token_floor", nothing)
+
+
 def _no_skew_margin(stack: ExitStack) -> None:
     """The lapse margin leaves out --max-server-skew (API servers of one cluster that
     disagree on the time)."""
@@ -335,6 +347,8 @@ _plant("equal-token-taken", "an equal token not counted as taken (token_taken)",
        _equal_token_taken, kinds=("break-holder", "answer-loss", "delay"))  # fmt: skip
 _plant("no-skew-margin", "the lapse margin without --max-server-skew (HA servers' offsets)", "2a1829c",
        _no_skew_margin, kinds=("delay",), server_skew=4.9)  # fmt: skip
+_plant("no-token-floor", "an acquisition that does not record its token on the state objects", "fd4277a",
+       _no_token_floor, kinds=("delete-lease-all",))  # fmt: skip
 _plant("sync-over-promise", "`state sync` overwriting a newer promise", "3fc3182",
        _sync_over_newer_promise, kinds=("foreign-write", "cut-minority"),
        fields=("coordinator.io/state-promise",), readers=3)  # fmt: skip

@@ -27,6 +27,7 @@ import pytest
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.resources import configmaps_path, lease_path, leases_path, namespace_path, secrets_path
+from coordinator.lease import A_TOKEN, A_UID, LeaseView, manager_time
 from sim.apiserver import World
 from sim.targets import Target
 
@@ -414,6 +415,64 @@ def test_merge_strategic_and_json_patches(target: Target) -> None:
 
 
 # --------------------------------------------------------------------------- what the server checks
+
+
+def test_a_lease_as_the_lock_rules_read_it_after_other_clients_edits(target: Target) -> None:
+    """The stamps the lock rules read (``LeaseView.parse``) through other clients' edits:
+    an annotation under another field manager leaves coordinator's write time where it
+    was; a duration another manager set is not coordinator's until coordinator writes it
+    again; stripped managedFields leave no write time and no verified uid note, and the
+    lease's fingerprint (what local observation watches) does not change, and its holder
+    is one nobody can name (no writer on record); a copy created
+    again from the old object names the object it was copied from, not itself."""
+    ns = target.namespace
+    name = "lock"
+    path = lease_path(ns, name)
+
+    async def put(client: KubeClient, obj: JSON, manager: str | None = None) -> JSON:
+        query = {"fieldManager": manager} if manager else None
+        return (await client.request("PUT", path, body=obj, query=query)).body
+
+    async def body(client: KubeClient) -> None:
+        made = (await client.request("POST", leases_path(ns), body=lease(name, holderIdentity="alice/L1",
+                                                                         leaseDurationSeconds=30))).body  # fmt: skip
+        made["metadata"]["annotations"] = {A_TOKEN: "1", A_UID: made["metadata"]["uid"]}
+        taken = LeaseView.parse(await put(client, made))  # coordinator's own write (its user agent)
+        assert taken.verified and taken.token == 1 and taken.ttl_owned and taken.lock_id == "L1"
+        assert taken.own_write is not None
+        await anyio.sleep(1.1)  # server stamps have whole seconds: later edits get later ones
+        obj = taken.obj
+        obj["metadata"]["annotations"]["team"] = "payments"
+        edited = LeaseView.parse(await put(client, obj, "labeler"))
+        assert edited.own_write == taken.own_write and edited.fingerprint == taken.fingerprint
+        labeled = manager_time(edited.obj, "labeler")
+        assert labeled is not None and labeled > taken.own_write
+        obj = edited.obj
+        obj["spec"]["leaseDurationSeconds"] = 7
+        shortened = LeaseView.parse(await put(client, obj, "kubectl-edit"))
+        assert shortened.ttl_s == 7 and not shortened.ttl_owned and shortened.own_write == taken.own_write
+        obj = shortened.obj
+        obj["spec"]["leaseDurationSeconds"] = 30
+        obj["spec"]["renewTime"] = "2026-01-01T00:00:01.000000Z"
+        renewed = LeaseView.parse(await put(client, obj))
+        assert renewed.ttl_s == 30 and renewed.ttl_owned and renewed.own_write is not None
+        assert renewed.own_write >= labeled and renewed.verified
+        stripped = LeaseView.parse(
+            (await client.request("PATCH", path, body={"metadata": {"managedFields": [{}]}}, content_type=MERGE)).body
+        )
+        assert stripped.own_write is None and not stripped.ttl_owned and not stripped.verified
+        assert stripped.fingerprint == renewed.fingerprint
+        # nobody is on record as writing the holder field: a holder nobody can name, still blocking
+        assert stripped.lock_id is None and stripped.unknown_holder
+        await client.request("DELETE", path)
+        copy = {k: v for k, v in renewed.obj.items() if k != "status"}
+        copy["metadata"] = {k: v for k, v in renewed.obj["metadata"].items()
+                            if k in ("name", "annotations", "labels")}  # fmt: skip
+        again = LeaseView.parse((await client.request("POST", leases_path(ns), body=copy)).body)
+        assert again.uid != renewed.uid and again.uid_claim == renewed.uid and not again.verified
+        assert again.fingerprint != renewed.fingerprint  # a new object: a new sighting
+
+    target.run(body)
 
 
 def test_lease_times_are_micro_times_and_fields_are_typed(target: Target) -> None:

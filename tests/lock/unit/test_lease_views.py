@@ -408,6 +408,27 @@ def test_verified_blocking_and_fingerprint() -> None:
     assert view(uid="uid-2", uid_note="uid-2").fingerprint != lease.fingerprint
 
 
+def test_a_second_tombstone_with_the_same_floor_is_a_new_sighting() -> None:
+    """A lease deleted twice, each time recorded as a tombstone carrying the same token
+    floor: local observation of the second must not continue a sighting of the first (it
+    would be judged lapsed at once while the holder it stands for may still hold the lock).
+    The object's uid and the tombstone's own mark tell them apart, even stripped of every
+    managedFields entry (no write stamps left to compare)."""
+    first = view(holder=None, token="1", annotations={A_VANISHED: "2026-12-01T12:00:00Z"})
+    second = {A_VANISHED: "2026-12-01T12:01:10Z"}
+    again = view(holder=None, token="1", annotations=second, uid="uid-2", uid_note="uid-2")
+    assert first.blocking and again.blocking and not again.held
+    assert again.fingerprint != first.fingerprint
+    # either difference alone is a new sighting
+    same_uid = view(holder=None, token="1", annotations={A_VANISHED: "2026-12-01T12:01:10Z"})
+    same_mark = view(holder=None, token="1", annotations={A_VANISHED: "2026-12-01T12:00:00Z"}, uid="uid-2",
+                     uid_note="uid-2")  # fmt: skip
+    assert same_uid.fingerprint != first.fingerprint and same_mark.fingerprint != first.fingerprint
+    stripped = [view(holder=None, token="1", own_at=None, annotations=v.obj["metadata"]["annotations"], uid=v.uid,
+                     uid_note=v.uid) for v in (first, again)]  # fmt: skip
+    assert stripped[0].own_write is None and stripped[0].fingerprint != stripped[1].fingerprint
+
+
 def test_effective_ttl_method_is_the_rule_of_the_lease_it_is_called_on() -> None:
     own = view(ttl=30)
     assert own.effective_ttl(600) == effective_ttl(own, 600) == 30
