@@ -139,21 +139,26 @@ class Store:
         found = self._encoded.get(id(obj))
         return found[1] if found is not None and found[0] is obj else None
 
-    def _replace(self, key: Key, stored: JSON | None) -> JSON | None:
+    def _replace(self, key: Key, stored: JSON | None, encoded: bytes | None = None) -> JSON | None:
         prev = self.objects.pop(key, None)
         if prev is not None:
             del self._encoded[id(prev)]
         if stored is not None:
             self.objects[key] = stored
-            self._encoded[id(stored)] = (stored, json.dumps(stored).encode())
+            self._encoded[id(stored)] = (stored, json.dumps(stored).encode() if encoded is None else encoded)
         return prev
 
-    def put(self, key: Key, obj: JSON) -> JSON:
-        """Store a copy of ``obj`` under a new revision; return it as stored (not to be changed)."""
-        self.revision += 1
+    def put(self, key: Key, obj: JSON, *, check: Callable[[bytes], None] | None = None) -> JSON:
+        """Store a copy of ``obj`` under a new revision; return it as stored (not to be changed).
+        ``check`` is given the stored object's JSON first, and may refuse it by raising:
+        then nothing changes."""
         stored = clone(obj)
-        stored["metadata"]["resourceVersion"] = str(self.revision)
-        prev = self._replace(key, stored)
+        stored["metadata"]["resourceVersion"] = str(self.revision + 1)
+        encoded = json.dumps(stored).encode()
+        if check is not None:
+            check(encoded)
+        self.revision += 1
+        prev = self._replace(key, stored, encoded)
         self._record(Change(self.revision, "ADDED" if prev is None else "MODIFIED", key, stored, prev))
         return stored
 
