@@ -124,8 +124,12 @@ class Link:
             await trio.sleep(timeout + 1.0)  # the caller's deadline ends it first
         raise TransportError(f"cannot connect to {self.server}: connection refused (link cut)")
 
-    @asynccontextmanager
-    async def send(self, request: Request, *, timeout: float) -> AsyncIterator[_Reply]:
+    def send(self, request: Request, *, timeout: float) -> _Sending:
+        """The transport's send: an async context manager whose entry is the request's
+        way there and back (a class, not a generator: one is made for every request)."""
+        return _Sending(self, request, timeout)
+
+    async def _send(self, request: Request, timeout: float) -> _Reply:
         net = self.network
         net.requests += 1
         state = net.link(self.contender, self.cluster)
@@ -147,7 +151,7 @@ class Link:
                 raise TransportError(f"connection to {self.server} failed: Connection reset by peer")
         if scope.cancelled_caught and trio.current_time() >= scope.deadline:
             raise TimeoutError
-        yield _Reply(answer)
+        return _Reply(answer)
 
     @asynccontextmanager
     async def watch(self, request: Request, *, timeout: float, connect_timeout: float) -> AsyncIterator[_WatchReply]:
@@ -164,6 +168,21 @@ class Link:
         async with server.watch(request, timeout=timeout) as reply:
             reply.deadline = anyio.current_time() + timeout
             yield reply
+
+
+class _Sending:
+    __slots__ = ("link", "request", "timeout")
+
+    def __init__(self, link: Link, request: Request, timeout: float) -> None:
+        self.link = link
+        self.request = request
+        self.timeout = timeout
+
+    async def __aenter__(self) -> _Reply:
+        return await self.link._send(self.request, self.timeout)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
 
 
 async def _deliver_copy(server: object, request: Request, after: float) -> None:
