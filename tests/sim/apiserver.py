@@ -448,12 +448,22 @@ class _WatchReply:
             event = await self._watch.next()
         if scope.cancelled_caught:
             raise TransportError(f"watch on {self.server.url} broke: timed out")
-        return b"" if event is None else json.dumps(event).encode() + b"\n"
+        if event is None:
+            return b""
+        # An object stored now has its JSON made already: the event's JSON is that, in
+        # json.dumps's own frame (the same bytes json.dumps(event) gives).
+        obj = self.server.store.encoded(event["object"])
+        if obj is not None and tuple(event) == ("type", "object") and event["type"] in _EVENT_TYPES:
+            return b'{"type": "' + _EVENT_TYPES[event["type"]] + b'", "object": ' + obj + b"}\n"
+        return json.dumps(event).encode() + b"\n"
 
     def close(self) -> None:
         if self._watch is not None:
             self.server.store.watches.discard(self._watch)
             self._watch = None
+
+
+_EVENT_TYPES = {t: t.encode() for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")}
 
 
 class _Watch:
