@@ -55,6 +55,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, TypeAlias, assert_never
 
 from coordinator import cas, clock
@@ -250,13 +251,27 @@ def stored(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     raw = data.get(DATA_KEY) if isinstance(data, dict) else None
     if not isinstance(raw, str):
         return []
+    # Events are flat dicts of strings and numbers: a copy of each is the caller's own.
+    found = _stored_events(raw) if len(raw) <= _REMEMBERED_TEXT else _stored_events.__wrapped__(raw)
+    return [dict(e) for e in found]
+
+
+# Copies read again and again (every append reads the copy it merges into, and each
+# member's copy changes only when an event is added) are decoded and cleaned once per
+# text: the text is all the result depends on. Only texts of the size the bound keeps
+# them to are remembered, so that text from the clusters cannot make the cache large.
+_REMEMBERED_TEXT = 256 * 1024
+
+
+@lru_cache(maxsize=32)
+def _stored_events(raw: str) -> tuple[dict[str, Any], ...]:
     try:
         loaded = json.loads(raw)
     except (ValueError, RecursionError):  # garbage, or nested too deep to decode
-        return []
+        return ()
     if not isinstance(loaded, list):
-        return []
-    return [e for e in (clean(item) for item in loaded) if e is not None]
+        return ()
+    return tuple(e for e in (clean(item) for item in loaded) if e is not None)
 
 
 def _latest(now: datetime | None) -> datetime:

@@ -139,21 +139,26 @@ class Store:
         found = self._encoded.get(id(obj))
         return found[1] if found is not None and found[0] is obj else None
 
-    def _replace(self, key: Key, stored: JSON | None) -> JSON | None:
+    def _replace(self, key: Key, stored: JSON | None, encoded: bytes | None = None) -> JSON | None:
         prev = self.objects.pop(key, None)
         if prev is not None:
             del self._encoded[id(prev)]
         if stored is not None:
             self.objects[key] = stored
-            self._encoded[id(stored)] = (stored, json.dumps(stored).encode())
+            self._encoded[id(stored)] = (stored, json.dumps(stored).encode() if encoded is None else encoded)
         return prev
 
-    def put(self, key: Key, obj: JSON) -> JSON:
-        """Store a copy of ``obj`` under a new revision; return it as stored (not to be changed)."""
-        self.revision += 1
+    def put(self, key: Key, obj: JSON, *, check: Callable[[bytes], None] | None = None) -> JSON:
+        """Store a copy of ``obj`` under a new revision; return it as stored (not to be changed).
+        ``check`` is given the stored object's JSON first, and may refuse it by raising:
+        then nothing changes."""
         stored = clone(obj)
-        stored["metadata"]["resourceVersion"] = str(self.revision)
-        prev = self._replace(key, stored)
+        stored["metadata"]["resourceVersion"] = str(self.revision + 1)
+        encoded = json.dumps(stored).encode()
+        if check is not None:
+            check(encoded)
+        self.revision += 1
+        prev = self._replace(key, stored, encoded)
         self._record(Change(self.revision, "ADDED" if prev is None else "MODIFIED", key, stored, prev))
         return stored
 
@@ -443,12 +448,22 @@ class _WatchReply:
             event = await self._watch.next()
         if scope.cancelled_caught:
             raise TransportError(f"watch on {self.server.url} broke: timed out")
-        return b"" if event is None else json.dumps(event).encode() + b"\n"
+        if event is None:
+            return b""
+        # An object stored now has its JSON made already: the event's JSON is that, in
+        # json.dumps's own frame (the same bytes json.dumps(event) gives).
+        obj = self.server.store.encoded(event["object"])
+        if obj is not None and tuple(event) == ("type", "object") and event["type"] in _EVENT_TYPES:
+            return b'{"type": "' + _EVENT_TYPES[event["type"]] + b'", "object": ' + obj + b"}\n"
+        return json.dumps(event).encode() + b"\n"
 
     def close(self) -> None:
         if self._watch is not None:
             self.server.store.watches.discard(self._watch)
             self._watch = None
+
+
+_EVENT_TYPES = {t: t.encode() for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")}
 
 
 class _Watch:

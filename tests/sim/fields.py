@@ -250,16 +250,26 @@ def _remove(container: Any, path: Path) -> None:
 def encode(fields: Iterable[Path]) -> JSON:
     """A field set as fieldsV1: a tree of elements in order, ``"."`` (first) marking a
     member that also has members below it."""
-    members = set(fields)
+    # A trie of the paths (each node: its children, and whether it is a member itself),
+    # written out with every node's children in sorted order.
+    root: tuple[dict[str, Any], list[bool]] = ({}, [False])
+    for path in fields:
+        node = root
+        for element in path:
+            found = node[0].get(element)
+            if found is None:
+                found = node[0][element] = ({}, [False])
+            node = found
+        node[1][0] = True
 
-    def below(path: Path) -> JSON:
-        children = sorted({p[len(path)] for p in members if len(p) > len(path) and p[: len(path)] == path})
-        node: JSON = {".": {}} if children and path in members else {}
-        for element in children:
-            node[element] = below((*path, element))
-        return node
+    def write(node: tuple[dict[str, Any], list[bool]]) -> JSON:
+        children = node[0]
+        out: JSON = {".": {}} if children and node[1][0] else {}
+        for element in sorted(children):
+            out[element] = write(children[element])
+        return out
 
-    return below(())
+    return write(root)
 
 
 def decode(fields_v1: Any) -> FieldSet:

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
+import trio
 from anyio.abc import TaskGroup
 
 from coordinator.kube.kubeconfig import Endpoint
@@ -112,26 +113,33 @@ class Link:
     async def _leg(self, state: LinkState) -> None:
         """One way along the link: the delay, and a stop while the contender is frozen."""
         net = self.network
-        await anyio.sleep(net.rng.uniform(*net.latency) + (net.rng.uniform(0.0, state.delay) if state.delay else 0.0))
+        # trio's own sleep and cancel scopes, as anyio's trio backend calls them (the
+        # simulator runs on trio only), without anyio's dispatch on every request.
+        await trio.sleep(net.rng.uniform(*net.latency) + (net.rng.uniform(0.0, state.delay) if state.delay else 0.0))
         if self.contender in net.frozen:
             await net.until_thawed(self.contender)
 
     async def _blocked(self, state: LinkState, timeout: float) -> None:
         if state.hang:
-            await anyio.sleep(timeout + 1.0)  # the caller's deadline ends it first
+            await trio.sleep(timeout + 1.0)  # the caller's deadline ends it first
         raise TransportError(f"cannot connect to {self.server}: connection refused (link cut)")
 
-    @asynccontextmanager
-    async def send(self, request: Request, *, timeout: float) -> AsyncIterator[_Reply]:
+    def send(self, request: Request, *, timeout: float) -> _Sending:
+        """The transport's send: an async context manager whose entry is the request's
+        way there and back (a class, not a generator: one is made for every request)."""
+        return _Sending(self, request, timeout)
+
+    async def _send(self, request: Request, timeout: float) -> _Reply:
         net = self.network
         net.requests += 1
         state = net.link(self.contender, self.cluster)
-        with anyio.fail_after(timeout):
+        scope = trio.CancelScope(deadline=trio.current_time() + timeout)  # anyio.fail_after(timeout)
+        with scope:
             await self._leg(state)
             if state.cut:
                 await self._blocked(state, timeout)
             if state.loss and net.rng.random() < state.loss:
-                await anyio.sleep(timeout + 1.0)  # lost on the way there: no answer ever
+                await trio.sleep(timeout + 1.0)  # lost on the way there: no answer ever
             server = self.inner._pick()
             if state.duplicate and net.background is not None and net.rng.random() < state.duplicate:
                 later = net.rng.uniform(0.0, max(state.delay, 0.05))
@@ -141,7 +149,9 @@ class Link:
             await self._leg(net.link(self.contender, self.cluster))
             if lost or net.link(self.contender, self.cluster).cut:
                 raise TransportError(f"connection to {self.server} failed: Connection reset by peer")
-        yield _Reply(answer)
+        if scope.cancelled_caught and trio.current_time() >= scope.deadline:
+            raise TimeoutError
+        return _Reply(answer)
 
     @asynccontextmanager
     async def watch(self, request: Request, *, timeout: float, connect_timeout: float) -> AsyncIterator[_WatchReply]:
@@ -158,6 +168,21 @@ class Link:
         async with server.watch(request, timeout=timeout) as reply:
             reply.deadline = anyio.current_time() + timeout
             yield reply
+
+
+class _Sending:
+    __slots__ = ("link", "request", "timeout")
+
+    def __init__(self, link: Link, request: Request, timeout: float) -> None:
+        self.link = link
+        self.request = request
+        self.timeout = timeout
+
+    async def __aenter__(self) -> _Reply:
+        return await self.link._send(self.request, self.timeout)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
 
 
 async def _deliver_copy(server: object, request: Request, after: float) -> None:

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from sim.fields import SCHEMAS, Struct
@@ -155,7 +156,12 @@ def invalid(kind: Kind, name: str, field: str, cause: str, message: str) -> ApiE
 
 def server_time(when: datetime) -> str:
     """A metav1.Time as the server writes it: UTC, whole seconds (truncated)."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _server_time(when.replace(microsecond=0))  # a second's writes share one text
+
+
+@lru_cache(maxsize=64)
+def _server_time(second: datetime) -> str:
+    return second.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _MICRO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")

@@ -432,7 +432,9 @@ class Injector:
             from coordinator.clusters import ClusterSet
             from coordinator.lock.engine import LockEngine
 
-            self._judge = LockEngine(ClusterSet(cfg, timeout=1.0), record)
+            # It sends nothing; the world's transports spare it the HTTPS client's imports.
+            clusters = ClusterSet(cfg, timeout=1.0, transport_factory=self.sim.world.transport_factory)
+            self._judge = LockEngine(clusters, record)
         return self._judge
 
     def _restore(self, fault: Fault, rng: random.Random) -> Any:
