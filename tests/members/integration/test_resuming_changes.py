@@ -74,7 +74,9 @@ def _interrupted_removal_then_moved_on(
     if c3_down_while_finishing:
         env.sandbox.pause(3)
     try:
-        succeeded(b.cli("--timeout", "2s", "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "30s"))
+        # c3 costs this command one request timeout; c1 and c2 must answer within it, so it
+        # is not the suite's 3 s (or less), which a loaded machine's API servers miss.
+        succeeded(b.cli("--timeout", "10s", "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "30s"))
     finally:
         if c3_down_while_finishing:
             env.sandbox.resume(3)
@@ -93,7 +95,9 @@ def _hold_with_lock_run(env: Env, tmp_path: Path, assignment: str) -> subprocess
         f'{sys.executable} -m coordinator state set {DEP} {assignment} --lock-id "$COORDINATOR_LOCK_ID" '
         f"&& echo $COORDINATOR_FENCING_TOKEN > {mark} && sleep 300"
     )
-    proc = env.popen("lock", "run", DEP, "--ttl", "8s", "--holder", "b", "--wait", "30s", "--", "sh", "-c", step,
+    # A TTL far longer than a renewal can take on a loaded machine: the run must still hold
+    # when the test looks (it is stopped with _stop, which releases the lock).
+    proc = env.popen("lock", "run", DEP, "--ttl", "60s", "--holder", "b", "--wait", "30s", "--", "sh", "-c", step,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.monotonic() + 60
     while not (mark.exists() and mark.read_text().strip()):
