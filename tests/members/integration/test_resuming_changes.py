@@ -95,9 +95,9 @@ def _hold_with_lock_run(env: Env, tmp_path: Path, assignment: str) -> subprocess
         f'{sys.executable} -m coordinator state set {DEP} {assignment} --lock-id "$COORDINATOR_LOCK_ID" '
         f"&& echo $COORDINATOR_FENCING_TOKEN > {mark} && sleep 300"
     )
-    # A TTL far longer than a renewal can take on a loaded machine: the run must still hold
-    # when the test looks (it is stopped with _stop, which releases the lock).
-    proc = env.popen("lock", "run", DEP, "--ttl", "60s", "--holder", "b", "--wait", "30s", "--", "sh", "-c", step,
+    # The deployment's maximum TTL (10 s; 8 s before): each renewal has ~4 s, not ~3.5 s, to
+    # reach a majority on a loaded machine. The run must still hold when the test looks.
+    proc = env.popen("lock", "run", DEP, "--ttl", "10s", "--holder", "b", "--wait", "30s", "--", "sh", "-c", step,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.monotonic() + 60
     while not (mark.exists() and mark.read_text().strip()):
