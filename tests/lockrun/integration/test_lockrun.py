@@ -209,15 +209,15 @@ def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree, tmp_path: Path) -
     # A 12 s TTL (the run renews with the lease's own): each renewal has ~5 s to reach a
     # majority, which a loaded machine's API servers make (with 6 s it was ~2.5 s).
     ttl = 12
-    before = time.monotonic()
     taken = json_of(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", f"{ttl}s"))
     lock_id = taken["lock_id"]
     refused = dep3.cli("lock", "run", "web", "--holder", "alice", "--", "true")
     assert refused.returncode == 3
     assert f"--lock-id {lock_id}" in refused.stderr, refused.stderr
-    # Renewed while the child runs (until two renewals were seen and longer than the TTL:
-    # a condition, not a sleep), and still held afterwards.
+    # Renewed while the child runs (until two renewals were seen, and past the validity the
+    # run started with: a condition, not a sleep), and still held afterwards.
     go = tmp_path / "go"
+    started = tmp_path / "started"
     run = dep3.popen(
         "lock",
         "run",
@@ -229,14 +229,22 @@ def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree, tmp_path: Path) -
         "--",
         "sh",
         "-c",
-        'test "$COORDINATOR_LOCK_ID" = "$0" && while [ ! -e "$1" ]; do sleep 0.1; done',
+        'test "$COORDINATOR_LOCK_ID" = "$0" && touch "$2" && while [ ! -e "$1" ]; do sleep 0.1; done',
         lock_id,
         str(go),
+        str(started),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
-        wait_renewed(dep3, lock_id, 2, not_before=before + ttl)
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert run.poll() is None and time.monotonic() < deadline, run.returncode
+            time.sleep(0.1)
+        # The run renewed the lock before it started the child; the validity it got then
+        # ends, less the lead at which a loss is declared (a third of the TTL here), before
+        # this: a run that kept counting on it would have lost the lock by then.
+        wait_renewed(dep3, lock_id, 2, not_before=time.monotonic() + ttl - ttl / 3)
         go.touch()
         _, err = run.communicate(timeout=60)
     finally:
