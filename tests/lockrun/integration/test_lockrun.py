@@ -71,7 +71,7 @@ def test_sigint_stops_even_what_ignores_it(dep3: Any, tree: Tree) -> None:
 def test_lost_lock_stops_the_tree_and_exits_7(dep3: Any, tree: Tree) -> None:
     # The loss is the test's doing (two of three members paused), not the machine's: a 12 s
     # TTL leaves each renewal before the pause ~4 s to reach a majority (with 6 s it was
-    # ~2 s, which a loaded machine missed, losing the lock before the test looked).
+    # ~2 s, which a loaded machine can miss, losing the lock before the test looks).
     proc = start_run(dep3, tree, "--ttl", "12s", "--grace", "5s")
     tree.follow()
     dep3.sandbox.pause(1)
@@ -189,7 +189,7 @@ def test_renewed_for_as_long_as_the_child_runs_and_leftovers_stopped(dep3: Any, 
     # lock was taken with (a run that renewed the leases but kept counting on its first
     # validity would have declared the lock lost by then), then exits 0 leaving its
     # grandchild behind. A 12 s TTL leaves each renewal ~5 s to reach a majority, which a
-    # loaded machine's API servers make (with 6 s it was ~2.5 s, and renewals missed it).
+    # loaded machine's API servers make (with 6 s it was ~2.5 s, which they can miss).
     ttl, grace = 12, 3
     go = tmp_path / "go"
     proc = start_run(dep3, tree, "--ttl", f"{ttl}s", "--grace", f"{grace}s",
@@ -207,7 +207,8 @@ def test_renewed_for_as_long_as_the_child_runs_and_leftovers_stopped(dep3: Any, 
 
 def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree, tmp_path: Path) -> None:
     # A 12 s TTL (the run renews with the lease's own): each renewal has ~5 s to reach a
-    # majority, which a loaded machine's API servers make (with 6 s it was ~2.5 s).
+    # majority, which a loaded machine's API servers make (with 6 s it was ~2.5 s, which they
+    # can miss).
     ttl = 12
     taken = json_of(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", f"{ttl}s"))
     lock_id = taken["lock_id"]

@@ -92,7 +92,7 @@ def test_a_stale_release_does_not_put_the_old_set_back_over_an_edited_newer_one(
     Runner 1's release must not write its old set (epoch 1) back there: with c1 down, the
     old record and the new one would hold {c2,c3} and {c4,c5} at once."""
     # Until c1 is paused every command waits for every member (COMMIT_EVERYWHERE): on a
-    # loaded machine the suite's 3 s failed the set-up (exit 4), could leave a removed
+    # loaded machine the suite's 3 s can fail the set-up (exit 4), leave a removed
     # member without the set the edits are about, or let runner 1's release give up on
     # c2 and c3 before writing there, which is what the test watches.
     pay(dep5, "c1", "c2", "c3", environ=COMMIT_EVERYWHERE)
