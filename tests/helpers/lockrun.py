@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from coordinator.lease import lock_id_of
+from helpers.web import lease
+
 # The environment variable that marks every process of a child's tree.
 MARK_VAR = "LOCKRUN_TEST_MARK"
 
@@ -194,8 +197,8 @@ def _acquired_at(env: Any, lock_id: str) -> float:
     return min(datetime.fromisoformat(r["acquired_at"]).timestamp() for r in rows)
 
 
-def start_contender(env: Any, wait: str = "60s") -> subprocess.Popen[str]:
-    """Start `lock acquire web --wait` as holder `next` (stdout and stderr piped)."""
+def start_contender(env: Any, wait: str = "60s", *extra: str) -> subprocess.Popen[str]:
+    """Start `lock acquire web --wait` as holder `next` (stdout and stderr piped), with ``extra`` options."""
     started: subprocess.Popen[str] = env.popen(
         "-o",
         "json",
@@ -208,10 +211,30 @@ def start_contender(env: Any, wait: str = "60s") -> subprocess.Popen[str]:
         "30s",
         "--wait",
         wait,
+        *extra,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     return started
+
+
+def wait_renewed(env: Any, lock_id: str, times: int, *, not_before: float = 0.0, timeout: float = 90) -> None:
+    """Wait until a majority of `web`'s leases show ``times`` renewals of ``lock_id`` (new
+    ``renewTime`` values under it, counted from the first one seen), and until
+    ``time.monotonic()`` is past ``not_before``. A condition rather than a sleep: a child
+    that runs until then has outlived what it must, however slow the machine."""
+    seen: dict[int, set[str]] = {1: set(), 2: set(), 3: set()}
+    deadline = time.monotonic() + timeout
+    while True:
+        for i, times_seen in seen.items():
+            spec = (lease(env, i) or {}).get("spec") or {}
+            if lock_id_of(spec.get("holderIdentity")) == lock_id and spec.get("renewTime"):
+                times_seen.add(spec["renewTime"])
+        renewals = sorted((len(s) - 1 for s in seen.values()), reverse=True)[1]  # on two of three
+        if renewals >= times and time.monotonic() > not_before:
+            return
+        assert time.monotonic() < deadline, f"{lock_id} was renewed {renewals} of {times} times: {seen}"
+        time.sleep(0.3)
 
 
 def took_after_tree(env: Any, tree: Tree, contender: subprocess.Popen[str], timeout: float = 90) -> None:

@@ -90,15 +90,18 @@ def record(env: Env) -> Any:
     return ConfigStore(env.config).load().deployments[DEP]
 
 
-def pay(env: Env, *members: str, max_ttl: str | None = None) -> None:
-    """Deployment `pay` on ``members``, with release=1.2.0 written on all of them."""
+def pay(env: Env, *members: str, max_ttl: str | None = None, environ: dict[str, str] | None = None) -> None:
+    """Deployment `pay` on ``members``, with release=1.2.0 written on all of them
+    (``environ``: more environment for every command, e.g. a longer request timeout)."""
     args = [a for m in members for a in ("--cluster", m)]
     if max_ttl:
         args += ["--max-ttl", max_ttl]
-    succeeded(env.cli("deployment", "create", DEP, "-n", env.namespace, *args))
-    lock = json_doc(succeeded(env.cli("-o", "json", "lock", "acquire", DEP, "--holder", "w", "--ttl", "30s")))
-    succeeded(env.cli("state", "set", DEP, "release=1.2.0", "--lock-id", lock["lock_id"]))
-    succeeded(env.cli("lock", "release", DEP, "--holder", "w"))
+    succeeded(env.cli("deployment", "create", DEP, "-n", env.namespace, *args, env=environ))
+    lock = json_doc(
+        succeeded(env.cli("-o", "json", "lock", "acquire", DEP, "--holder", "w", "--ttl", "30s", env=environ))
+    )
+    succeeded(env.cli("state", "set", DEP, "release=1.2.0", "--lock-id", lock["lock_id"], env=environ))
+    succeeded(env.cli("lock", "release", DEP, "--holder", "w", env=environ))
 
 
 def acquire(env: Env, holder: str, *extra: str) -> subprocess.CompletedProcess[str]:

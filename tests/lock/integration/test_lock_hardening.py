@@ -96,39 +96,47 @@ def test_a_stripped_lease_of_a_gone_holder_is_taken_only_by_a_long_enough_wait(s
 
 
 def test_edits_by_another_client_do_not_keep_a_dead_holders_lock_alive(dep3: Env) -> None:
-    a = acquire(dep3, "alice", "--ttl", "5s")  # alice never renews: as if she died
+    # alice takes the lock and never renews (as if she died); another client keeps
+    # annotating every lease, one thread a member. Those edits must not count as her
+    # writes: bob takes the lock once her TTL has passed. The test holds only if the edits
+    # were frequent enough that, counted as her writes, they would have kept her lease
+    # alive: no TTL passes on any member without one (checked at the end, on the times of
+    # the edits rather than on how many a busy machine managed to make).
+    ttl = 8.0  # room for the early look below on a loaded machine; bob waits for it all the same
+    a = acquire(dep3, "alice", "--ttl", f"{ttl:.0f}s")
     assert a.returncode == 0, a.stderr
+    taken = time.monotonic()
     stop = threading.Event()
-    edits = [0]
+    edited: dict[int, list[float]] = {1: [], 2: [], 3: []}
 
-    def labeler() -> None:
+    def labeler(i: int) -> None:
         while not stop.is_set():
-            for i in (1, 2, 3):
-                kubectl(
-                    dep3,
-                    i,
-                    "annotate",
-                    "--overwrite",
-                    "--field-manager=labeler",
-                    "lease",
-                    LEASE,
-                    f"team.example.com/seen={edits[0]}",
-                )
-            edits[0] += 1
+            kubectl(dep3, i, "annotate", "--overwrite", "--field-manager=labeler", "lease", LEASE,
+                    f"team.example.com/seen={len(edited[i])}")  # fmt: skip
+            edited[i].append(time.monotonic())
             stop.wait(0.5)
 
-    thread = threading.Thread(target=labeler, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=labeler, args=(i,), daemon=True) for i in edited]
+    for thread in threads:
+        thread.start()
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 30
+        while not all(edited.values()):  # every lease edited before bob's first look
+            assert time.monotonic() < deadline and all(t.is_alive() for t in threads), edited
+            time.sleep(0.05)
         early = acquire(dep3, "bob", "--max-server-skew", "0s")
         assert early.returncode == 3, early.stderr  # alice's lease is still live
         b = acquire(dep3, "bob", "--max-server-skew", "0s", "--wait", "30s")
         assert b.returncode == 0, b.stderr
+        done = time.monotonic()
     finally:
         stop.set()
-        thread.join(timeout=30)
-    assert edits[0] >= 5  # the edits went on all along
+        for thread in threads:
+            thread.join(timeout=30)
+    # The edits went on all along, from alice's take until bob had the lock.
+    for i, times in edited.items():
+        gaps = [later - earlier for earlier, later in zip([taken, *times], [*times, done], strict=True)]
+        assert max(gaps) < ttl, f"c{i} went {max(gaps):.1f}s without an edit: {gaps}"
     assert doc(b)["fencing_token"] > doc(a)["fencing_token"]
 
 

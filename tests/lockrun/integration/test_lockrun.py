@@ -29,6 +29,7 @@ from helpers.lockrun import (
     start_contender,
     start_run,
     took_after_tree,
+    wait_renewed,
     watchdogs,
 )
 from helpers.lockrun import tree as tree  # the fixture
@@ -68,7 +69,10 @@ def test_sigint_stops_even_what_ignores_it(dep3: Any, tree: Tree) -> None:
 
 
 def test_lost_lock_stops_the_tree_and_exits_7(dep3: Any, tree: Tree) -> None:
-    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "5s")
+    # The loss is the test's doing (two of three members paused), not the machine's: a 12 s
+    # TTL leaves each renewal before the pause ~4 s to reach a majority (with 6 s it was
+    # ~2 s, which a loaded machine can miss, losing the lock before the test looks).
+    proc = start_run(dep3, tree, "--ttl", "12s", "--grace", "5s")
     tree.follow()
     dep3.sandbox.pause(1)
     dep3.sandbox.pause(2)
@@ -78,7 +82,9 @@ def test_lost_lock_stops_the_tree_and_exits_7(dep3: Any, tree: Tree) -> None:
     assert "LOCK LOST on web" in err and "lost the lock on web" in err and "stopped the child (SIGTERM)" in err, err
     dep3.sandbox.resume(1)
     dep3.sandbox.resume(2)
-    took_after_tree(dep3, tree, start_contender(dep3))
+    # No server skew allowed: the contender takes the lock as early as the lapse allows,
+    # which is when a tree outliving the lock would show.
+    took_after_tree(dep3, tree, start_contender(dep3, "60s", "--max-server-skew", "0s"))
 
 
 def test_break_by_another_holder_stops_the_tree_and_exits_7(dep3: Any, tree: Tree) -> None:
@@ -178,9 +184,20 @@ def test_exit_codes_like_env(dep3: Any, tmp_path: Path) -> None:
     assert lock_status(dep3)["holder"] is None
 
 
-def test_renewed_for_as_long_as_the_child_runs_and_leftovers_stopped(dep3: Any, tree: Tree) -> None:
-    # The child outlives two TTLs, then exits 0 leaving its grandchild behind.
-    proc = start_run(dep3, tree, "--ttl", "6s", "--grace", "3s", then="sleep 14; exit 0")
+def test_renewed_for_as_long_as_the_child_runs_and_leftovers_stopped(dep3: Any, tree: Tree, tmp_path: Path) -> None:
+    # The child runs until the leases were renewed twice and past the end of the validity the
+    # lock was taken with (a run that renewed the leases but kept counting on its first
+    # validity would have declared the lock lost by then), then exits 0 leaving its
+    # grandchild behind. A 12 s TTL leaves each renewal ~5 s to reach a majority, which a
+    # loaded machine's API servers make (with 6 s it was ~2.5 s, which they can miss).
+    ttl, grace = 12, 3
+    go = tmp_path / "go"
+    proc = start_run(dep3, tree, "--ttl", f"{ttl}s", "--grace", f"{grace}s",
+                     then=f"while [ ! -e {go} ]; do sleep 0.1; done; exit 0")  # fmt: skip
+    # The lock was taken before start_run returned; its validity, less the lead of a grace
+    # (at most a third of the TTL) at which a loss is declared, ends before this.
+    wait_renewed(dep3, lock_status(dep3)["lock_id"], 2, not_before=time.monotonic() + ttl - min(grace, ttl / 3))
+    go.touch()
     code, err = finish_run(proc)
     assert code == 0, err
     tree.assert_gone()
@@ -188,14 +205,21 @@ def test_renewed_for_as_long_as_the_child_runs_and_leftovers_stopped(dep3: Any, 
     assert lock_status(dep3)["holder"] is None
 
 
-def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree) -> None:
-    taken = json_of(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", "6s"))
+def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree, tmp_path: Path) -> None:
+    # A 12 s TTL (the run renews with the lease's own): each renewal has ~5 s to reach a
+    # majority, which a loaded machine's API servers make (with 6 s it was ~2.5 s, which they
+    # can miss).
+    ttl = 12
+    taken = json_of(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", f"{ttl}s"))
     lock_id = taken["lock_id"]
     refused = dep3.cli("lock", "run", "web", "--holder", "alice", "--", "true")
     assert refused.returncode == 3
     assert f"--lock-id {lock_id}" in refused.stderr, refused.stderr
-    # Renewed while the child runs (longer than the TTL), and still held afterwards.
-    proc = dep3.cli(
+    # Renewed while the child runs (until two renewals were seen, and past the validity the
+    # run started with: a condition, not a sleep), and still held afterwards.
+    go = tmp_path / "go"
+    started = tmp_path / "started"
+    run = dep3.popen(
         "lock",
         "run",
         "web",
@@ -206,11 +230,30 @@ def test_runs_under_a_lock_taken_before(dep3: Any, tree: Tree) -> None:
         "--",
         "sh",
         "-c",
-        'test "$COORDINATOR_LOCK_ID" = "$0" && sleep 8',
+        'test "$COORDINATOR_LOCK_ID" = "$0" && touch "$2" && while [ ! -e "$1" ]; do sleep 0.1; done',
         lock_id,
+        str(go),
+        str(started),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    assert proc.returncode == 0, proc.stderr
-    assert f"lock {lock_id} of web stays held" in proc.stderr, proc.stderr
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert run.poll() is None and time.monotonic() < deadline, run.returncode
+            time.sleep(0.1)
+        # The run renewed the lock before it started the child; the validity it got then
+        # ends, less the lead at which a loss is declared (a third of the TTL here), before
+        # this: a run that kept counting on it would have lost the lock by then.
+        wait_renewed(dep3, lock_id, 2, not_before=time.monotonic() + ttl - ttl / 3)
+        go.touch()
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, err
+    assert f"lock {lock_id} of web stays held" in err, err
     st = lock_status(dep3)
     assert st["lock_id"] == lock_id and st["held_by_majority"], st
     # The same through the environment, and released this time.

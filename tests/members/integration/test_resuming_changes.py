@@ -74,7 +74,10 @@ def _interrupted_removal_then_moved_on(
     if c3_down_while_finishing:
         env.sandbox.pause(3)
     try:
-        succeeded(b.cli("--timeout", "2s", "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "30s"))
+        # The paused c3 costs this command a request timeout at each of its steps (about
+        # four: 2 s made it 20 s long, 10 s 52 s, on a loaded machine), and c1 and c2 must
+        # answer within it: 2 s, which a loaded machine's API servers missed, is 5 s.
+        succeeded(b.cli("--timeout", "5s", "deployment", "remove-cluster", DEP, "c3", "--ttl", "10s", "--wait", "30s"))
     finally:
         if c3_down_while_finishing:
             env.sandbox.resume(3)
@@ -93,7 +96,9 @@ def _hold_with_lock_run(env: Env, tmp_path: Path, assignment: str) -> subprocess
         f'{sys.executable} -m coordinator state set {DEP} {assignment} --lock-id "$COORDINATOR_LOCK_ID" '
         f"&& echo $COORDINATOR_FENCING_TOKEN > {mark} && sleep 300"
     )
-    proc = env.popen("lock", "run", DEP, "--ttl", "8s", "--holder", "b", "--wait", "30s", "--", "sh", "-c", step,
+    # The deployment's maximum TTL (10 s; 8 s before): each renewal has ~4 s, not ~3.5 s, to
+    # reach a majority on a loaded machine. The run must still hold when the test looks.
+    proc = env.popen("lock", "run", DEP, "--ttl", "10s", "--holder", "b", "--wait", "30s", "--", "sh", "-c", step,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.monotonic() + 60
     while not (mark.exists() and mark.read_text().strip()):
