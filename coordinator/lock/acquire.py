@@ -9,7 +9,7 @@ import anyio
 
 from coordinator import cas, clock, history
 from coordinator.clusters import failed
-from coordinator.errors import IdentityMismatchError, LockHeldError, NoQuorumError
+from coordinator.errors import CoordinatorError, IdentityMismatchError, LockHeldError, NoQuorumError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -125,7 +125,63 @@ class Acquire(TokenFloor, Turns):
                 lapsed=lapsed,
             )
         )
+        await self._confirm_take(result)
         return result
+
+    async def _confirm_take(self, result: AcquireResult) -> None:
+        """Read the leases again once the acquisition has won, and count it only if a
+        majority of every set still carries its lock id. An attempt's takes are spread
+        over time: a `lock break` (or another client) may clear a lease it took before its
+        last take lands, and the attempt would count that lease while another contender
+        takes it; the first renewal would find out, after both had entered. A break or an
+        edit after this read is one of a held lock, which the holder's renewals report."""
+        lock_id = result.lock_id
+
+        async def one(cluster: str) -> ClusterResult[LeaseView]:
+            try:
+                return ClusterResult(cluster, Outcome.OK, await self._read(cluster))
+            except KubeError as err:
+                return failed(cluster, err)  # type: ignore[return-value]
+
+        def ours(results: Mapping[str, ClusterResult[LeaseView]]) -> list[str]:
+            return [k for k, r in results.items() if r.ok and r.value is not None and r.value.lock_id == lock_id]
+
+        results = await fan_out(
+            self.members,
+            one,
+            timeout=self.timeout,
+            until=lambda rs: self.majorities.reached(ours(rs)),
+            silent=self.clusters.silent,
+        )
+        if self.majorities.reached(ours(results)):
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.release(lock_id)
+                undone = "The leases it still held were released."
+            except CoordinatorError as err:
+                undone = f"Releasing the leases it still held failed too ({err}); they expire after their TTL."
+        found = []
+        others = False
+        for name, r in sorted(results.items()):
+            view = r.value if r.ok else None
+            if view is None:
+                found.append(f"{name}: {r.detail or r.outcome}")
+            elif view.lock_id == lock_id:
+                found.append(f"{name}: still ours")
+            elif view.lock_id is not None:
+                others = True
+                found.append(f"{name}: held by lock {view.lock_id}")
+            elif view.broken_for(lock_id):
+                found.append(f"{name}: cleared by a break")
+            else:
+                found.append(f"{name}: no longer ours")
+        why = (
+            f"Took the leases of {self.dep.name!r} with fencing token {result.fencing_token}, but when the "
+            f"acquisition finished a majority no longer carried its lock id ({'; '.join(found)}): a `lock break` "
+            f"or another client changed them while it was under way. {undone} The lock is not taken; retry."
+        )
+        raise (LockHeldError if others else NoQuorumError)(why, payload=result)
 
     def _mismatch(self, result: AcquireResult) -> bool:
         return any(r.outcome is Outcome.IDENTITY_MISMATCH for r in result.results.values())

@@ -44,7 +44,8 @@ class Rule:
     """What the webhook does with the admission requests ``match`` selects: hold, throttle or deny."""
 
     match: Callable[[Request], bool]
-    hold_s: float = 0.0
+    hold_s: float = 0.0  # with ``release``: the longest it waits for it
+    release: threading.Event | None = None  # hold until the test sets it
     throttle_s: int | None = None  # deny with 429 and this Retry-After
     deny: str | None = None  # deny with 403 and this message
     times: int | None = None  # None: every matching request
@@ -113,7 +114,9 @@ class Webhook:
                     break
         if chosen is None:
             return {"allowed": True}
-        if chosen.hold_s:
+        if chosen.release is not None:
+            chosen.release.wait(timeout=chosen.hold_s or 60)
+        elif chosen.hold_s:
             time.sleep(chosen.hold_s)
         if chosen.deny is not None:
             return {"allowed": False, "status": {"code": 403, "reason": "Forbidden", "message": chosen.deny}}

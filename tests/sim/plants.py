@@ -215,6 +215,17 @@ def _no_token_floor(stack: ExitStack) -> None:
     _set(stack, TokenFloor, "_record_token_floor", nothing)
 
 
+def _unconfirmed_take(stack: ExitStack) -> None:
+    """An acquisition that counts the leases it took without reading them again: a break
+    that cleared one of them before the last take landed goes unseen."""
+    from coordinator.lock.acquire import Acquire
+
+    async def trusted(self: Any, result: Any) -> None:
+        return None
+
+    _set(stack, Acquire, "_confirm_take", trusted)
+
+
 def _no_skew_margin(stack: ExitStack) -> None:
     """The lapse margin leaves out --max-server-skew (API servers of one cluster that
     disagree on the time)."""
@@ -349,6 +360,8 @@ _plant("no-skew-margin", "the lapse margin without --max-server-skew (HA servers
        _no_skew_margin, kinds=("delay",), server_skew=4.9)  # fmt: skip
 _plant("no-token-floor", "an acquisition that does not record its token on the state objects", "fd4277a",
        _no_token_floor, kinds=("delete-lease-all",))  # fmt: skip
+_plant("unconfirmed-take", "an acquisition that counts its takes without reading them again", "HEAD",
+       _unconfirmed_take, kinds=("break-holder",))  # fmt: skip
 _plant("sync-over-promise", "`state sync` overwriting a newer promise", "3fc3182",
        _sync_over_newer_promise, kinds=("foreign-write", "cut-minority"),
        fields=("coordinator.io/state-promise",), readers=3)  # fmt: skip
