@@ -360,7 +360,7 @@ _plant("no-skew-margin", "the lapse margin without --max-server-skew (HA servers
        _no_skew_margin, kinds=("delay",), server_skew=4.9)  # fmt: skip
 _plant("no-token-floor", "an acquisition that does not record its token on the state objects", "fd4277a",
        _no_token_floor, kinds=("delete-lease-all",))  # fmt: skip
-_plant("unconfirmed-take", "an acquisition that counts its takes without reading them again", "HEAD",
+_plant("unconfirmed-take", "an acquisition that counts its takes without reading them again", "142a105",
        _unconfirmed_take, kinds=("break-holder",))  # fmt: skip
 _plant("sync-over-promise", "`state sync` overwriting a newer promise", "3fc3182",
        _sync_over_newer_promise, kinds=("foreign-write", "cut-minority"),
