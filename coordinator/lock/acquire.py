@@ -10,6 +10,7 @@ import anyio
 from coordinator import cas, clock, history
 from coordinator.clusters import failed
 from coordinator.errors import CoordinatorError, IdentityMismatchError, LockHeldError, NoQuorumError
+from coordinator.evidence import Writer
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -143,8 +144,25 @@ class Acquire(TokenFloor, Turns):
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
 
+        # The versions its takes wrote: a lease read at that version is the take itself,
+        # whatever its managedFields say (a holder field another client had set to the same
+        # value keeps no recorded writer after the take). A later version counts only while
+        # it still names this lock id as coordinator's and names itself, not a copy restored
+        # from a backup (its uid note names the object it was copied from).
+        written = {
+            k: r.value.view.resource_version
+            for k, r in result.results.items()
+            if r.ok and r.value is not None and r.value.view is not None
+        }
+
+        def still_ours(cluster: str, view: LeaseView) -> bool:
+            at_take = written.get(cluster)
+            if at_take is not None and view.resource_version == at_take:
+                return True
+            return view.lock_id == lock_id and view.names_itself
+
         def ours(results: Mapping[str, ClusterResult[LeaseView]]) -> list[str]:
-            return [k for k, r in results.items() if r.ok and r.value is not None and r.value.lock_id == lock_id]
+            return [k for k, r in results.items() if r.ok and r.value is not None and still_ours(k, r.value)]
 
         results = await fan_out(
             self.members,
@@ -153,22 +171,33 @@ class Acquire(TokenFloor, Turns):
             until=lambda rs: self.majorities.reached(ours(rs)),
             silent=self.clusters.silent,
         )
+        spent = ""
         if self.majorities.reached(ours(results)):
-            return
+            if result.expires_in() > 0:
+                return
+            spent = "its validity was used up by the time its token and history were recorded"
         with anyio.CancelScope(shield=True):
             try:
                 await self.release(lock_id)
                 undone = "The leases it still held were released."
             except CoordinatorError as err:
                 undone = f"Releasing the leases it still held failed too ({err}); they expire after their TTL."
+        if spent:
+            raise NoQuorumError(
+                f"Took the leases of {self.dep.name!r} with fencing token {result.fencing_token}, but {spent} "
+                f"(TTL {result.ttl_s:g}s). {undone} The lock is not taken; retry, or use a longer --ttl.",
+                payload=result,
+            )
         found = []
         others = False
         for name, r in sorted(results.items()):
             view = r.value if r.ok else None
             if view is None:
                 found.append(f"{name}: {r.detail or r.outcome}")
-            elif view.lock_id == lock_id:
+            elif still_ours(name, view):
                 found.append(f"{name}: still ours")
+            elif view.lock_id == lock_id:
+                found.append(f"{name}: a copy naming its lock id, not the lease it took")
             elif view.lock_id is not None:
                 others = True
                 found.append(f"{name}: held by lock {view.lock_id}")
@@ -400,6 +429,11 @@ class Acquire(TokenFloor, Turns):
         that contenders do not split the clusters between them)."""
 
         stamp: datetime | None = None
+        # The token was drawn from this read. Where it showed the token history written by
+        # coordinator, a later version of the lease that no longer does (another client
+        # overwrote, removed or stripped the token annotation meanwhile) may hide a token
+        # granted since the read: that lease is not taken.
+        history_at_read = view.exists and view.token_writer is Writer.OURS
         for _ in range(cas.ATTEMPTS):
             st = self._stand(cluster, view, lock_id)
             try:
@@ -478,6 +512,14 @@ class Acquire(TokenFloor, Turns):
                     Outcome.CONFLICT,
                     ClusterLease(view, "newer token"),
                     detail=f"a concurrent attempt recorded token {view.token} here",
+                )
+            if history_at_read and view.lock_id != lock_id and view.token_writer is not Writer.OURS:
+                return ClusterResult(
+                    cluster,
+                    Outcome.CONFLICT,
+                    ClusterLease(view, "token rewritten"),
+                    detail="not taken: another client rewrote or removed its fencing token while this attempt "
+                    "was under way, so the token drawn may not be new; the next attempt reads again",
                 )
             if attempt_over["lost"] or attempt_over["mismatch"]:
                 return ClusterResult(
