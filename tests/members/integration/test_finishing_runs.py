@@ -251,11 +251,14 @@ def test_a_change_on_ha_members_with_one_api_server_each_stalled_and_skewed(ha: 
                 middle = acquire(stale, "s", "--ttl", "10s")
                 if middle.returncode == 0:
                     # (its release meets the stopped apiservers too: exit 4 until it lands)
+                    tries = []
                     for _ in range(5):
-                        if stale.cli("lock", "release", DEP, "--holder", "s").returncode == 0:
+                        released = stale.cli("lock", "release", DEP, "--holder", "s")
+                        if released.returncode == 0:
                             break
+                        tries.append((released.returncode, released.stderr.strip()[-600:]))
                     else:
-                        raise AssertionError("the stale machine's release never reached a majority")
+                        raise AssertionError(f"the stale machine's release never reached a majority: {tries}")
                     shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
                     assert shown.get("change_in_progress") is None and shown["epoch"] == 1, (
                         "the stale machine took the lock during the change",
