@@ -9,7 +9,7 @@ import anyio
 
 from coordinator import cas, clock, history
 from coordinator.clusters import failed
-from coordinator.errors import CoordinatorError, IdentityMismatchError, LockHeldError, NoQuorumError
+from coordinator.errors import IdentityMismatchError, LockHeldError, NoQuorumError
 from coordinator.evidence import Writer
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -176,12 +176,7 @@ class Acquire(TokenFloor, Turns):
             if result.expires_in() > 0:
                 return
             spent = "its validity was used up by the time its token and history were recorded"
-        with anyio.CancelScope(shield=True):
-            try:
-                await self.release(lock_id)
-                undone = "The leases it still held were released."
-            except CoordinatorError as err:
-                undone = f"Releasing the leases it still held failed too ({err}); they expire after their TTL."
+        undone = await self._give_back(lock_id, "leases it still held")
         if spent:
             raise NoQuorumError(
                 f"Took the leases of {self.dep.name!r} with fencing token {result.fencing_token}, but {spent} "

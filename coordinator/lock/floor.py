@@ -11,11 +11,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, assert_never
 
-import anyio
-
 from coordinator import cas, clock
 from coordinator.clusters import failed
-from coordinator.errors import CoordinatorError, NoQuorumError
+from coordinator.errors import NoQuorumError
 from coordinator.evidence import with_records
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -247,12 +245,7 @@ class TokenFloor(Release):
         )
         if self.majorities.reached(k for k, r in results.items() if r.ok):
             return
-        with anyio.CancelScope(shield=True):
-            try:
-                await self.release(lock_id)
-                undone = "The leases taken were released."
-            except CoordinatorError as err:
-                undone = f"Releasing the leases taken failed too ({err}); they expire after their TTL."
+        undone = await self._give_back(lock_id, "leases taken")
         why = "; ".join(f"{k}: {r.detail or r.outcome}" for k, r in sorted(results.items()) if not r.ok)
         raise NoQuorumError(
             f"Took the leases of {self.dep.name!r} with fencing token {token}, but could not record that token "

@@ -8,7 +8,7 @@ import anyio
 
 from coordinator import clock, history
 from coordinator.clusters import failed
-from coordinator.errors import NoQuorumError, StateConflictError
+from coordinator.errors import CoordinatorError, NoQuorumError, StateConflictError
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import FIELD_MANAGER, micro_time
@@ -78,6 +78,17 @@ class Release(Members):
                     prev.value.action = "released" if r.ok else prev.value.action
                     if r.ok and r.value and r.value.view:
                         prev.value.view = r.value.view
+
+    async def _give_back(self, lock_id: str, leases: str) -> str:
+        """Release ``lock_id`` for an acquisition that will not count, shielded from
+        cancellation; the sentence that says how it went (``leases`` names them)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.release(lock_id)
+                undone = f"The {leases} were released."
+            except CoordinatorError as err:
+                undone = f"Releasing the {leases} failed too ({err}); they expire after their TTL."
+        return undone
 
     async def release(self, lock_id: str) -> dict[str, ClusterResult[ClusterLease]]:
         """Clear the holder wherever it is still ``lock_id`` (never someone else's).
