@@ -2,8 +2,9 @@
 ids, a stamp of an envelope, the stored size of a document, how deep it is nested, the
 migration of old envelopes and a replica's resourceVersion.
 
-The replica's accept/refuse rule and the read's choice are in tests/state/unit/test_register.py and the
-model-based tests/state/unit/test_register_model.py.
+The replica's accept/refuse rule and the read's choice are in tests/state/unit/test_register.py; the
+whole write and read protocol, run by the engine over in-memory API servers one request at a
+time, in tests/sim/test_register.py.
 """
 
 from __future__ import annotations
