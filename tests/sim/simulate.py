@@ -111,6 +111,7 @@ class Options:
     seconds: float = 300.0  # of virtual time for the workload
     timeout: float = 2.0  # each contender's per-cluster timeout
     rate_skew: float = 0.009  # client clock rates within this of the true rate (1 %: the bound)
+    long_holds: bool = False  # command holders' holds last to the end of their validity
     server_skew: float = 0.0  # HA clusters: one API server off by up to this (5 s: the bound)
     kinds: tuple[str, ...] = ()  # fault kinds to draw from (all when empty)
     fields: tuple[str, ...] = ()  # the evidence fields foreign writes edit (all when empty)
@@ -146,6 +147,8 @@ class Options:
             out += ["--keep", ",".join(map(str, self.keep)) or "none"]
         if self.plant:
             out += ["--plant", self.plant]
+        if self.long_holds:
+            out.append("--long-holds")
         return out
 
     def command(self) -> str:
@@ -623,6 +626,11 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
     p.add_argument("--timeout", type=float, default=2.0)
     p.add_argument("--rate-skew", type=float, default=0.009)
     p.add_argument("--server-skew", type=float, default=0.0)
+    p.add_argument(
+        "--long-holds",
+        action="store_true",
+        help="command holders hold to the end of their validity, as their own clock counts it, without renewing",
+    )
     p.add_argument("--faults", type=float, default=1.0, help="fault episodes per 10 virtual seconds")
     p.add_argument("--kinds", default="", help="fault kinds, comma-separated (default: all)")
     p.add_argument("--fields", default="", help="the evidence fields foreign writes edit (default: all)")
@@ -658,6 +666,7 @@ def parse(argv: Sequence[str]) -> tuple[Options, Any]:
         seconds=ns.seconds,
         timeout=ns.timeout,
         rate_skew=ns.rate_skew,
+        long_holds=ns.long_holds,
         server_skew=ns.server_skew,
         kinds=tuple(k for k in ns.kinds.split(",") if k),
         fields=tuple(f for f in ns.fields.split(",") if f),
