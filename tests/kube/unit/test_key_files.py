@@ -357,3 +357,17 @@ def test_transient_file_is_private_and_gone_after_the_block(tmpdir_of_test: Path
     with pytest.raises(RuntimeError), tls.transient_pem_path(b"secret bytes"):
         raise RuntimeError("loading failed")
     assert list(tmpdir_of_test.iterdir()) == []
+
+
+def test_an_embedded_ca_bundle_with_comments_loads_as_a_file_did(
+    tmp_path: Path, tmpdir_of_test: Path, pki: Pki
+) -> None:
+    """A CA bundle whose comments are not ASCII (as certifi's are) loads from memory as it
+    loaded from the library's file (``cadata`` would refuse it with a TypeError)."""
+    bundle = "# Label: Főtanúsítvány\n".encode() + pki.ca
+    endpoint = _kubeconfig(
+        tmp_path / "kubeconfig", "https://127.0.0.1:1", {"certificate-authority-data": _b64(bundle)}, {"token": "t"}
+    )
+    cfg = anyio.run(load_client_configuration, endpoint)
+    assert [c["subject"] for c in tls.tls_context(cfg).get_ca_certs()] == [((("commonName", "test-ca"),),)]
+    assert list(tmpdir_of_test.iterdir()) == []
