@@ -11,17 +11,20 @@ the file; it is read again whenever the file changes."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import os
+import shutil
 import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from coordinator.errors import UsageError
-from coordinator.kube.tls import tls_context
+from coordinator.kube.tls import MATERIAL_ATTRIBUTE, TlsMaterial, tls_context
 from coordinator.text import printable
 
 # Where Kubernetes mounts a pod's ServiceAccount credentials; COORDINATOR_SERVICEACCOUNT_DIR
@@ -162,6 +165,101 @@ def _merge_documents(existing: list[str], docs: list[dict[str, Any]]) -> Any:
     return merged
 
 
+# The TLS fields of a context whose ``-data`` form the client library writes to a file of
+# its own (mkstemp in the temporary directory), which it removes only at interpreter exit:
+# a command killed with SIGKILL left the user's private key there. ``load_client_configuration``
+# takes these out of the loader's copy, so that the library never sees them, and holds
+# them in memory (``tls.TlsMaterial``). (entry, field, Configuration attribute)
+_EMBEDDED_TLS = (
+    ("cluster", "certificate-authority", "ssl_ca_cert"),
+    ("user", "client-certificate", "cert_file"),
+    ("user", "client-key", "key_file"),
+)
+
+
+def _active_entries(given: Any, context: str) -> dict[str, Any]:
+    """The cluster and user entries (their dicts, inside ``given``) that a loader of
+    ``given`` uses for ``context``, found as its ``set_active_context`` finds them; an
+    entry that cannot be found is left out (the loader then says what is wrong)."""
+    found: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        body = given["contexts"].get_with_name(context)["context"]
+        if body.safe_get("user") and given.safe_get("users"):
+            user = given["users"].get_with_name(body["user"], safe=True)
+            if user:
+                found["user"] = user["user"]
+        found["cluster"] = given["clusters"].get_with_name(body["cluster"])["cluster"]
+    return {k: v.value for k, v in found.items() if isinstance(getattr(v, "value", None), dict)}
+
+
+def _take_embedded_tls(entries: dict[str, Any]) -> dict[str, str | bytes]:
+    """Take ``*-data`` TLS fields out of the loader's copy of the entries, with the file
+    field beside each (the library prefers the data and never looks at the file then):
+    the raw values, by Configuration attribute, an empty value included (the library
+    takes it as no file at all). A value of another type is left for the library to
+    refuse as it always has (it fails to decode it before writing anything)."""
+    taken: dict[str, str | bytes] = {}
+    for entry, field, attribute in _EMBEDDED_TLS:
+        fields = entries.get(entry)
+        if fields is not None and isinstance(fields.get(f"{field}-data"), str | bytes):
+            taken[attribute] = fields.pop(f"{field}-data")
+            fields.pop(field, None)
+    return taken
+
+
+def _decoded_tls(cfg: Any, taken: dict[str, str | bytes]) -> dict[str, bytes]:
+    """The embedded material the library would have loaded into ``cfg``, decoded as it
+    decodes it (its errors included): only for an https server (it reads no TLS fields
+    otherwise), an empty value is none, and a client certificate and key that an exec
+    plugin gave win (the library then does not read the user's)."""
+    if not str(cfg.host or "").startswith("https"):
+        return {}
+    decoded = {}
+    for _, _, attribute in _EMBEDDED_TLS:
+        raw = taken.get(attribute)
+        if raw and getattr(cfg, attribute) is None:
+            decoded[attribute] = base64.standard_b64decode(raw.encode() if isinstance(raw, str) else raw)
+    return decoded
+
+
+def _spill_directory(user: dict[str, Any] | None) -> str | None:
+    """A fresh private directory (0700) for what the library writes while it loads the
+    credentials of an exec plugin, or ``None``: no exec plugin (the library then writes
+    nothing), or no directory to be had (the library's own default then, as before)."""
+    if user is None or "exec" not in user:
+        return None
+    try:
+        return os.path.abspath(tempfile.mkdtemp(prefix="coordinator-exec-"))
+    except OSError:
+        return None
+
+
+def _take_spilled_tls(cfg: Any, spill: str) -> dict[str, bytes]:
+    """Read back what the library wrote to ``spill`` (an exec plugin's client certificate
+    and key: it writes them to files itself) and clear those paths from ``cfg``."""
+    taken = {}
+    for _, _, attribute in _EMBEDDED_TLS:
+        path = getattr(cfg, attribute)
+        if path and os.path.dirname(os.path.abspath(path)) == spill:
+            taken[attribute] = Path(path).read_bytes()
+            setattr(cfg, attribute, None)
+    return taken
+
+
+def _remove_spill(spill: str) -> None:
+    """Remove ``spill`` (a directory this load made, holding only what the library wrote
+    there) and make the library forget its files: it reuses a file it wrote for the same
+    content, and would otherwise hand the next load (a reconnect) a path that is gone."""
+    from kubernetes_asyncio.config import kube_config
+
+    written = getattr(kube_config, "_temp_files", None)
+    if isinstance(written, dict):
+        for content, path in list(written.items()):
+            if isinstance(path, str) and os.path.dirname(os.path.abspath(path)) == spill:
+                written.pop(content, None)
+    shutil.rmtree(spill, ignore_errors=True)
+
+
 class _TokenFile:
     """A ServiceAccount token file, read again when it changes (the kubelet replaces a
     projected token well before it expires). Installed as the ``Configuration``'s
@@ -256,12 +354,30 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
         )
     cfg = Configuration()
     where = f"The context {printable(repr(endpoint.context))} in {printable(paths)} cannot be used"
+    # Embedded certificates and keys are taken out of the loader's copy (``given`` is this
+    # load's own) and kept in memory: the library would write each to a file it removes
+    # only at exit. What it still writes itself, an exec plugin's client certificate and
+    # key, goes to a private directory made for this load (only when the user runs an
+    # exec plugin) and is read back and removed before this returns.
+    entries = _active_entries(given, endpoint.context)
+    embedded = _take_embedded_tls(entries)
+    spill = _spill_directory(entries.get("user"))
     try:
-        loader = KubeConfigLoader(config_dict=given, active_context=endpoint.context, config_base_path=None)
+        loader = KubeConfigLoader(
+            config_dict=given, active_context=endpoint.context, config_base_path=None, temp_file_path=spill
+        )
         await loader.load_and_set(cfg)
+        material = _decoded_tls(cfg, embedded)  # first: it skips what the exec plugin gave
+        material |= _take_spilled_tls(cfg, spill) if spill else {}
     except (ConfigException, KeyError, TypeError, ValueError, AttributeError, OSError) as err:
         why = _library_error(err, merged.value)
         raise UsageError(f"{where}: {why}. Check its cluster and user entries.") from None
+    finally:
+        if spill:
+            _remove_spill(spill)
+    if material:
+        names = {"ssl_ca_cert": "ca", "cert_file": "cert", "key_file": "key"}
+        setattr(cfg, MATERIAL_ATTRIBUTE, TlsMaterial(**{names[k]: v for k, v in material.items()}))
     _check_credentials(cfg, where)
     _check_connection_settings(cfg, endpoint.context, paths)
     return cfg
