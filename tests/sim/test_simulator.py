@@ -128,6 +128,26 @@ def test_a_break_during_an_acquisition_leaves_no_overlap() -> None:
         assert result.passed, (result.options.command(), result.violations[:3])
 
 
+# Client clock rates: the design assumes each holder's clock runs within 1 % of true time
+# (docs/assumptions.md). Command holders that hold to the end of their validity as their own
+# clock counts it, without renewing (--long-holds), are where the bound matters: within it
+# no run overlaps; with rates anywhere in 0.5-1.5 a slow clock keeps seed 15's cmd1 inside
+# long after its leases lapsed, and the next holders enter beside it.
+LONG_HOLDS = {"seconds": 120.0, "state": 1.0, "long_holds": True, "cmd": 3, "api": 0, "faults": 0.0}
+
+
+@pytest.mark.slow
+def test_client_clock_rates_beyond_the_bound_are_caught_and_within_it_pass() -> None:
+    beyond = run(Options(seed=15, rate_skew=0.5, **LONG_HOLDS))  # type: ignore[arg-type]
+    assert not beyond.passed and any("critical sections overlap" in v for v in beyond.violations), beyond.summary()
+    within = run(Options(seed=15, **LONG_HOLDS))  # type: ignore[arg-type]
+    assert within.passed, (within.options.command(), within.violations[:3])
+    # The same holds under every fault kind, with the API holders beside them.
+    for seed in (1, 2):
+        faults = run(Options(seed=seed, seconds=120, state=1.0, long_holds=True))
+        assert faults.passed, (faults.options.command(), faults.violations[:3])
+
+
 # Seeds that find each planted bug in a short run (the first failing seed of `python
 # scripts/simulate.py --seed 1000 --seconds SECONDS --plant NAME --until-found` that passes
 # without the bug), replayed: the bug is found again, by the check that catches it, and the
