@@ -128,16 +128,17 @@ def test_a_break_during_an_acquisition_leaves_no_overlap() -> None:
         assert result.passed, (result.options.command(), result.violations[:3])
 
 
-# Client clock rates: the design assumes each holder's clock runs within 1 % of true time
-# (docs/assumptions.md). Command holders that hold to the end of their validity as their own
-# clock counts it, without renewing (--long-holds), are where the bound matters: within it
-# no run overlaps; with rates anywhere in 0.5-1.5 a slow clock keeps seed 15's cmd1 inside
-# long after its leases lapsed, and the next holders enter beside it.
+# Clocks: the design assumes each holder's clock runs within 1 % of true time, and API
+# servers' clocks within --max-server-skew of each other (docs/assumptions.md). Command
+# holders that hold to the end of their validity as their own clock counts it, without
+# renewing (--long-holds), are where the rate bound matters: within it no run overlaps;
+# with rates anywhere in 0.5-1.5 a slow clock keeps seed 15's cmd1 inside long after its
+# leases lapsed, and the next holders enter beside it.
 LONG_HOLDS = {"seconds": 120.0, "state": 1.0, "long_holds": True, "cmd": 3, "api": 0, "faults": 0.0}
 
 
 @pytest.mark.slow
-def test_client_clock_rates_beyond_the_bound_are_caught_and_within_it_pass() -> None:
+def test_clocks_beyond_their_bounds_are_caught_and_within_them_pass() -> None:
     beyond = run(Options(seed=15, rate_skew=0.5, **LONG_HOLDS))  # type: ignore[arg-type]
     assert not beyond.passed and any("critical sections overlap" in v for v in beyond.violations), beyond.summary()
     within = run(Options(seed=15, **LONG_HOLDS))  # type: ignore[arg-type]
@@ -146,6 +147,13 @@ def test_client_clock_rates_beyond_the_bound_are_caught_and_within_it_pass() -> 
     for seed in (1, 2):
         faults = run(Options(seed=seed, seconds=120, state=1.0, long_holds=True))
         assert faults.passed, (faults.options.command(), faults.violations[:3])
+    # API servers' clocks: an HA pair's second server off by up to 4.9 s is inside the
+    # 5 s that --max-server-skew allows for; off by up to 20 s, it is not.
+    skewed = {"seconds": 120.0, "kinds": ("delay",)}
+    beyond = run(Options(seed=1008, server_skew=20.0, **skewed))  # type: ignore[arg-type]
+    assert not beyond.passed and any("critical sections overlap" in v for v in beyond.violations), beyond.summary()
+    within = run(Options(seed=1008, server_skew=4.9, **skewed))  # type: ignore[arg-type]
+    assert within.passed, (within.options.command(), within.violations[:3])
 
 
 # Seeds that find each planted bug in a short run (the first failing seed of `python
