@@ -50,6 +50,7 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, Standing
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
+from coordinator.lock.core import recorded_membership
 from coordinator.logs import get_logger
 from coordinator.membership import Check, Membership, Stored, behind_stand_in, foreign_set
 from coordinator.outcome import Outcome
@@ -238,8 +239,7 @@ async def change_members(
             final = LockEngine(c.clusters, final_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
             # The commit is written on the old members too, so that a stale machine finds
             # the newer epoch wherever it looks; it counts on majorities of both sets.
-            committing = LockEngine(c.clusters, joint_rec, background=c._tg)
-            committing.membership = final.membership
+            committing = LockEngine(c.clusters, joint_rec, background=c._tg, membership=final.membership)
             _confirm(
                 joint,
                 await committing.adopt_membership(held.lock_id, token, ttl, who),
@@ -263,9 +263,9 @@ async def change_members(
                 try:
                     current = c.deployment(name)
                     union = current.model_copy(update={"joint": None, "clusters": _union(rec, current)})
-                    releaser = LockEngine(c.clusters, union, background=c._tg)
                     # release on every member, old and new, writing the set in force
-                    releaser.membership = LockEngine(c.clusters, current).membership
+                    in_force = recorded_membership(c.clusters, current)
+                    releaser = LockEngine(c.clusters, union, background=c._tg, membership=in_force)
                     await releaser.release(held.lock_id)
                     report.steps.append("released the lock")
                 except Exception as err:  # reported; the lock expires by itself
@@ -365,7 +365,7 @@ def _of_this_change_on(stored: Stored, view: LeaseView | None) -> TypeGuard[Memb
 def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
     """The member sets a change of ``rec`` to ``target`` stores, by identity: before it
     (epoch E), the joint configuration (E + 1) and the committed new set (E + 2)."""
-    before = LockEngine(c.clusters, rec).membership
+    before = recorded_membership(c.clusters, rec)
     joint = Membership.of(before.members, rec.epoch + 1, (c.clusters.record(m).identity for m in target))
     final = Membership.of((c.clusters.record(m).identity for m in target), rec.epoch + 2)
     return before, joint, final
@@ -554,8 +554,8 @@ async def _remove_dead(
         rec.model_copy(update={"clusters": list(target), "joint": None}),
         background=c._tg,
         max_server_skew_s=c.max_server_skew_s,
+        membership=recorded_membership(c.clusters, rec),
     )
-    remaining.membership = LockEngine(c.clusters, rec).membership
     await _refuse_if_alive(c, rec, dead)
     held = await remaining.acquire(ttl_s=ttl, holder=who, reason="remove dead members", command=current_command())
     report.steps.append(

@@ -142,8 +142,13 @@ class EngineCore:
         max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
         follow: Callable[[], DeploymentRecord | None] | None = None,
         deferred: DeferredHistory | None = None,
+        membership: Membership | None = None,
     ) -> None:
         self.clusters = clusters
+        # The member set this engine writes and counts as agreeing, where it is not the one
+        # the record names (a member change commits the new set on the old members, and
+        # releases on the union of both under the set in force).
+        self._membership = membership
         self.background = background
         # History writes of the owner of ``background``, waiting: see _remember.
         self.deferred = deferred
@@ -172,7 +177,7 @@ class EngineCore:
         self._history: HistoryStore | None = None  # of these members, made on first use
         # The member set this machine's record names, by identity: what every member
         # must store (see coordinator/membership.py).
-        self.membership = recorded_membership(self.clusters, deployment)
+        self.membership = self._membership or recorded_membership(self.clusters, deployment)
 
     @property
     def timeout(self) -> float:
