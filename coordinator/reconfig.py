@@ -117,7 +117,7 @@ async def change_members(
         c.clusters.record(member)
     if list(target) == list(rec.clusters) and rec.joint is None:
         raise UsageError(f"Deployment {name!r} already has exactly these members; nothing to change.")
-    check_ttl(ttl, LockEngine(c.clusters, rec))
+    check_ttl(ttl, c.lock_engine(name))
     report = ChangeReport(name, list(rec.clusters), list(target), rec.epoch)
     who = holder or default_holder()
 
@@ -187,7 +187,7 @@ async def change_members(
             # counts as deleted, held by an unknown holder). Where it cannot be made, the
             # joint step reports that member's failure.
             await fan_out(seed, lambda m: ensure_namespace(c.clusters, m, rec.namespace), timeout=c.clusters.timeout)
-            await _refuse_foreign(joint, seed, getattr(engine, "accepted", ()))
+            await _refuse_foreign(joint, seed, engine.accepted if isinstance(engine, _Resuming) else ())
             await _until_new_set_takeable(joint, held.lock_id, seed, wait, lost)
             _confirm(
                 joint,
@@ -221,7 +221,7 @@ async def change_members(
             # the copy reads. The floor: tokens granted before the change were recorded
             # on old majorities only, and the new set must remember them without its
             # leases (the change's own token is above all of them).
-            await LockEngine(c.clusters, joint_rec, background=c._tg).raise_token_floor(token, held.lock_id)
+            await joint.raise_token_floor(token, held.lock_id)
             # The copy takes the value from the old members (a read of a majority of them
             # meets the majority that confirmed the last write; what a joining member
             # holds is not this deployment's state yet) and writes every member.

@@ -27,7 +27,6 @@ from coordinator.lease import (
     A_PROBE,
     A_UID,
     DEFAULT_MAX_SERVER_SKEW_S,
-    DEFAULT_MAX_TTL_S,
     LINE_MANAGER,
     PROBE_MANAGER,
     TIMESTAMP_SLACK_S,
@@ -173,7 +172,7 @@ class EngineCore:
         self.members = self.majorities.members
         self.n = len(self.members)
         self.q = self.majorities.quorum  # for display: q of the current set
-        self.max_ttl_s = float(getattr(deployment, "max_ttl_s", DEFAULT_MAX_TTL_S))
+        self.max_ttl_s = float(deployment.max_ttl_s)
         self._history: HistoryStore | None = None  # of these members, made on first use
         # The member set this machine's record names, by identity: what every member
         # must store (see coordinator/membership.py).
