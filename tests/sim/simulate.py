@@ -50,8 +50,10 @@ offsets within ``server_skew`` are options: within the documented bounds (1 %,
 
 Judged: mutual exclusion over the sections (after operators' breaks), rising tokens,
 linearizability of the register, no lost confirmed write (a final read once every fault
-is undone), and no stale write accepted (a write of a holder whose token is below that
-of a lock granted before the write began: fencing must refuse it). Contenders report
+is undone), no stale write accepted (a write of a holder whose token is below that
+of a lock granted before the write began: fencing must refuse it), and breaks that stick
+(no renewal that began after a `lock break` exited 0 renews the broken lock id on a lease
+the break cleared: ``_broken_renewed``). Contenders report
 anything the product's documented exit codes do not allow as a problem.
 """
 
