@@ -236,6 +236,7 @@ class ApiHolder(Contender):
             return
         token = held.fencing_token
         self.sim.granted.append((entered, token))
+        self.sim.entered[held.lock_id] = (self.name, self.mode, entered)
         self.emit("enter", t=entered, token=token, valid_until=until(), lock_id=held.lock_id)
         steps = self.rng.randint(1, 3) if self.rng.random() < self.sim.opts.state else 0
         try:
@@ -312,6 +313,7 @@ class CommandHolder(Contender):
             self.stat("validity gone before entry")
             return False
         self.sim.granted.append((entered, token))
+        self.sim.entered[lock_id] = (self.name, self.mode, entered)
         self.emit("enter", t=entered, token=token, valid_until=self.true_until(boot_until), lock_id=lock_id)
         return True
 

@@ -16,7 +16,7 @@ import anyio
 from coordinator.kube.resources import lease_name, lease_path, state_paths
 from coordinator.kube.transport import Request
 from coordinator.quorum import quorum_size
-from sim.simulate import DEPLOYMENT, NAMESPACE, Options, Sim, now
+from sim.simulate import DEPLOYMENT, NAMESPACE, Options, Sim, lease_uid, now
 
 LINK_KINDS = ("delay", "loss", "answer-loss", "duplicate")
 KINDS = (
@@ -605,10 +605,33 @@ class Injector:
         try:
             async with sim.coordinator("operator") as c:
                 with anyio.fail_after(30):
-                    await c.break_lock(DEPLOYMENT, by="operator", reason="sim")
+                    results = await c.break_lock(DEPLOYMENT, by="operator", reason="sim")
         except (CoordinatorError, TimeoutError) as err:
             sim.note(f"{fault.describe()}: break failed: {err}")
             return
-        sim.recorder.add_break(invoked, now())
+        complete = now()
+        sim.recorder.add_break(invoked, complete)
+        sim.breaks.append(_break_record(invoked, complete, results))
         sim.faults[fault.kind] += 1
         sim.note(f"{fault.describe()}: broken")
+
+
+def _break_record(invoked: float, complete: float, results: dict[str, Any]) -> dict[str, Any]:
+    """What a `lock break` did, for the check that it sticks (sim/simulate.py,
+    ``_broken_renewed``): its exit code as the command reports it (0 once a majority of the
+    members answered that their lease is clear) and, per lock id it cleared, the members
+    where its own write cleared it."""
+    from coordinator.verdicts import break_verdict
+
+    problem = break_verdict(DEPLOYMENT, results).problem()
+    cleared: dict[str, dict[str, str | None]] = {}
+    for cluster, r in sorted(results.items()):
+        lease = r.value if r.ok else None
+        if lease is not None and lease.action == "broken" and lease.previous is not None and lease.previous.lock_id:
+            cleared.setdefault(str(lease.previous.lock_id), {})[cluster] = lease_uid(lease.view)
+    return {
+        "invoked": invoked,
+        "complete": complete,
+        "exit": 0 if problem is None else int(problem.exit_code),
+        "cleared": cleared,
+    }

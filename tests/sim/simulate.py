@@ -50,8 +50,10 @@ offsets within ``server_skew`` are options: within the documented bounds (1 %,
 
 Judged: mutual exclusion over the sections (after operators' breaks), rising tokens,
 linearizability of the register, no lost confirmed write (a final read once every fault
-is undone), and no stale write accepted (a write of a holder whose token is below that
-of a lock granted before the write began: fencing must refuse it). Contenders report
+is undone), no stale write accepted (a write of a holder whose token is below that
+of a lock granted before the write began: fencing must refuse it), and breaks that stick
+(no renewal that began after a `lock break` exited 0 renews the broken lock id on a lease
+the break cleared: ``_broken_renewed``). Contenders report
 anything the product's documented exit codes do not allow as a problem.
 """
 
@@ -284,6 +286,11 @@ class Sim:
     granted: list[tuple[float, int]] = field(default_factory=list)  # (acquisition returned, token)
     writes: list[dict[str, Any]] = field(default_factory=list)  # accepted writes: token, invoke
     holders: dict[str, Any] = field(default_factory=dict)  # contender -> its live HeldLock or token
+    # For the check that a break sticks (_broken_renewed): operators' breaks with what each
+    # member answered, every renewal the engines ran, and when each lock id's section began.
+    breaks: list[dict[str, Any]] = field(default_factory=list)
+    renewals: list[dict[str, Any]] = field(default_factory=list)
+    entered: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # lock id -> (process, mode, t)
     faults: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
 
@@ -355,6 +362,48 @@ def _fewer_collections() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*saved)
+
+
+def lease_uid(view: Any) -> str | None:
+    """The server's uid of the Lease object a view was read or written as (metadata.uid)."""
+    meta = (getattr(view, "obj", None) or {}).get("metadata") or {}
+    uid = meta.get("uid")
+    return str(uid) if uid else None
+
+
+@contextmanager
+def _recording_renewals(into: list[dict[str, Any]]) -> Iterator[None]:
+    """Every renewal the engines run (``Renew.renew``: ``Coordinator.lock``'s background
+    renewals and ``lock renew`` alike), recorded with the true virtual times it began and
+    returned and the members where it renewed the lease. The wrapper adds no await of its
+    own, so runs stay what they were (the same history fingerprints)."""
+    from coordinator.lock.renew import Renew
+
+    original = Renew.renew
+
+    async def renew(
+        self: Any, lock_id: str, token: int, ttl_s: float, holder: str | None = None, *, _followed: bool = False
+    ) -> Any:
+        if _followed:  # the same renewal, counted again over the members a change moved to
+            return await original(self, lock_id, token, ttl_s, holder, _followed=True)
+        invoked = now()
+        result = await original(self, lock_id, token, ttl_s, holder)
+        renewed = {
+            c: lease_uid(r.value.view)
+            for c, r in sorted(result.results.items())
+            if r.ok and r.value is not None and r.value.action == "renewed"
+        }
+        into.append(
+            {"lock_id": lock_id, "holder": holder, "invoked": invoked, "complete": now(), "renewed": renewed,
+             "acquired": bool(result.acquired), "lost": result.lost}
+        )  # fmt: skip
+        return result
+
+    Renew.renew = renew  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Renew.renew = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -430,19 +479,20 @@ async def _run_in(opts: Options, schedule: list[Any], workdir: Path) -> Result:
     sim = Sim(opts, world, net, Recorder(), config, workdir)
     injector = Injector(sim, schedule)
     players = contenders(sim)
-    async with anyio.create_task_group() as tg:
-        net.background = tg
-        done = [anyio.Event() for _ in players]
-        for player, event in zip(players, done, strict=True):
-            tg.start_soon(_play, player.run, event)
-        tg.start_soon(injector.run)
-        await anyio.sleep(opts.seconds)
-        sim.stop.set()
-        with anyio.move_on_after(10 * MAX_TTL_S):
-            for event in done:
-                await event.wait()
-        await injector.heal()
-        tg.cancel_scope.cancel()
+    with _recording_renewals(sim.renewals):
+        async with anyio.create_task_group() as tg:
+            net.background = tg
+            done = [anyio.Event() for _ in players]
+            for player, event in zip(players, done, strict=True):
+                tg.start_soon(_play, player.run, event)
+            tg.start_soon(injector.run)
+            await anyio.sleep(opts.seconds)
+            sim.stop.set()
+            with anyio.move_on_after(10 * MAX_TTL_S):
+                for event in done:
+                    await event.wait()
+            await injector.heal()
+            tg.cancel_scope.cancel()
     net.background = None
     await injector.heal()
     await _final_read(sim)
@@ -499,6 +549,62 @@ def _stale_writes(sim: Sim) -> list[Violation]:
     return found
 
 
+def _broken_renewed(sim: Sim) -> list[Violation]:
+    """A break sticks (docs/design.md, *Renewing, losing, releasing*: a renewal never
+    re-takes a lease, since that is how a `lock break` would be undone).
+
+    For each `lock break` that exited 0 (a majority of the members answered with their
+    lease cleared or free, as the command judges it) and each lock id X it cleared by its
+    own write: no renewal of X that began after the break returned may renew X on a member
+    where the break cleared it, on the same Lease object (uid). A renewal that reports the
+    lock renewed on a majority of the same members after such a break renewed one of them
+    (two majorities share a member), so that is caught too.
+
+    Correct code cannot fail it. The break's write is a compare-and-swap that leaves the
+    lease with no holder; every later write to that object is a compare-and-swap over a
+    version read after it (a request delayed or duplicated from before the break is
+    refused: the resourceVersion it names is gone). A renewal writes only over a version
+    that names its own lock id, a restored lease comes back tombstoned (no holder), and
+    other clients never write one of our lock ids. So only a take could put X back there,
+    and takes are ruled out: judged are the lock ids of ``api`` and ``cmd`` holders whose
+    section began before the break was invoked (their acquisition had returned; an attempt
+    still under way may take a lease the break freed, and count it), and no member change
+    runs under those locks (a change takes leases of joining members for its lock).
+    Members the break did not write (not reached, already free, absent) and Leases made
+    again since (another uid) are not judged: a write sent before the break may land there."""
+    found = []
+    judged = 0
+    for b in sim.breaks:
+        if b["exit"] != 0:
+            continue
+        for lock_id, cleared in sorted(b["cleared"].items()):
+            began = sim.entered.get(lock_id)
+            if began is None or began[1] not in ("api", "cmd") or began[2] >= b["invoked"]:
+                continue
+            for r in sim.renewals:
+                if r["lock_id"] != lock_id or r["invoked"] <= b["complete"]:
+                    continue
+                judged += 1
+                again = sorted(c for c, uid in r["renewed"].items() if uid is not None and cleared.get(c) == uid)
+                if not again:
+                    continue
+                reported = "; it reported the lock renewed" if r["acquired"] else ""
+                found.append(
+                    Violation(
+                        kind="break-undone",
+                        message=(
+                            f"a break did not stick: lock {lock_id} of {began[0]} was broken from {b['invoked']:.3f} "
+                            f"to {b['complete']:.3f} (exit 0, cleared on {', '.join(cleared)}); a renewal begun at "
+                            f"{r['invoked']:.3f} renewed it again on {', '.join(again)}{reported}"
+                        ),
+                        window=(b["invoked"], r["complete"]),
+                    )
+                )
+    if judged:
+        sim.recorder.stats["renewals judged after a break of their lock"] += judged
+    return found
+
+
 def _judge(sim: Sim, schedule: list[Any]) -> Result:
     rec = sim.recorder
     recorded = [
@@ -517,6 +623,7 @@ def _judge(sim: Sim, schedule: list[Any]) -> Result:
     reads = [o for o in ops if o["kind"] == "read" and o["status"] == "ok"]
     if reads and max(reads, key=lambda r: r["invoke"])["process"] == "final-read":
         checks.append(check_no_lost_writes(ops, initial=None))
+    checks.append(CheckResult(check="breaks stick", violations=tuple(_broken_renewed(sim))))
     checks.append(CheckResult(check="fencing", violations=tuple(_stale_writes(sim))))
     result = Result(
         sim.opts,
