@@ -8,7 +8,9 @@ fails when a page shows a command line that is neither played here, run by the t
 names, nor marked illustrative on its page. The page's names are the documentation's; the
 test's real ones replace them word by word (SUBSTITUTE, below), and every other word runs as
 written. What is checked is the exit status and the part of the output the page shows or
-describes.
+describes. The commands run with the suite's unhurried request timeout in their environment
+(COORDINATOR_TIMEOUT, not a word of the line), so that a loaded machine's slow answer does
+not pass for a missing member.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from coord_fixtures import Env
+from coord_fixtures import UNHURRIED, Env
 
 # The documentation's names, and the placeholders of its synopses, for this sandbox's. The
 # value of `-n`/`--namespace` (the docs' "payments") is this test's fresh namespace, as NS
@@ -71,7 +73,7 @@ def test_every_command_line_of_the_docs_runs_as_the_page_says(sandbox3: Any, tmp
     def play(shown: str, code: int, *expected: str, lock_id: str = "-") -> subprocess.CompletedProcess[str]:
         """Run the page's line ``shown`` with this sandbox's names; it exits ``code`` and
         prints each of ``expected`` (on stdout or stderr)."""
-        proc = env.cli(*words(shown, lock_id))
+        proc = env.cli(*words(shown, lock_id), env=UNHURRIED)  # every member's answer, under load too
         said = proc.stdout + proc.stderr
         assert proc.returncode == code, f"{shown}: exit {proc.returncode}\n{said}"
         for part in expected:
@@ -80,7 +82,7 @@ def test_every_command_line_of_the_docs_runs_as_the_page_says(sandbox3: Any, tmp
 
     def setup(*args: str) -> subprocess.CompletedProcess[str]:
         """A step of the story that no page shows."""
-        proc = env.cli(*args)
+        proc = env.cli(*args, env=UNHURRIED)
         assert proc.returncode == 0, f"{args}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
         return proc
 
