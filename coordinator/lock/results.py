@@ -209,4 +209,13 @@ def renewed_ago(view: LeaseView) -> float | None:
 
 
 def current_command() -> str:
-    return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(clock.argv()))[:200]
+    """The command line as a reader of `lock status` knows it: the program's base name
+    (``coordinator`` also when run as ``python -m coordinator``, whose argv[0] is the
+    package's ``__main__.py``) and its arguments."""
+    argv = clock.argv()
+    if not argv:
+        return ""
+    program = os.path.basename(argv[0])
+    if program == "__main__.py" and os.path.basename(os.path.dirname(argv[0])) == "coordinator":
+        program = "coordinator"
+    return " ".join([program, *argv[1:]])[:200]

@@ -92,3 +92,15 @@ def test_the_engines_name_the_process_that_was_set() -> None:
         assert current_command() == "coordinator lock acquire web"
         assert (clock.host(), clock.pid()) == ("box7", 4242)
     assert clock.pid() == os.getpid() and clock.host() == socket.gethostname()
+
+
+class AsModule(Elsewhere):
+    def argv(self) -> list[str]:
+        return ["/opt/venv/lib/python3.11/site-packages/coordinator/__main__.py", "lock", "status", "web"]
+
+
+def test_a_command_run_as_python_m_coordinator_is_named_coordinator() -> None:
+    """`python -m coordinator lock ...` records the command as `coordinator lock ...`, not
+    as the package's __main__.py, which `lock status` would show."""
+    with clock.using(process=AsModule()):
+        assert current_command() == "coordinator lock status web"
