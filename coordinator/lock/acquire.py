@@ -126,6 +126,8 @@ class Acquire(TokenFloor, Turns):
                 lapsed=lapsed,
             )
         )
+        # Last, after the floor and the history: a break that lands while they are written
+        # must be seen (docs/design.md, *Why a majority*).
         await self._confirm_take(result)
         return result
 
