@@ -107,6 +107,14 @@ def sandbox5(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
 
 
 @pytest.fixture
+def own_sandbox3(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> sb.Sandbox:
+    """Three clusters of this test's own, stopped when it ends: for a test that changes
+    what every test of the shared sandbox would see (`cluster restored` tombstones every
+    coordinator lease of a cluster; the fleet view lists every deployment there)."""
+    return _session_sandbox(3, tmp_path_factory, request)
+
+
+@pytest.fixture
 def namespace(sandbox3: sb.Sandbox) -> Iterator[str]:
     """A fresh namespace on every cluster of ``sandbox3``.
 

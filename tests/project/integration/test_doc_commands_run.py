@@ -48,9 +48,13 @@ LOCK_IDS = ("110daf411e28c438", "ID")
 NAMESPACE_OPTIONS = ("-n", "--namespace")
 
 
-def test_every_command_line_of_the_docs_runs_as_the_page_says(sandbox3: Any, tmp_path: Path) -> None:
+def test_every_command_line_of_the_docs_runs_as_the_page_says(own_sandbox3: Any, tmp_path: Path) -> None:
+    # A sandbox of its own: the story tombstones every lease of c2 (`cluster restored`) and
+    # reads the fleet view of every deployment on the clusters, which on the shared sandbox
+    # would change other tests' leases and depend on what they left behind.
     namespace = "t-" + secrets.token_hex(4)
-    env = Env(sandbox=sandbox3, config=tmp_path / "config" / "config.yaml", namespace=namespace, deployment="payments")
+    config = tmp_path / "config" / "config.yaml"
+    env = Env(sandbox=own_sandbox3, config=config, namespace=namespace, deployment="payments")
     deploy = tmp_path / "deploy.sh"
     deploy.write_text('#!/bin/sh\necho "deploying $1 under fencing token $COORDINATOR_FENCING_TOKEN"\n')
     deploy.chmod(0o755)
