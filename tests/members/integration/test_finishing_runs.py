@@ -268,8 +268,17 @@ def test_a_change_on_ha_members_with_one_api_server_each_stalled_and_skewed(ha: 
         finally:
             ha.resume(2, apiserver=1)
             ha.resume(3, apiserver=1)
-        if runs[-1][0] != 0:
-            succeeded(_change(env, "remove-cluster", DEP, "c3", wait="30s"))
+        # After the stall, the same command finishes the change. A run may still meet a
+        # lease of a stopped run or of the stale machine that expires as it gets there
+        # (seen in CI: "held-by-other ... expires in 0.0s" on c2, exit 4, "run the same
+        # command again"); it then stops in a safe state, as under the stall.
+        for _ in range(3):
+            if runs[-1][0] == 0:
+                break
+            run = _change(env, "remove-cluster", DEP, "c3", wait="30s")
+            runs.append((run.returncode, run.stderr.strip().splitlines()[-1:] if run.stderr else []))
+            assert run.returncode in (0, 4, 3, 6), run.stderr
+        assert runs[-1][0] == 0, runs
         shown = json_doc(succeeded(env.cli("-o", "json", "deployment", "show", DEP)))
         assert shown["clusters"] == ["c1", "c2"] and shown.get("change_in_progress") is None, (shown, runs)
         refused = acquire(stale, "s2", "--ttl", "10s")

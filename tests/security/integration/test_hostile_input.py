@@ -14,7 +14,9 @@ import io
 import json
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -100,16 +102,34 @@ def test_a_refused_contender_reads_the_holder_escaped(dep3: Env) -> None:
 
 def test_lock_status_watch_escapes_every_update(dep3: Env) -> None:
     _hostile_lease(dep3)
+    # Every member's answer, under load too; and conditions, not sleeps: the frame that
+    # shows the hostile holder, then the break, then the frame after it.
     watch = dep3.popen(
-        "lock", "status", "web", "--watch", "--interval", "0.3s", stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+        "lock", "status", "web", "--watch", "--interval", "0.3s",
+        env=UNHURRIED, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    seen: list[str] = []
+    stream = watch.stdout
+    assert stream is not None
+    reader = threading.Thread(target=lambda: seen.extend(iter(stream.readline, "")), daemon=True)
+    reader.start()
+
+    def until(condition: Callable[[str], bool], what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition("".join(seen)):
+            assert time.monotonic() < deadline and watch.poll() is None, f"{what}:\n{''.join(seen)}"
+            time.sleep(0.1)
+
     try:
-        time.sleep(4)
+        until(lambda out: printable(HOLDER) in out, "the watch never showed the holder")
+        frames = "".join(seen).count("--- ")
         assert dep3.cli("lock", "break", "web", "--yes", "--reason", f"cleanup{TITLE}").returncode == 0
-        time.sleep(2)
+        until(lambda out: out.count("--- ") > frames, "the watch showed no frame after the break")
     finally:
         watch.send_signal(signal.SIGTERM)
-        out, err = watch.communicate(timeout=30)
+        _out, err = watch.communicate(timeout=30)
+        reader.join(timeout=10)
+    out = "".join(seen)
     assert watch.returncode == 0, err
     assert out.count("--- ") >= 2, out  # held, then broken
     _clean(out)
