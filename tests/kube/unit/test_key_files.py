@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime as dt
-import ipaddress
 import json
 import os
 import ssl
@@ -29,10 +27,7 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from helpers.certs import signed
 from kubernetes_asyncio.config import kube_config
 
 from coordinator.kube import tls
@@ -43,41 +38,14 @@ from coordinator.kube.wire import AiohttpTransport
 # ------------------------------------------------------------------ material
 
 
-def _signed(
-    name: str, issuer: tuple[Any, x509.Certificate] | None = None, *, ip: str | None = None
-) -> tuple[bytes, bytes, Any, x509.Certificate]:
-    """A fresh key and certificate (PEM), the CA's when ``issuer`` is None."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
-    signer_key, signer = issuer if issuer else (key, None)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(signer.subject if signer else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if ip:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), False)
-    cert = builder.sign(signer_key, hashes.SHA256())
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem, key, cert
-
-
 class Pki:
     """A CA, a server certificate for 127.0.0.1 and a client certificate, all fresh (so
     that no file the library wrote for other tests is reused for these)."""
 
     def __init__(self, where: Path) -> None:
-        self.ca, _, ca_key, ca_cert = _signed("test-ca")
-        self.server_cert, self.server_key, _, _ = _signed("server", (ca_key, ca_cert), ip="127.0.0.1")
-        self.cert, self.key, _, _ = _signed("client-alice", (ca_key, ca_cert))
+        self.ca, _, ca_key, ca_cert = signed("test-ca")
+        self.server_cert, self.server_key, _, _ = signed("server", (ca_key, ca_cert), ip="127.0.0.1")
+        self.cert, self.key, _, _ = signed("client-alice", (ca_key, ca_cert))
         self.files = where
         where.mkdir()
         for name in ("ca", "server_cert", "server_key", "cert", "key"):

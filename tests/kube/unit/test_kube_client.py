@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import datetime as dt
 import os
 import re
 import ssl
@@ -16,9 +15,8 @@ import anyio
 import pytest
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
+from helpers.certs import signed
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import ConfigNode, KubeConfigLoader, KubeConfigMerger
@@ -33,26 +31,10 @@ from coordinator.kube.transport import Request
 
 
 def _pem_pair(tmp: Path, name: str, issuer: tuple[Any, x509.Certificate] | None = None) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
-    signer_key, signer = issuer if issuer else (key, None)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(signer.subject if signer else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-        .sign(signer_key, hashes.SHA256())
-    )
+    cert, key, _, _ = signed(name, issuer)
     crt, pem_key = tmp / f"{name}.crt", tmp / f"{name}.key"
-    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pem_key.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    crt.write_bytes(cert)
+    pem_key.write_bytes(key)
     return crt, pem_key
 
 
