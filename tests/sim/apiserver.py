@@ -677,6 +677,25 @@ class SimTransport:
             yield reply
 
 
+class Front:
+    """A transport in front of a cluster's :class:`SimTransport` (the simulator's links,
+    the stepped network): the server it names, and no connection to open or close."""
+
+    def __init__(self, cluster: str, target: Cluster | None) -> None:
+        self.cluster = cluster
+        self.inner = SimTransport(target, name=cluster)
+
+    @property
+    def server(self) -> str:
+        return self.inner.server
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 class _Reply:
     def __init__(self, answer: _Answer) -> None:
         self._answer = answer

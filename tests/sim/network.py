@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 
 from coordinator.kube.kubeconfig import Endpoint
 from coordinator.kube.transport import Request, TransportError
-from sim.apiserver import Cluster, SimTransport, _Reply, _WatchReply
+from sim.apiserver import Cluster, Front, _Reply, _WatchReply
 
 
 @dataclass
@@ -91,24 +91,13 @@ class Factory:
         return Link(self.network, self.contender, endpoint.context, self.clusters.get(endpoint.context))
 
 
-class Link:
+class Link(Front):
     """One contender's transport to one cluster, through the network's faults."""
 
     def __init__(self, network: Network, contender: str, cluster: str, target: Cluster | None) -> None:
+        super().__init__(cluster, target)
         self.network = network
         self.contender = contender
-        self.cluster = cluster
-        self.inner = SimTransport(target, name=cluster)
-
-    @property
-    def server(self) -> str:
-        return self.inner.server
-
-    async def open(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
     async def _leg(self, state: LinkState) -> None:
         """One way along the link: the delay, and a stop while the contender is frozen."""

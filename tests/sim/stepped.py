@@ -33,7 +33,7 @@ import trio.testing
 
 from coordinator.kube.kubeconfig import Endpoint
 from coordinator.kube.transport import Request, TransportError
-from sim.apiserver import SimTransport, World, _Answer, _Reply, _WatchReply
+from sim.apiserver import Front, World, _Answer, _Reply, _WatchReply
 
 DELIVER, LOSE, DROP, REJECT = "deliver", "lose", "drop", "reject"
 UP, REJECTS_WRITES, DOWN = "up", "rejects-writes", "down"
@@ -144,25 +144,14 @@ async def quiet() -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
-class SteppedLink:
+class SteppedLink(Front):
     """One contender's transport to one cluster: the state object's requests parked,
     everything else answered by the cluster at once."""
 
     def __init__(self, net: Stepped, process: str, cluster: str) -> None:
+        super().__init__(cluster, net.world.clusters.get(cluster))
         self.net = net
         self.process = process
-        self.cluster = cluster
-        self.inner = SimTransport(net.world.clusters.get(cluster), name=cluster)
-
-    @property
-    def server(self) -> str:
-        return self.inner.server
-
-    async def open(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
     @asynccontextmanager
     async def send(self, request: Request, *, timeout: float) -> AsyncIterator[_Reply]:
