@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import os
-import select
 import signal
 import subprocess
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from coord_fixtures import Env
+from helpers.cli import StreamReader
 
 pytestmark = pytest.mark.integration
 
@@ -37,20 +37,6 @@ def _embedded_material(kubeconfig: str) -> dict[str, bytes]:
         if cluster["cluster"].get("certificate-authority-data"):
             found[f"{cluster['name']} CA"] = base64.b64decode(cluster["cluster"]["certificate-authority-data"])
     return found
-
-
-def _begin_waiting(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    """What ``proc`` wrote on stderr until it began waiting for the lock."""
-    assert proc.stderr is not None
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while "waiting for web" not in seen:
-        left = deadline - time.monotonic()
-        assert left > 0 and proc.poll() is None, f"the waiter did not begin waiting: {seen!r}"
-        ready, _, _ = select.select([proc.stderr], [], [], left)
-        if ready:
-            seen += proc.stderr.readline()
-    return seen
 
 
 def test_sigkilled_waiter_leaves_no_key_file(dep3: Env, tmp_path: Path) -> None:
@@ -74,7 +60,8 @@ def test_sigkilled_waiter_leaves_no_key_file(dep3: Env, tmp_path: Path) -> None:
         env={"TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
-        _begin_waiting(waiter)
+        reader = StreamReader(waiter.stderr, "waiting for web")
+        assert reader.wait_marker(60), f"the waiter did not begin waiting: {reader.text()!r}"
         time.sleep(1)  # well into its wait: its first read of every member long done
     finally:
         if waiter.poll() is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers.cli import StreamReader
 
 from coordinator.api import Coordinator
 from coordinator.kube.resources import lease_path
@@ -75,15 +75,8 @@ def _start_doomed(env: Any, name: str) -> subprocess.Popen[str]:
         "lock", "acquire", "web", "--holder", name, "--ttl", str(HOLD_TTL), "--wait", "150s",
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 60
-    seen = ""
-    while "waiting for web" not in seen:
-        left = deadline - time.monotonic()
-        assert left > 0 and proc.poll() is None, f"{name} did not begin waiting: {seen!r}"
-        ready, _, _ = select.select([proc.stderr], [], [], left)
-        if ready:
-            seen += proc.stderr.readline()
+    reader = StreamReader(proc.stderr, "waiting for web")
+    assert reader.wait_marker(60), f"{name} did not begin waiting: {reader.text()!r}"
     time.sleep(1.2)
     return proc
 

@@ -14,15 +14,14 @@ import io
 import json
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 import yaml
 from coord_fixtures import UNHURRIED, Env, put_lease
+from helpers.cli import StreamReader
 
 from coordinator.cli import output
 from coordinator.kube.resources import lease_path
@@ -108,28 +107,20 @@ def test_lock_status_watch_escapes_every_update(dep3: Env) -> None:
         "lock", "status", "web", "--watch", "--interval", "0.3s",
         env=UNHURRIED, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    seen: list[str] = []
-    stream = watch.stdout
-    assert stream is not None
-    reader = threading.Thread(target=lambda: seen.extend(iter(stream.readline, "")), daemon=True)
-    reader.start()
-
-    def until(condition: Callable[[str], bool], what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not condition("".join(seen)):
-            assert time.monotonic() < deadline and watch.poll() is None, f"{what}:\n{''.join(seen)}"
-            time.sleep(0.1)
-
+    reader = StreamReader(watch.stdout, printable(HOLDER))
     try:
-        until(lambda out: printable(HOLDER) in out, "the watch never showed the holder")
-        frames = "".join(seen).count("--- ")
+        assert reader.wait_marker(60), f"the watch never showed the holder:\n{reader.text()}"
+        frames = reader.text().count("--- ")
         assert dep3.cli("lock", "break", "web", "--yes", "--reason", f"cleanup{TITLE}").returncode == 0
-        until(lambda out: out.count("--- ") > frames, "the watch showed no frame after the break")
+        deadline = time.monotonic() + 60
+        while reader.text().count("--- ") <= frames:
+            assert time.monotonic() < deadline and watch.poll() is None, f"no frame after the break:\n{reader.text()}"
+            time.sleep(0.1)
     finally:
         watch.send_signal(signal.SIGTERM)
-        _out, err = watch.communicate(timeout=30)
-        reader.join(timeout=10)
-    out = "".join(seen)
+        watch.wait(30)  # stdout is the reader's; stderr holds a few lines at most
+    err = watch.stderr.read() if watch.stderr else ""
+    out = reader.text(join=10)
     assert watch.returncode == 0, err
     assert out.count("--- ") >= 2, out  # held, then broken
     _clean(out)
