@@ -117,14 +117,14 @@ async def change_members(
         c.clusters.record(member)
     if list(target) == list(rec.clusters) and rec.joint is None:
         raise UsageError(f"Deployment {name!r} already has exactly these members; nothing to change.")
-    check_ttl(ttl, c.lock_engine(name))
+    engine = c.lock_engine(name)
+    check_ttl(ttl, engine)
     report = ChangeReport(name, list(rec.clusters), list(target), rec.epoch)
     who = holder or default_holder()
 
     if dead:
         return await _remove_dead(c, rec, target, dead, who, ttl, report)
 
-    engine = c.lock_engine(name)
     # The members may already store this very change (the joint configuration, or its
     # commit) while this machine's record was not updated: a change killed between
     # writing the leases and saving the record. Recognise it and carry on from there.
