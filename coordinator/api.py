@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -36,12 +36,11 @@ if TYPE_CHECKING:
     from coordinator.history import Tenure
     from coordinator.kube.transport import TransportFactory
     from coordinator.lock import LockEngine
-    from coordinator.lock.core import DeferredHistory, EngineCore
+    from coordinator.lock.core import DeferredHistory
     from coordinator.models import LockRecord, RunClaim
     from coordinator.state import StateClient
 
 DEFAULT_TTL_S = 180.0
-E = TypeVar("E", bound="EngineCore")
 
 
 def check_ttl(ttl: float, engine: LockEngine) -> None:
@@ -152,13 +151,10 @@ class Coordinator:
     def lock_engine(self, deployment: str) -> LockEngine:
         from coordinator.lock.engine import LockEngine
 
-        return self._engine(deployment, LockEngine)
-
-    def _engine(self, deployment: str, cls: type[E]) -> E:
         dep = self.deployment(deployment)
         for c in dep.clusters:
             self.clusters.record(c)
-        return cls(
+        return LockEngine(
             self.clusters,
             dep,
             background=self._tg,
@@ -440,11 +436,9 @@ class Coordinator:
         return result
 
     async def status(self, deployment: str) -> LockStatus:
-        # The read side of the engine alone: the write side (acquire, renew, release, the
-        # token floor) and the history are never imported by a command that only looks.
-        from coordinator.lock.status import Status
-
-        return await self._engine(deployment, Status).status()
+        # The engine makes its parts on first use: the write side (acquire, renew, release,
+        # the token floor) and the history are never imported by a command that only looks.
+        return await self.lock_engine(deployment).status()
 
     async def break_lock(
         self, deployment: str, *, by: str | None = None, reason: str = "", lock_id: str | None = None

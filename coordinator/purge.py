@@ -38,9 +38,9 @@ async def purge_deployment(store: ConfigStore, name: str, *, timeout: float = 5.
             # The state first, everywhere; the leases only once no member keeps a state
             # object. A purge cut short keeps every lease, so that running it again can
             # take the lock (a lease found missing would block it for a maximum TTL).
-            results = await fan_out(engine.members, deleter(state.path, "state"), timeout=timeout)
+            results = await fan_out(engine.members, deleter(state.replicas.path, "state"), timeout=timeout)
             if all(m in results and results[m].ok for m in engine.members):
-                results = await fan_out(engine.members, deleter(engine.path, "state and lease"), timeout=timeout)
+                results = await fan_out(engine.members, deleter(engine.core.path, "state and lease"), timeout=timeout)
     if all(m in results and results[m].ok for m in engine.members):
         # The lock's history last: only now, with this command's own background work done
         # (recording its take of the lock), can nothing write it again.

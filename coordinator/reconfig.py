@@ -35,8 +35,8 @@ be lost; the report says so.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard
+from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -50,9 +50,9 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, Standing
 from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
-from coordinator.lock.core import recorded_membership
+from coordinator.lock.core import of_this_change_on, recorded_membership
 from coordinator.logs import get_logger
-from coordinator.membership import Check, Membership, Stored, behind_stand_in, foreign_set
+from coordinator.membership import Membership, Stored, foreign_set
 from coordinator.outcome import Outcome
 from coordinator.quorum import Majorities
 from coordinator.records import DeploymentRecord
@@ -139,7 +139,7 @@ async def change_members(
         # run that was interrupted: members storing the set before it, its joint set or its
         # commit all agree. (Leases deleted since then store none of it; the state objects
         # may still carry the set from before the change.)
-        engine = _Resuming(c, rec)
+        engine = _finishing(c, rec)
     held: AcquireResult
     if lock_id:
         token = await _token_of(engine, lock_id)
@@ -187,7 +187,7 @@ async def change_members(
             # counts as deleted, held by an unknown holder). Where it cannot be made, the
             # joint step reports that member's failure.
             await fan_out(seed, lambda m: ensure_namespace(c.clusters, m, rec.namespace), timeout=c.clusters.timeout)
-            await _refuse_foreign(joint, seed, engine.accepted if isinstance(engine, _Resuming) else ())
+            await _refuse_foreign(joint, seed, engine.core.finishing or ())
             await _until_new_set_takeable(joint, held.lock_id, seed, wait, lost)
             _confirm(
                 joint,
@@ -291,11 +291,11 @@ async def _until_new_set_takeable(
 
     async def one(cluster: str) -> ClusterResult[bool]:
         try:
-            view = await joint._checked_read(cluster)
+            view = await joint.core.checked_read(cluster)
             if view.lock_id == lock_id or not view.held:
                 return ClusterResult(cluster, Outcome.OK, True)
-            view, stamp = await joint._probed(cluster, view, lock_id)  # a nonce on that lease, not ours
-            stand = joint._stand(cluster, view, lock_id, stamp)
+            view, stamp = await joint.core.probed(cluster, view, lock_id)  # a nonce on that lease, not ours
+            stand = joint.core.stand(cluster, view, lock_id, stamp)
         except KubeError as err:
             if err.kind == kube.CONFLICT:
                 return ClusterResult(cluster, Outcome.OK, False)  # written meanwhile: look again
@@ -348,20 +348,6 @@ def _confirm_copy(synced: Mapping[str, Any], rec: DeploymentRecord, target: list
         )
 
 
-def _of_this_change(stored: Stored) -> TypeGuard[Membership]:
-    """Whether a set a lease stores may be a step of the change being finished (when it
-    equals one): written by coordinator, or its managedFields stripped (writer unknown; a
-    set another client wrote names that client). Refusing a stripped step wedged the change
-    for good: only the commit rewrites the annotation, and so owns it again."""
-    return isinstance(stored, Membership) and (stored.written_by_us or stored.unowned)
-
-
-def _of_this_change_on(stored: Stored, view: LeaseView | None) -> TypeGuard[Membership]:
-    """``_of_this_change`` on ``view``: a stripped set counts only on a lease coordinator
-    made (it names its own uid), not on one another client created and then stripped."""
-    return _of_this_change(stored) and (stored.written_by_us or (view is not None and view.names_itself))
-
-
 def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
     """The member sets a change of ``rec`` to ``target`` stores, by identity: before it
     (epoch E), the joint configuration (E + 1) and the committed new set (E + 2)."""
@@ -381,11 +367,11 @@ async def _own_change(
     _, joint_m, final_m = _configs(c, rec, target)
     union = rec.model_copy(update={"clusters": list(dict.fromkeys([*rec.clusters, *target])), "joint": None})
     reader = LockEngine(c.clusters, union)
-    results = await reader._read_everywhere()
-    reader._raise_on_mismatch(results)
+    results = await reader.core.read_everywhere()
+    reader.core.raise_on_mismatch(results)
     views = {k: r.value.view for k, r in results.items() if r.ok and r.value and r.value.view}
-    stored = {k: reader.stored_membership(v) for k, v in views.items()}
-    ours = {k: v for k, v in stored.items() if _of_this_change_on(v, views[k])}
+    stored = {k: reader.core.stored_membership(v) for k, v in views.items()}
+    ours = {k: v for k, v in stored.items() if of_this_change_on(v, views[k])}
     if not any(v in (joint_m, final_m) for v in ours.values()):
         return None
     groups = [list(rec.clusters), list(target)]
@@ -414,57 +400,20 @@ async def _own_change(
     return joint_rec
 
 
-class _Resuming(LockEngine):
+def _finishing(c: Coordinator, joint_rec: DeploymentRecord) -> LockEngine:
     """The lock engine of a change being finished: a member storing the set from before
-    the change, its joint configuration or its commit counts as agreeing. Any of them
-    may be where the interrupted run left a member, and the lock is taken on majorities
-    of the old and the new set, which meet every majority any of them decides with."""
-
-    def __init__(self, c: Coordinator, joint_rec: DeploymentRecord) -> None:
-        super().__init__(
-            c.clusters,
-            joint_rec,
-            background=c._tg,
-            max_server_skew_s=c.max_server_skew_s,
-            follow=lambda: c.current_record(joint_rec.name),
-        )
-        before = joint_rec.model_copy(update={"epoch": joint_rec.epoch - 1, "joint": None})
-        old, _, final = _configs(c, before, list(joint_rec.joint or []))
-        self.accepted = (old, self.membership, final)
-
-    def agrees(self, stored: Membership) -> bool:
-        return stored in self.accepted
-
-    def stored_membership(self, view: LeaseView) -> Stored:
-        stored = super().stored_membership(view)
-        if (
-            isinstance(stored, Membership)
-            and not stored.written_by_us
-            and _of_this_change_on(stored, view)
-            and self.agrees(stored)
-        ):
-            # Stripped, on a lease coordinator made (it names its own uid): a step of this
-            # change whose record of its writer is gone. Counted as coordinator's from here on.
-            return replace(stored, writers=None)
-        # Stripped on a lease that does not name its own uid (another client made it, or
-        # copied one): it stays a set nobody known wrote, which never agrees.
-        return stored
-
-    def _agreeing(self, stored: Stored) -> Stored:
-        if isinstance(stored, Membership) and stored.written_by_us and self.agrees(stored):
-            return self.membership
-        return stored
-
-    def check_members(self, stored: Mapping[str, Stored]) -> Check:
-        result = super().check_members({k: self._agreeing(v) for k, v in stored.items()})
-        old, new = self.majorities.groups[0], self.majorities.groups[-1]
-        return behind_stand_in(result, stored, old, new, self.accepted[0])
-
-    def _evidence_of(self, found: dict[str, tuple[int, Stored]]) -> dict[str, tuple[int, Stored]]:
-        # With the leases deleted, the state objects speak for the members; one that still
-        # carries the set from before the change agrees, as such a lease would (the engine
-        # otherwise takes no set older than its own from a state object).
-        return {k: (token, self._agreeing(kept)) for k, (token, kept) in found.items()}
+    the change, its joint configuration or its commit counts as agreeing (EngineCore's
+    ``finishing``)."""
+    before = joint_rec.model_copy(update={"epoch": joint_rec.epoch - 1, "joint": None})
+    old, _, final = _configs(c, before, list(joint_rec.joint or []))
+    return LockEngine(
+        c.clusters,
+        joint_rec,
+        background=c._tg,
+        max_server_skew_s=c.max_server_skew_s,
+        follow=lambda: c.current_record(joint_rec.name),
+        finishing=(old, recorded_membership(c.clusters, joint_rec), final),
+    )
 
 
 async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Membership, ...] = ()) -> None:
@@ -478,17 +427,17 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
 
     async def one(cluster: str) -> ClusterResult[Stored]:
         try:
-            view = await engine._checked_read(cluster)
+            view = await engine.core.checked_read(cluster)
         except KubeError as err:
             return failed(cluster, err)  # type: ignore[return-value]
         views[cluster] = view
-        return ClusterResult(cluster, Outcome.OK, engine.stored_membership(view))
+        return ClusterResult(cluster, Outcome.OK, engine.core.stored_membership(view))
 
     def allowed(cluster: str, value: Stored) -> bool:
-        return _of_this_change_on(value, views.get(cluster)) and value in allow
+        return of_this_change_on(value, views.get(cluster)) and value in allow
 
     results = await fan_out(seed, one, timeout=engine.timeout)
-    engine._raise_on_mismatch(results)  # type: ignore[arg-type]
+    engine.core.raise_on_mismatch(results)  # type: ignore[arg-type]
     names = {m.identity: m.name for m in engine.clusters.config.clusters.values()}
     foreign: dict[str, Stored] = {
         k: r.value
@@ -593,7 +542,7 @@ async def _refuse_if_alive(c: Coordinator, rec: DeploymentRecord, dead: list[str
     """--force-dead is for members that are gone: one that answers is removed with the
     joint configuration instead (which asks it)."""
     engine = LockEngine(c.clusters, rec.model_copy(update={"clusters": list(dead), "joint": None}))
-    results = await engine._read_everywhere()
+    results = await engine.core.read_everywhere()
     alive = sorted(k for k, r in results.items() if r.ok)
     if alive:
         raise UsageError(

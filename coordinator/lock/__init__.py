@@ -47,11 +47,12 @@ Not guaranteed: a holder that stops past its validity may still act, unless it c
 the leases and the state objects (which carry the token floor) of a majority are deleted
 together: nothing in the clusters remembers it.
 
-The engine is one class, :class:`LockEngine`, put together from one module per job:
-``core`` (one lease's reads, writes and compare-and-swap), ``bodies`` (what is written),
-``members`` (the stored member set), ``acquire`` and ``turns`` (taking the lock, waiters'
-turns), ``renew``, ``release`` (release and break), ``floor`` (the token floor on the
-state objects), ``status``, and ``results``/``reports`` (what callers and people get).
+The engine is :class:`LockEngine` (``engine``): one ``core`` (the configuration it
+counts with, and one lease's reads, writes and compare-and-swap) and one part per job,
+each holding the core: ``members`` (the stored member set), ``acquire`` and ``turns``
+(taking the lock, waiters' turns), ``renew``, ``release`` (release and break), ``floor``
+(the token floor on the state objects), ``status``; ``bodies`` (what is written) and
+``results``/``reports`` (what callers and people get) are plain functions and values.
 This package re-exports the names other modules use.
 """
 

@@ -15,7 +15,9 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import A_TOKEN, LeaseView, Standing, TurnClaim, boot_clock, remaining_validity, token_taken
+from coordinator.lock.core import EngineCore
 from coordinator.lock.floor import TokenFloor, kept_set_speaks
+from coordinator.lock.release import Release
 from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision, new_lock_id
 from coordinator.lock.turns import Turns, Wake
@@ -23,8 +25,14 @@ from coordinator.membership import Check, Stored, Verdict, says_nothing
 from coordinator.outcome import Outcome
 
 
-class Acquire(TokenFloor, Turns):
+class Acquire:
     """Acquisition."""
+
+    def __init__(self, core: EngineCore, floor: TokenFloor, turns: Turns, releases: Release) -> None:
+        self.core = core
+        self.floor = floor
+        self.turns = turns
+        self.releases = releases
 
     async def acquire(
         self,
@@ -52,8 +60,8 @@ class Acquire(TokenFloor, Turns):
         wake = Wake(changed)
         result: AcquireResult | None = None
         async with anyio.create_task_group() as watchers:
-            for cluster in self.members:
-                watchers.start_soon(self._watch_leases, cluster, wake, seen, lock_id)
+            for cluster in self.core.members:
+                watchers.start_soon(self.turns.watch_leases, cluster, wake, seen, lock_id)
             backoff = 0.2
             try:
                 while True:
@@ -79,8 +87,8 @@ class Acquire(TokenFloor, Turns):
                         if maybe is not None:
                             await maybe
                     if wake.mine is not None:
-                        await self._claim_turns(result, wake.mine, wake.claimed)
-                    expiry = next_expiry(result, self.max_ttl_s, self.max_server_skew_s)
+                        await self.turns.claim_turns(result, wake.mine, wake.claimed)
+                    expiry = next_expiry(result, self.core.max_ttl_s, self.core.max_server_skew_s)
                     sleep = min(left, backoff * (0.5 + clock.fraction()), expiry)
                     backoff = min(backoff * 2, 2.0)
                     with anyio.move_on_after(max(0.0, sleep)):
@@ -98,24 +106,24 @@ class Acquire(TokenFloor, Turns):
                 # Best effort: they lapse by themselves after the grace.
                 won = result.results if result is not None and result.acquired else {}
                 leftover = sorted(c for c in wake.claimed if not (c in won and won[c].ok))
-                if leftover and self.background is not None:
-                    self.background.start_soon(self._withdraw_claims, leftover, lock_id)
+                if leftover and self.core.background is not None:
+                    self.core.background.start_soon(self.turns.withdraw_claims, leftover, lock_id)
                 elif leftover and not won:
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
-                        await self._withdraw_claims(leftover, lock_id)
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(self.core.timeout):
+                        await self.turns.withdraw_claims(leftover, lock_id)
         # Settled outside the watchers' task group, so that the documented errors reach
         # the caller as themselves, not wrapped in an ExceptionGroup.
         assert result is not None
         return await self._remember_take(self._settle(result, final=True), reason)
 
     async def _remember_take(self, result: AcquireResult, reason: str) -> AcquireResult:
-        await self._record_token_floor(result)
+        await self.floor.record_token_floor(result)
         lapsed = {
             name: r.value.previous
             for name, r in result.results.items()
             if r.ok and r.value and r.value.previous and r.value.action.startswith("took over")
         }
-        await self._remember(
+        await self.core.remember(
             history.take_events(
                 result.lock_id,
                 holder=result.holder,
@@ -142,7 +150,7 @@ class Acquire(TokenFloor, Turns):
 
         async def one(cluster: str) -> ClusterResult[LeaseView]:
             try:
-                return ClusterResult(cluster, Outcome.OK, await self._read(cluster))
+                return ClusterResult(cluster, Outcome.OK, await self.core.read(cluster))
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
 
@@ -167,21 +175,21 @@ class Acquire(TokenFloor, Turns):
             return [k for k, r in results.items() if r.ok and r.value is not None and still_ours(k, r.value)]
 
         results = await fan_out(
-            self.members,
+            self.core.members,
             one,
-            timeout=self.timeout,
-            until=lambda rs: self.majorities.reached(ours(rs)),
-            silent=self.clusters.silent,
+            timeout=self.core.timeout,
+            until=lambda rs: self.core.majorities.reached(ours(rs)),
+            silent=self.core.clusters.silent,
         )
         spent = ""
-        if self.majorities.reached(ours(results)):
+        if self.core.majorities.reached(ours(results)):
             if result.expires_in() > 0:
                 return
             spent = "its validity was used up by the time its token and history were recorded"
-        undone = await self._give_back(lock_id, "leases it still held")
+        undone = await self.releases.give_back(lock_id, "leases it still held")
         if spent:
             raise NoQuorumError(
-                f"Took the leases of {self.dep.name!r} with fencing token {result.fencing_token}, but {spent} "
+                f"Took the leases of {self.core.dep.name!r} with fencing token {result.fencing_token}, but {spent} "
                 f"(TTL {result.ttl_s:g}s). {undone} The lock is not taken; retry, or use a longer --ttl.",
                 payload=result,
             )
@@ -203,7 +211,7 @@ class Acquire(TokenFloor, Turns):
             else:
                 found.append(f"{name}: no longer ours")
         why = (
-            f"Took the leases of {self.dep.name!r} with fencing token {result.fencing_token}, but when the "
+            f"Took the leases of {self.core.dep.name!r} with fencing token {result.fencing_token}, but when the "
             f"acquisition finished a majority no longer carried its lock id ({'; '.join(found)}): a `lock break` "
             f"or another client changed them while it was under way. {undone} The lock is not taken; retry."
         )
@@ -239,24 +247,29 @@ class Acquire(TokenFloor, Turns):
             lease.next_token), or, ``final``, with what was read by then."""
             if token_ready.is_set():
                 return
-            enough = self.majorities.reached(reads)
-            if not enough and reads_done < self.n:
+            enough = self.core.majorities.reached(reads)
+            if not enough and reads_done < self.core.n:
                 return
-            evidence = self._judge_state(state_reads)
-            if enough and not self._token_proven(reads, evidence is not None) and reads_done < self.n and not final:
+            evidence = self.floor.judge_state(state_reads)
+            if (
+                enough
+                and not self.core.token_proven(reads, evidence is not None)
+                and reads_done < self.core.n
+                and not final
+            ):
                 return  # the other members' answers may still make up for it
             views = list(reads.values())
-            stored = {c: self.stored_membership(v) for c, v in reads.items()}
-            verdict = self.check_members(stored)
+            stored = {c: self.core.stored_membership(v) for c, v in reads.items()}
+            verdict = self.core.check_members(stored)
             if verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED) and evidence:
                 # Leases deleted (or their sets removed): the state objects' sets may
                 # confirm the member set for those members.
                 for c, (_, kept) in evidence.items():
-                    speaks = kept_set_speaks(stored.get(c), kept, self.membership)
+                    speaks = kept_set_speaks(stored.get(c), kept, self.core.membership)
                     if speaks is not None:
                         stored[c] = speaks
-                verdict = self.check_members(stored)
-            if verdict.verdict is Verdict.UNCONFIRMED and evidence is None and not self._everyone(state_reads):
+                verdict = self.core.check_members(stored)
+            if verdict.verdict is Verdict.UNCONFIRMED and evidence is None and not self.floor.everyone(state_reads):
                 # Too few state objects answered to judge them: a member whose lease says
                 # nothing of the set may still be spoken for by its state object, so it is
                 # not observed (exit 4), not known to store nothing (exit 5).
@@ -265,14 +278,16 @@ class Acquire(TokenFloor, Turns):
                     if r is None or not r.ok:
                         return True
                     kept = r.value[1] if r.value is not None else None
-                    return kept_set_speaks(stored.get(c), kept, self.membership) is not None
+                    return kept_set_speaks(stored.get(c), kept, self.core.membership) is not None
 
-                unjudged = {c: s for c, s in stored.items() if not (says_nothing(s, self.membership) and may_speak(c))}
-                verdict = self.check_members(unjudged)
-            if verdict.verdict is Verdict.UNOBSERVABLE and reads_done < self.n and not final:
+                unjudged = {
+                    c: s for c, s in stored.items() if not (says_nothing(s, self.core.membership) and may_speak(c))
+                }
+                verdict = self.core.check_members(unjudged)
+            if verdict.verdict is Verdict.UNOBSERVABLE and reads_done < self.core.n and not final:
                 return  # members still to answer may confirm the set: hear them first
-            floors = [t for c in self._present(state_reads) if (found := state_reads[c].value) for t in found[:1]]
-            chosen["token"] = self._token(reads, floors, evidence is not None) if enough else None
+            floors = [t for c in self.floor.present(state_reads) if (found := state_reads[c].value) for t in found[:1]]
+            chosen["token"] = self.core.new_token(reads, floors, evidence is not None) if enough else None
             members_check.append(verdict)
             line["ahead"] = first_in_line(views, lock_id, mine)
             token_ready.set()
@@ -281,11 +296,11 @@ class Acquire(TokenFloor, Turns):
             nonlocal reads_done
 
             async def read_state() -> None:
-                state_reads[cluster] = await self._state_one(cluster)
+                state_reads[cluster] = await self.floor.state_one(cluster)
 
             error: KubeError | None = None
             try:
-                view = await self._checked_read(cluster, read_state)
+                view = await self.core.checked_read(cluster, read_state)
             except KubeError as err:
                 if err.kind == kube.IDENTITY_MISMATCH:
                     attempt_over["mismatch"] = True
@@ -300,11 +315,11 @@ class Acquire(TokenFloor, Turns):
             if not token_ready.is_set():
                 # Waiting for members that may not answer: after a while, decide with what
                 # was read (a missing lease is still recorded as a tombstone then).
-                with anyio.move_on_after(self.timeout / 2):
+                with anyio.move_on_after(self.core.timeout / 2):
                     await token_ready.wait()
                 await maybe_choose_token(final=True)
             await token_ready.wait()
-            if members_check and not members_check[0].ok and self.majorities.reached(reads):
+            if members_check and not members_check[0].ok and self.core.majorities.reached(reads):
                 attempt_over["membership"] = True
                 return ClusterResult(
                     cluster,
@@ -312,7 +327,7 @@ class Acquire(TokenFloor, Turns):
                     ClusterLease(view, "not attempted"),
                     detail="not attempted: a majority of the members do not confirm this machine's member set",
                 )
-            if not self.majorities.reached(reads):
+            if not self.core.majorities.reached(reads):
                 return ClusterResult(
                     cluster,
                     Outcome.ERROR,
@@ -323,7 +338,7 @@ class Acquire(TokenFloor, Turns):
             if token is None and not view.exists and not attempt_over["lost"]:
                 floor = max((v.token for v in reads.values() if v.exists and not v.token_malformed), default=0)
                 try:
-                    recorded = await self._record_missing(cluster, floor)
+                    recorded = await self.core.record_missing(cluster, floor)
                 except KubeError as err:
                     return failed(cluster, err)  # type: ignore[return-value]
                 if recorded is not None:
@@ -331,7 +346,7 @@ class Acquire(TokenFloor, Turns):
                         cluster,
                         Outcome.HELD_BY_OTHER,
                         ClusterLease(recorded, "missing"),
-                        detail=held_detail(recorded, self.max_ttl_s),
+                        detail=held_detail(recorded, self.core.max_ttl_s),
                     )
             if token is None:
                 return ClusterResult(
@@ -352,7 +367,7 @@ class Acquire(TokenFloor, Turns):
                 # its majority; clearing that would leave a holder that holds no majority.
                 written = outcome.value.view.resource_version if outcome.value and outcome.value.view else None
                 if written is not None:
-                    await self._release_one(cluster, lock_id, keep_claim=True, only_version=written)
+                    await self.releases.release_one(cluster, lock_id, keep_claim=True, only_version=written)
                 outcome.value = ClusterLease(outcome.value.view if outcome.value else None, "released")
             return outcome
 
@@ -361,35 +376,35 @@ class Acquire(TokenFloor, Turns):
             if any(o is Outcome.IDENTITY_MISMATCH for o in outcomes):
                 attempt_over["mismatch"] = True
                 return True
-            if self.majorities.reached_by({k: r.outcome for k, r in results.items()}):
+            if self.core.majorities.reached_by({k: r.outcome for k, r in results.items()}):
                 attempt_over["won"] = True
                 return True
-            if self.majorities.impossible_by({k: r.outcome for k, r in results.items()}):
+            if self.core.majorities.impossible_by({k: r.outcome for k, r in results.items()}):
                 attempt_over["lost"] = True
                 return True
             return False
 
         results = await fan_out(
-            self.members,
+            self.core.members,
             on_cluster,
-            timeout=self.timeout,
+            timeout=self.core.timeout,
             until=decided,
-            background=self.background,
+            background=self.core.background,
             # A won attempt does not wait for stragglers (a lease of ours that lands late is
             # freed by release or expiry); a lost one lets them finish and give back.
             leave_running=lambda: not attempt_over["won"],
-            silent=self.clusters.silent,
+            silent=self.core.clusters.silent,
             # Cancelled (Ctrl-C), the attempt is lost: what has not been written is not,
             # what lands now gives itself back, and the caller's release (by lock id)
             # runs only once every take that was sent has been answered.
             finish_on_cancel=lambda: attempt_over.__setitem__("lost", True),
         )
         token = chosen.get("token")
-        result = self._result(
+        result = self.core.result(
             lock_id, holder, token, ttl_s, started, results, membership=members_check[0] if members_check else None
         )
         refused = attempt_over["mismatch"] or attempt_over["membership"]
-        won = self.majorities.reached_by({k: r.outcome for k, r in results.items()}) and not refused
+        won = self.core.majorities.reached_by({k: r.outcome for k, r in results.items()}) and not refused
         validity = remaining_validity(ttl_s, boot_clock() - started)
         if won and validity > 0:
             result.acquired = True
@@ -403,7 +418,7 @@ class Acquire(TokenFloor, Turns):
                     r.detail = "taken, but validity ran out before a majority answered"
         taken = [name for name, r in results.items() if r.ok]
         if taken:
-            await self._release_many(taken, lock_id, results)
+            await self.releases.release_many(taken, lock_id, results)
         return result
 
     async def _take_one(
@@ -432,27 +447,27 @@ class Acquire(TokenFloor, Turns):
         # granted since the read: that lease is not taken.
         history_at_read = view.exists and view.token_writer is Writer.OURS
         for _ in range(cas.ATTEMPTS):
-            st = self._stand(cluster, view, lock_id)
+            st = self.core.stand(cluster, view, lock_id)
             try:
                 if st is Standing.MISSING and not attempt_over["lost"]:
                     # the highest token this attempt saw elsewhere: a lower bound to keep
-                    recorded = await self._record_missing(cluster, token - 1)
+                    recorded = await self.core.record_missing(cluster, token - 1)
                     if recorded is None:
-                        view = await self._read(cluster)
+                        view = await self.core.read(cluster)
                         continue
                     return ClusterResult(
                         cluster,
                         Outcome.HELD_BY_OTHER,
                         ClusterLease(recorded, "missing"),
-                        detail=held_detail(recorded, self.max_ttl_s),
+                        detail=held_detail(recorded, self.core.max_ttl_s),
                     )
                 if st is Standing.PROBE and not attempt_over["lost"]:
-                    view, stamp = await self._probe(cluster, view)
+                    view, stamp = await self.core.probe(cluster, view)
             except KubeError as err:
                 if err.kind not in (kube.CONFLICT, kube.ALREADY_EXISTS):
                     return failed(cluster, err)  # type: ignore[return-value]
                 try:
-                    view = await self._read(cluster)
+                    view = await self.core.read(cluster)
                 except KubeError as err2:
                     return failed(cluster, err2)  # type: ignore[return-value]
                 continue
@@ -461,13 +476,13 @@ class Acquire(TokenFloor, Turns):
         def decide(view: LeaseView) -> Decision:
             # The probe's stamp stays good evidence after a re-read: it was taken after
             # our last write to the lease, and a later write of ours moves that write.
-            st = self._stand(cluster, view, lock_id, stamp)
+            st = self.core.stand(cluster, view, lock_id, stamp)
             if st in (Standing.HELD, Standing.PROBE, Standing.MISSING):
                 return ClusterResult(
                     cluster,
                     Outcome.HELD_BY_OTHER,
                     ClusterLease(view, "held"),
-                    detail=held_detail(view, self.max_ttl_s),
+                    detail=held_detail(view, self.core.max_ttl_s),
                 )
             first = ahead or (view.live_claim if view.reserved_for_other(lock_id, mine) else None)
             if first is not None:
@@ -478,14 +493,14 @@ class Acquire(TokenFloor, Turns):
                     detail=reserved_detail(first),
                     extra={"next": first},
                 )
-            moved = self.other_set(view)
+            moved = self.core.other_set(view)
             if moved is not None:
                 return ClusterResult(
                     cluster,
                     Outcome.CONFLICT,
                     ClusterLease(view, "other member set"),
                     detail=f"not taken: it stores member set epoch {moved.epoch}, not this machine's "
-                    f"(epoch {self.membership.epoch})",
+                    f"(epoch {self.core.membership.epoch})",
                 )
             if view.max_ttl_note is not None and ttl_s > view.max_ttl_note:
                 return ClusterResult(
@@ -531,12 +546,12 @@ class Acquire(TokenFloor, Turns):
                 action = "took over deleted lease" if view.vanished else "took over expired"
             else:
                 action = "took free"
-            body = self._lease_body(
+            body = self.core.lease_body(
                 view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder, reason=reason, command=command
             )
             return body, action, ""
 
-        return await self._cas(cluster, view, decide)
+        return await self.core.cas(cluster, view, decide)
 
     def _settle(self, result: AcquireResult, *, final: bool) -> AcquireResult:
         if result.acquired:
@@ -548,12 +563,12 @@ class Acquire(TokenFloor, Turns):
         # story of who did not answer (below), told cluster by cluster.
         unanswered = result.membership is not None and result.membership.verdict is Verdict.UNOBSERVABLE
         if result.membership is not None and not result.membership.ok and not unanswered:
-            err = self.membership_error(result.membership)
+            err = self.core.membership_error(result.membership)
             err.payload = result
             raise err
         # Held by others when enough clusters were seen to say so (clusters that never
         # answered count as unreachable); otherwise too few could be observed.
         seen = [k for k, r in result.results.items() if r.outcome.observable]
-        if self.majorities.reached(seen):
+        if self.core.majorities.reached(seen):
             raise LockHeldError(report, payload=result)
         raise NoQuorumError(report, payload=result)

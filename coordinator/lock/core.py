@@ -1,19 +1,22 @@
-"""The engine's base: one deployment's members, reading and writing one lease, the
-compare-and-swap of one lease, and handing events to the lock's history."""
+"""What every part of the lock engine shares: the configuration it counts with (one
+deployment's members and the member set they must store, and how a stored set is
+judged), reading and writing one lease, the compare-and-swap of one lease, and handing
+events to the lock's history."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any, TypeGuard, assert_never
 
 import anyio
 from anyio.abc import TaskGroup
 
 from coordinator import clock, quorum
 from coordinator.clusters import ClusterSet, failed
-from coordinator.errors import IdentityMismatchError
+from coordinator.errors import CoordinatorError, IdentityMismatchError, MembershipError, NoQuorumError
 from coordinator.evidence import with_records
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
@@ -45,7 +48,8 @@ from coordinator.lock.bodies import fresh_lease, lease_body, with_annotation
 from coordinator.lock.reports import identity_report
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision
 from coordinator.logs import get_logger
-from coordinator.membership import A_MEMBERSHIP, Check, Membership
+from coordinator.membership import A_MEMBERSHIP, Check, Membership, Stored, Verdict, behind_stand_in, stored_in_lease
+from coordinator.membership import check as check_membership
 from coordinator.outcome import Outcome
 from coordinator.records import DeploymentRecord
 
@@ -114,13 +118,36 @@ def recorded_membership(clusters: ClusterSet, deployment: DeploymentRecord) -> M
     )
 
 
-# How long a history write in the background waits before it starts (see _remember).
+def membership_error(result: Check, deployment: str, names: Mapping[str, str]) -> MembershipError | NoQuorumError:
+    """The error for members that do not confirm this machine's member set: exit 4 when
+    more answers could still confirm it, else exit 5. ``names``: local names by identity."""
+    text = result.explain(deployment, names)
+    if result.verdict is Verdict.UNOBSERVABLE:
+        return NoQuorumError(text)
+    return MembershipError(text)
+
+
+def of_this_change(stored: Stored) -> TypeGuard[Membership]:
+    """Whether a set a lease stores may be a step of the change being finished (when it
+    equals one): written by coordinator, or its managedFields stripped (writer unknown; a
+    set another client wrote names that client). Refusing a stripped step wedged the change
+    for good: only the commit rewrites the annotation, and so owns it again."""
+    return isinstance(stored, Membership) and (stored.written_by_us or stored.unowned)
+
+
+def of_this_change_on(stored: Stored, view: LeaseView | None) -> TypeGuard[Membership]:
+    """``of_this_change`` on ``view``: a stripped set counts only on a lease coordinator
+    made (it names its own uid), not on one another client created and then stripped."""
+    return of_this_change(stored) and (stored.written_by_us or (view is not None and view.names_itself))
+
+
+# How long a history write in the background waits before it starts (see EngineCore.remember).
 HISTORY_DEFER_S = 0.25
 
 
 class DeferredHistory:
     """History events of one owner's engines (a Coordinator makes an engine per call)
-    waiting to be written, and when the owner closes: see EngineCore._remember. Shared,
+    waiting to be written, and when the owner closes: see EngineCore.remember. Shared,
     so that what waited together is written together, whichever engine decided it."""
 
     def __init__(self) -> None:
@@ -130,7 +157,10 @@ class DeferredHistory:
 
 
 class EngineCore:
-    """The lock of one deployment over its member clusters: its members, and one lease's I/O."""
+    """What every part of a lock engine shares: the configuration it counts with (the
+    members, their majorities, the member set they must store), what it has observed of
+    the leases, and one lease's reads, writes and compare-and-swap. The parts (members,
+    release, floor, turns, acquire, renew, status) each hold it; see lock/engine.py."""
 
     def __init__(
         self,
@@ -142,18 +172,24 @@ class EngineCore:
         follow: Callable[[], DeploymentRecord | None] | None = None,
         deferred: DeferredHistory | None = None,
         membership: Membership | None = None,
+        finishing: tuple[Membership, Membership, Membership] | None = None,
     ) -> None:
         self.clusters = clusters
+        # For the engine of a member change being finished: the set before the change, its
+        # joint configuration and its commit. A member storing any of them agrees: any may
+        # be where the interrupted run left it, and the lock is taken on majorities of the
+        # old and the new set, which meet every majority any of them decides with.
+        self.finishing = finishing
         # The member set this engine writes and counts as agreeing, where it is not the one
         # the record names (a member change commits the new set on the old members, and
         # releases on the union of both under the set in force).
         self._membership = membership
         self.background = background
-        # History writes of the owner of ``background``, waiting: see _remember.
+        # History writes of the owner of ``background``, waiting: see remember.
         self.deferred = deferred
         self.max_server_skew_s = max_server_skew_s
         # This machine's record of the deployment as it is now (another command here may
-        # have changed the members since this engine was made): see _follow_record.
+        # have changed the members since this engine was made): see follow_record.
         self.follow = follow
         # Local observation of leases without evidence of ours, per cluster.
         self._sightings: dict[str, Sighting] = {}
@@ -192,7 +228,7 @@ class EngineCore:
             self._history = HistoryStore(self.clusters, self.dep.name, self.dep.namespace, self.members)
         return self._history
 
-    async def _read(self, cluster: str) -> LeaseView:
+    async def read(self, cluster: str) -> LeaseView:
         client = self.clusters.client(cluster)
         try:
             resp = await client.request("GET", self.path)
@@ -203,20 +239,20 @@ class EngineCore:
             raise
         return LeaseView.parse(resp.body, resp.server_time)
 
-    async def _checked_read(self, cluster: str, *more: Callable[[], Coroutine[Any, Any, None]]) -> LeaseView:
+    async def checked_read(self, cluster: str, *more: Callable[[], Coroutine[Any, Any, None]]) -> LeaseView:
         """Identity check and lease read (and ``more`` reads) in flight together; nothing
         is written to a cluster before its identity is proven."""
         view: LeaseView | None = None
 
         async def read() -> None:
             nonlocal view
-            view = await self._read(cluster)
+            view = await self.read(cluster)
 
         await checked(self.clusters, cluster, read, *more)
         assert view is not None
         return view
 
-    def _stand(self, cluster: str, view: LeaseView, lock_id: str, stamp: datetime | None = None) -> Standing:
+    def stand(self, cluster: str, view: LeaseView, lock_id: str, stamp: datetime | None = None) -> Standing:
         """Where ``view`` stands for ``lock_id``, with this engine's local observation
         of leases that carry no evidence of ours and its trust in the cluster's Date."""
         now = boot_clock()
@@ -239,21 +275,21 @@ class EngineCore:
             date_trusted=cluster not in self._date_untrusted,
         )
 
-    async def _probed(self, cluster: str, view: LeaseView, lock_id: str) -> tuple[LeaseView, datetime | None]:
+    async def probed(self, cluster: str, view: LeaseView, lock_id: str) -> tuple[LeaseView, datetime | None]:
         """``view`` with a probe's server stamp where it is another lock id's lease that the
         Date hint says may have lapsed (Standing.PROBE): only a stamp can say it has. The
         view as it is, and no stamp, otherwise."""
-        if view.held and self._stand(cluster, view, lock_id) is Standing.PROBE:
-            return await self._probe(cluster, view)
+        if view.held and self.stand(cluster, view, lock_id) is Standing.PROBE:
+            return await self.probe(cluster, view)
         return view, None
 
-    async def _probe(self, cluster: str, view: LeaseView) -> tuple[LeaseView, datetime | None]:
+    async def probe(self, cluster: str, view: LeaseView) -> tuple[LeaseView, datetime | None]:
         """Get a fresh server time stamp on the lease (a compare-and-swap write of a
         nonce under the probe manager): the second stamp of the expiry rule. Also checks
         the response's Date against it, to know whether this cluster's Date can serve as
         a hint."""
         body = with_annotation(view.obj, A_PROBE, clock.token_hex(6))
-        new = await self._write(cluster, view, body, manager=PROBE_MANAGER)
+        new = await self.write(cluster, view, body, manager=PROBE_MANAGER)
         stamp = manager_time(new.obj, PROBE_MANAGER)
         if stamp is not None and new.server_now is not None:
             offset = abs((new.server_now - stamp).total_seconds())
@@ -271,22 +307,22 @@ class EngineCore:
             ann |= {A_MEMBERS: ",".join(self.members), A_MEMBERSHIP: self.membership.dump()}
         return ann
 
-    def _token_proven(self, reads: Mapping[str, LeaseView], state_majority: bool) -> bool:
+    def token_proven(self, reads: Mapping[str, LeaseView], state_majority: bool) -> bool:
         """Do these reads prove a new token (see lease.next_token)? "A majority" means one
         of every group of the configuration."""
         if self.majorities.reached(c for c, v in reads.items() if history_known(v)):
             return True
         return state_majority and all(m in reads for m in self.members)
 
-    def _token(self, reads: Mapping[str, LeaseView], state_tokens: list[int], state_majority: bool) -> int | None:
+    def new_token(self, reads: Mapping[str, LeaseView], state_tokens: list[int], state_majority: bool) -> int | None:
         """The new fencing token from these reads (see lease.next_token)."""
-        return next_token(list(reads.values()), state_tokens, proven=self._token_proven(reads, state_majority))
+        return next_token(list(reads.values()), state_tokens, proven=self.token_proven(reads, state_majority))
 
-    def _fresh_lease(self, *, vanished: bool, floor: int = 0) -> dict[str, Any]:
+    def fresh_lease(self, *, vanished: bool, floor: int = 0) -> dict[str, Any]:
         """A holderless lease: free, or a tombstone for one found missing (see bodies.fresh_lease)."""
         return fresh_lease(self.name, self.dep.name, self._annotations_common(), vanished=vanished, floor=floor)
 
-    async def _record_missing(self, cluster: str, floor: int) -> LeaseView | None:
+    async def record_missing(self, cluster: str, floor: int) -> LeaseView | None:
         """Record a tombstone where the lease was found missing; None if one appeared
         meanwhile (the caller reads again)."""
         client = self.clusters.client(cluster)
@@ -294,7 +330,7 @@ class EngineCore:
             resp = await client.request(
                 "POST",
                 leases_path(self.dep.namespace),
-                body=self._fresh_lease(vanished=True, floor=floor),
+                body=self.fresh_lease(vanished=True, floor=floor),
                 query={"fieldManager": FIELD_MANAGER},
             )
         except KubeError as err:
@@ -304,7 +340,7 @@ class EngineCore:
         log.warning("lease found missing; recorded it as held by an unknown holder", cluster=cluster)
         return LeaseView.parse(resp.body, resp.server_time)
 
-    def _lease_body(
+    def lease_body(
         self,
         view: LeaseView,
         *,
@@ -337,7 +373,7 @@ class EngineCore:
             keep_claim=keep_claim,
         )
 
-    async def _write(
+    async def write(
         self, cluster: str, view: LeaseView, body: dict[str, Any], *, manager: str = FIELD_MANAGER
     ) -> LeaseView:
         client = self.clusters.client(cluster)
@@ -352,20 +388,20 @@ class EngineCore:
                 return made
             # If naming it fails the lease is still ours, only unnamed until the next write.
             try:
-                return await self._name_created(cluster, made, manager=manager)
+                return await self.name_created(cluster, made, manager=manager)
             except KubeError as err:
                 log.info("could not name a lease just created", cluster=cluster, error=str(err))
                 return made
         return LeaseView.parse(resp.body, resp.server_time)
 
-    async def _name_created(self, cluster: str, made: LeaseView, *, manager: str = FIELD_MANAGER) -> LeaseView:
+    async def name_created(self, cluster: str, made: LeaseView, *, manager: str = FIELD_MANAGER) -> LeaseView:
         """Write a lease's own uid on it right after creating it (the uid is known only
         then), as every later write does: a lease coordinator made is then told from one
         another client made (or a restored copy), even after its managedFields are
         stripped; unnamed, it would also block like a recreated copy for a maximum TTL."""
-        return await self._write(cluster, made, with_annotation(made.obj, A_UID, made.uid or ""), manager=manager)
+        return await self.write(cluster, made, with_annotation(made.obj, A_UID, made.uid or ""), manager=manager)
 
-    async def _cas(
+    async def cas(
         self,
         cluster: str,
         view: LeaseView,
@@ -385,13 +421,13 @@ class EngineCore:
 
         async def write(view: LeaseView, decision: tuple[dict[str, Any], str, str]) -> ClusterResult[ClusterLease]:
             body, action, detail = decision
-            new_view = await self._write(cluster, view, body, manager=manager)
+            new_view = await self.write(cluster, view, body, manager=manager)
             return ClusterResult(
                 cluster, Outcome.OK, ClusterLease(new_view, action, previous=view), detail=detail or action
             )
 
         result = await cas.compare_and_swap(
-            lambda: self._read(cluster),
+            lambda: self.read(cluster),
             step,
             write,
             current=view,
@@ -417,7 +453,7 @@ class EngineCore:
                 )
         assert_never(result)
 
-    def _result(
+    def result(
         self,
         lock_id: str,
         holder: str,
@@ -447,7 +483,7 @@ class EngineCore:
             membership=membership,
         )
 
-    async def _remember(self, events: list[dict[str, Any]]) -> None:
+    async def remember(self, events: list[dict[str, Any]]) -> None:
         """Hand ``events`` to the history (coordinator/history.py): in the background when
         this engine has a task group, so the caller does not wait for it; best effort.
         The store is the one of the members bound now (a record followed later does not
@@ -495,19 +531,129 @@ class EngineCore:
         finally:
             deferred.flushing = False
 
-    def _raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
+    def raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
         if bad:
             raise IdentityMismatchError(identity_report(bad), payload=results)
 
-    async def _read_everywhere(self) -> dict[str, ClusterResult[ClusterLease]]:
+    async def read_everywhere(self) -> dict[str, ClusterResult[ClusterLease]]:
         """Every member's lease, identity checked, read at once (no write)."""
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
-                view = await self._checked_read(cluster)
+                view = await self.checked_read(cluster)
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
             return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
 
         return await fan_out(self.members, on_cluster, timeout=self.timeout)
+
+    def follow_record(self, stored: Iterable[Membership]) -> bool:
+        """Take up this machine's record again when it moved on to a configuration that the
+        members store (a member change made here, e.g. by the child of `lock run`, while
+        this engine held the lock); True if it did. ``stored``: the newer sets coordinator
+        wrote on the leases read. A record is followed only when it is the same deployment
+        (name, namespace, storage), at a newer epoch, and names exactly one of those sets:
+        a record edited by hand, or imported from another namespace, is not."""
+        if self.follow is None:
+            return False
+        fresh = self.follow()
+        if fresh is None or fresh.epoch <= self.dep.epoch:
+            return False
+        if (fresh.name, fresh.namespace, fresh.storage) != (self.dep.name, self.dep.namespace, self.dep.storage):
+            return False
+        try:
+            named = recorded_membership(self.clusters, fresh)
+        except CoordinatorError:  # names a cluster this process does not know
+            return False
+        if not any(s == named and s.written_by_us for s in stored):
+            return False
+        log.info("following the member change made here", deployment=fresh.name, epoch=fresh.epoch)
+        self._bind(fresh)
+        return True
+
+    def agrees(self, stored: Membership) -> bool:
+        """Whether a set a member stores is the one this engine counts with (finishing a
+        change: any of its steps)."""
+        if self.finishing is not None:
+            return stored in self.finishing
+        return stored == self.membership
+
+    def other_set(self, view: LeaseView | None) -> Membership | None:
+        """The member set ``view`` stores when it is another configuration than this
+        engine's, at the same or a newer epoch, whoever wrote it: this engine's record is
+        behind (a change made since) or divergent, or the set was edited. A lease storing
+        it is neither taken nor renewed by this engine, nor its set written over."""
+        stored = self.stored_membership(view) if view is not None else None
+        if not isinstance(stored, Membership) or self.agrees(stored):
+            return None
+        return stored if stored.epoch >= self.membership.epoch else None
+
+    def stored_membership(self, view: LeaseView) -> Stored:
+        """What one member's lease says about the member set: nothing when it is missing
+        or a tombstone (a tombstone is written by whoever found the lease missing, so it
+        proves nothing), LEGACY for a lease from before stored member sets."""
+        stored = stored_in_lease(view)
+        if (
+            self.finishing is not None
+            and isinstance(stored, Membership)
+            and not stored.written_by_us
+            and of_this_change_on(stored, view)
+            and self.agrees(stored)
+        ):
+            # Stripped, on a lease coordinator made (it names its own uid): a step of the
+            # change being finished whose record of its writer is gone. Counted as
+            # coordinator's from here on. Stripped on a lease that does not name its own
+            # uid (another client made it, or copied one), it stays a set nobody known
+            # wrote, which never agrees.
+            return replace(stored, writers=None)
+        return stored
+
+    def _agreeing(self, stored: Stored) -> Stored:
+        """Finishing a change: a step of it that coordinator wrote, as this engine's set."""
+        if isinstance(stored, Membership) and stored.written_by_us and self.agrees(stored):
+            return self.membership
+        return stored
+
+    def check_members(self, stored: Mapping[str, Stored]) -> Check:
+        if self.finishing is None:
+            return check_membership(self.membership, stored, self.members, self.majorities.groups)
+        result = check_membership(
+            self.membership, {k: self._agreeing(v) for k, v in stored.items()}, self.members, self.majorities.groups
+        )
+        old, new = self.majorities.groups[0], self.majorities.groups[-1]
+        return behind_stand_in(result, stored, old, new, self.finishing[0])
+
+    def evidence_of(self, found: dict[str, tuple[int, Stored]]) -> dict[str, tuple[int, Stored]]:
+        """The state objects' evidence (token, stored set) as this engine counts it.
+        Finishing a change, with the leases deleted, the state objects speak for the
+        members: one that still carries the set from before the change agrees, as such
+        a lease would (an engine otherwise takes no set older than its own from a state
+        object)."""
+        if self.finishing is None:
+            return found
+        return {k: (token, self._agreeing(kept)) for k, (token, kept) in found.items()}
+
+    def membership_error(self, result: Check) -> MembershipError | NoQuorumError:
+        return membership_error(result, self.dep.name, self.identity_names())
+
+    def identity_names(self) -> dict[str, str]:
+        return {self.clusters.record(m).identity: m for m in self.members}
+
+    def raise_on_member_conflict(self, results: Mapping[str, ClusterResult[ClusterLease]]) -> None:
+        """Stop when a member stores another member set under the same or a newer epoch
+        (this machine's record is stale or divergent). Missing confirmation alone does
+        not stop commands that only read or clear."""
+        stored = {
+            k: self.stored_membership(r.value.view) for k, r in results.items() if r.ok and r.value and r.value.view
+        }
+        verdict = self.check_members(stored)
+        if verdict.verdict is Verdict.CONFLICT:
+            raise self.membership_error(verdict)
+
+    async def verify_members(self) -> None:
+        """Read every member's lease and stop on a conflicting stored member set."""
+
+        results = await self.read_everywhere()
+        self.raise_on_mismatch(results)
+        self.raise_on_member_conflict(results)

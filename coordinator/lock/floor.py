@@ -19,6 +19,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import A_TOKEN_FLOOR, FIELD_MANAGER, owned_metadata, state_name, state_paths
+from coordinator.lock.core import EngineCore
 from coordinator.lock.release import Release
 from coordinator.lock.results import AcquireResult
 from coordinator.logs import get_logger
@@ -148,34 +149,38 @@ def genesis_state_object(
     return body
 
 
-class TokenFloor(Release):
+class TokenFloor:
     """The engine's token floor on the state objects."""
 
-    async def _state_one(self, cluster: str) -> ClusterResult[tuple[int, Stored]]:
+    def __init__(self, core: EngineCore, releases: Release) -> None:
+        self.core = core
+        self.releases = releases  # to give the lock back when the floor cannot be raised
+
+    async def state_one(self, cluster: str) -> ClusterResult[tuple[int, Stored]]:
         """What one member's state object says: the fencing token it records (its
         envelope's or its token floor, the higher) and the member set it stores; the
         detail says when it is missing (ABSENT) or carries no floor of coordinator's."""
-        _, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
+        _, path = state_paths(self.core.dep.namespace, self.core.dep.name, self.core.dep.storage)
         try:
-            resp = await self.clusters.client(cluster).request("GET", path)
+            resp = await self.core.clusters.client(cluster).request("GET", path)
         except KubeError as err:
             if err.kind == kube.NOT_FOUND:
                 return ClusterResult(cluster, Outcome.OK, (0, None), detail=ABSENT)
             return failed(cluster, err)  # type: ignore[return-value]
-        found = envelope_evidence(resp.body, secret=self.dep.storage == "secret")
+        found = envelope_evidence(resp.body, secret=self.core.dep.storage == "secret")
         if found is None:
             return ClusterResult(cluster, Outcome.ERROR, detail="unreadable state envelope")
         return ClusterResult(cluster, Outcome.OK, found, detail="" if has_floor(resp.body) else NO_FLOOR)
 
-    def _present(self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> list[str]:
+    def present(self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> list[str]:
         # An object without a floor counts like a missing one: it may be one whose floor
         # was removed, and the token it knows may be below one granted since.
         return [k for k, r in results.items() if r.ok and r.detail not in (ABSENT, NO_FLOOR)]
 
-    def _everyone(self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> bool:
-        return len(results) == self.n and all(r.ok for r in results.values())
+    def everyone(self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]) -> bool:
+        return len(results) == self.core.n and all(r.ok for r in results.values())
 
-    def _judge_state(
+    def judge_state(
         self, results: Mapping[str, ClusterResult[tuple[int, Stored]]]
     ) -> dict[str, tuple[int, Stored]] | None:
         """From the state objects read: per member, the token and the member set of a
@@ -191,36 +196,31 @@ class TokenFloor(Release):
         recreated by a state write after a deletion), and what it knows may be below a
         token granted since. No token is proven new then (exit 4 or 5) until an
         acquisition, or an operator, puts a floor back."""
-        counted = self._present(results)
-        if not self.majorities.reached(counted):
-            if not self._everyone(results):
+        counted = self.present(results)
+        if not self.core.majorities.reached(counted):
+            if not self.everyone(results):
                 return None
             floorless = [k for k, r in results.items() if r.ok and r.detail == NO_FLOOR]
             if floorless:
                 log.warning("state objects without a token floor of coordinator's", clusters=sorted(floorless))
                 return None
             counted = list(results)
-        return self._evidence_of({k: v for k in counted if (v := results[k].value) is not None})
+        return self.core.evidence_of({k: v for k in counted if (v := results[k].value) is not None})
 
-    def _evidence_of(self, found: dict[str, tuple[int, Stored]]) -> dict[str, tuple[int, Stored]]:
-        """The state objects' evidence as this engine counts it (a member change counts the
-        sets of its own steps as agreeing)."""
-        return found
-
-    async def _state_evidence(self) -> dict[str, tuple[int, Stored]]:
-        """What a majority of the state replicas say (see :meth:`_judge_state`); returns
+    async def state_evidence(self) -> dict[str, tuple[int, Stored]]:
+        """What a majority of the state replicas say (see :meth:`judge_state`); returns
         as soon as a majority of state objects with a floor answered. Empty when none
         such majority could be read."""
         results = await fan_out(
-            self.members,
-            self._state_one,
-            timeout=self.timeout,
-            until=lambda rs: self.majorities.reached(self._present(rs)) or self._everyone(rs),
-            silent=self.clusters.silent,
+            self.core.members,
+            self.state_one,
+            timeout=self.core.timeout,
+            until=lambda rs: self.core.majorities.reached(self.present(rs)) or self.everyone(rs),
+            silent=self.core.clusters.silent,
         )
-        return self._judge_state(results) or {}
+        return self.judge_state(results) or {}
 
-    async def _record_token_floor(self, result: AcquireResult) -> None:
+    async def record_token_floor(self, result: AcquireResult) -> None:
         """Raise the token floor of the state objects of a majority to the new token
         before the acquisition counts. The leases are the tokens' history, but a holder
         that never writes the state leaves its token on the leases alone: with every lease
@@ -237,18 +237,18 @@ class TokenFloor(Release):
         The same write stores this configuration's member set on the state objects
         (annotation ``coordinator.io/membership``) where they carry an older one."""
         results = await fan_out(
-            self.members,
+            self.core.members,
             lambda c: self._raise_floor(c, token),
-            timeout=self.timeout,
-            until=lambda rs: self.majorities.reached(k for k, r in rs.items() if r.ok),
-            silent=self.clusters.silent,
+            timeout=self.core.timeout,
+            until=lambda rs: self.core.majorities.reached(k for k, r in rs.items() if r.ok),
+            silent=self.core.clusters.silent,
         )
-        if self.majorities.reached(k for k, r in results.items() if r.ok):
+        if self.core.majorities.reached(k for k, r in results.items() if r.ok):
             return
-        undone = await self._give_back(lock_id, "leases taken")
+        undone = await self.releases.give_back(lock_id, "leases taken")
         why = "; ".join(f"{k}: {r.detail or r.outcome}" for k, r in sorted(results.items()) if not r.ok)
         raise NoQuorumError(
-            f"Took the leases of {self.dep.name!r} with fencing token {token}, but could not record that token "
+            f"Took the leases of {self.core.dep.name!r} with fencing token {token}, but could not record that token "
             f"on the state objects of a majority ({why}). {undone} Without that record a token could be handed "
             "out twice if every lease were deleted, so the lock is not taken. Retry when the members accept "
             "writes of the state object again.",
@@ -260,11 +260,11 @@ class TokenFloor(Release):
         member's state object; the results per member. A member change calls it once
         the new set is committed: the leases are not the only place that set lives, so
         deleting every lease cannot leave the members unable to confirm it."""
-        return await fan_out(self.members, lambda c: self._raise_floor(c, token), timeout=self.timeout)
+        return await fan_out(self.core.members, lambda c: self._raise_floor(c, token), timeout=self.core.timeout)
 
     async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
-        collection, path = state_paths(self.dep.namespace, self.dep.name, self.dep.storage)
-        client = self.clusters.client(cluster)
+        collection, path = state_paths(self.core.dep.namespace, self.core.dep.name, self.core.dep.storage)
+        client = self.core.clusters.client(cluster)
         query = {"fieldManager": FIELD_MANAGER}
 
         async def read() -> dict[str, Any] | None:
@@ -278,15 +278,15 @@ class TokenFloor(Release):
 
         def decide(obj: dict[str, Any] | None) -> cas.Put[dict[str, Any]] | cas.Keep[int]:
             if obj is None:
-                body = genesis_state_object(self.dep.name, self.dep.storage, self.membership.document())
+                body = genesis_state_object(self.core.dep.name, self.core.dep.storage, self.core.membership.document())
                 body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
                 return cas.Put(body)
             changes: dict[str, str] = {}
             if token_floor(obj) < token or not has_floor(obj):
                 # (a floor another client wrote is made ours, never lowered)
                 changes[A_TOKEN_FLOOR] = str(max(token, token_floor(obj)))
-            if _set_on_state_is_behind(obj, self.membership):
-                changes[A_MEMBERSHIP] = self.membership.dump()
+            if _set_on_state_is_behind(obj, self.core.membership):
+                changes[A_MEMBERSHIP] = self.core.membership.dump()
             if not changes:
                 return cas.Keep(token_floor(obj))
             meta = dict(obj.get("metadata") or {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -13,7 +14,7 @@ from coordinator.evidence import Writer
 from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, RenewVerdict, boot_clock, remaining_validity, renew_verdict
-from coordinator.lock.members import Members
+from coordinator.lock.core import EngineCore
 from coordinator.lock.reports import held_detail, summarize
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision, default_holder
 from coordinator.logs import get_logger
@@ -21,11 +22,17 @@ from coordinator.membership import Membership
 from coordinator.outcome import Outcome
 from coordinator.text import printable
 
+if TYPE_CHECKING:
+    from coordinator.lock.engine import LockEngine
+
 log = get_logger("coordinator.lock")  # one logger for the whole engine
 
 
-class Renew(Members):
+class Renew:
     """Renewal."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
 
     async def renew(
         self, lock_id: str, token: int, ttl_s: float, holder: str | None = None, *, _followed: bool = False
@@ -52,13 +59,13 @@ class Renew(Members):
 
         async def on_cluster(cluster: str) -> ClusterResult[ClusterLease]:
             try:
-                view = await self._checked_read(cluster)
+                view = await self.core.checked_read(cluster)
             except KubeError as err:
                 return failed(cluster, err)  # type: ignore[return-value]
 
             def decide(view: LeaseView) -> Decision:
                 verdict = renew_verdict(view, lock_id)
-                newer = self.other_set(view)
+                newer = self.core.other_set(view)
                 if verdict is RenewVerdict.RENEW and newer is not None:
                     # The members changed since this engine counted them (e.g. the child of
                     # `lock run` ran `deployment replace-cluster`): a majority of the old set
@@ -69,7 +76,7 @@ class Renew(Members):
                         Outcome.CONFLICT,
                         ClusterLease(view, "other member set"),
                         detail=f"not renewed: it stores member set epoch {newer.epoch}, this machine counts "
-                        f"with epoch {self.membership.epoch}",
+                        f"with epoch {self.core.membership.epoch}",
                     )
                 if verdict is RenewVerdict.RENEW and (view.token > token or view.token_writer is not Writer.OURS):
                     # Our lock id, but a higher token, or one coordinator did not write:
@@ -77,7 +84,7 @@ class Renew(Members):
                     # a later one. (A lower one is an earlier attempt of this same acquire's.)
                     verdict = RenewVerdict.GONE
                 if verdict is RenewVerdict.RENEW:
-                    body = self._lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
+                    body = self.core.lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, renew_only=True)
                     return body, "renewed", ""
                 if verdict is RenewVerdict.BROKEN:
                     note = view.break_note or {}
@@ -103,20 +110,20 @@ class Renew(Members):
                 }.get(verdict, "released or deleted")
                 return ClusterResult(cluster, Outcome.HELD_BY_OTHER, ClusterLease(view, "lost"), detail=detail)
 
-            return await self._cas(cluster, view, decide)
+            return await self.core.cas(cluster, view, decide)
 
         results = await fan_out(
-            self.members,
+            self.core.members,
             on_cluster,
-            timeout=self.timeout,
+            timeout=self.core.timeout,
             until=lambda rs: (
                 bool(lost)
-                or self.majorities.impossible(gone)
-                or self.majorities.reached_by({k: r.outcome for k, r in rs.items()})
+                or self.core.majorities.impossible(gone)
+                or self.core.majorities.reached_by({k: r.outcome for k, r in rs.items()})
             ),
         )
-        self._raise_on_mismatch(results)
-        if not lost and self.majorities.impossible(gone):
+        self.core.raise_on_mismatch(results)
+        if not lost and self.core.majorities.impossible(gone):
             # Released (by `lock release --lock-id`, by a second terminal, by the child
             # itself), deleted, or broken and taken: no majority can be ours again.
             found: dict[str, list[str]] = {}
@@ -124,25 +131,25 @@ class Renew(Members):
                 found.setdefault(why, []).append(cluster)
             where = "; ".join(f"{why} on {', '.join(clusters)}" for why, clusters in found.items())
             lost["*"] = f"its leases are no longer its own on a majority ({where})"
-        if moved and not lost and not _followed and self._follow_record(moved.values()):
+        if moved and not lost and not _followed and self.core.follow_record(moved.values()):
             # This machine's record followed the change: renew over the members it names now.
             return await self.renew(lock_id, token, ttl_s, holder, _followed=True)
-        result = self._result(
+        result = self.core.result(
             lock_id, who, token, ttl_s, started, results, lost="; ".join(v for _, v in sorted(lost.items())) or None
         )
         validity = remaining_validity(ttl_s, boot_clock() - started)
-        renewed = self.majorities.reached_by({k: r.outcome for k, r in results.items()})
+        renewed = self.core.majorities.reached_by({k: r.outcome for k, r in results.items()})
         if not lost and renewed and validity > 0:
             result.acquired = True
             result.validity_s = validity
         if lost and result.lost:
-            await self._remember(history.lost_events(lock_id, holder=who, token=token, why=result.lost))
+            await self.core.remember(history.lost_events(lock_id, holder=who, token=token, why=result.lost))
         return result
 
 
 @contextlib.asynccontextmanager
 async def keep_renewed(
-    engine: Renew,
+    engine: LockEngine,
     held: AcquireResult,
     *,
     on_lost: Callable[[str], None] | None = None,

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from coordinator.lease import Standing, TurnClaim, copy_standing, shown_expired
-from coordinator.lock.members import Members
+from coordinator.lock.core import EngineCore
 from coordinator.lock.reports import copy_note, holder_field_why
 from coordinator.lock.results import ClusterStatus, LockStatus, PossibleHolder, lease_expiry_s, renewed_ago
 from coordinator.outcome import Outcome
 
 
-class Status(Members):
+class Status:
     """Status."""
 
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+
     async def status(self) -> LockStatus:
-        results = await self._read_everywhere()
-        self._raise_on_mismatch(results)
-        self._raise_on_member_conflict(results)
+        results = await self.core.read_everywhere()
+        self.core.raise_on_mismatch(results)
+        self.core.raise_on_member_conflict(results)
         rows: list[ClusterStatus] = []
         live: dict[str, str | None] = {}
         remaining: dict[str, float] = {}
@@ -24,7 +27,7 @@ class Status(Members):
         # nobody can name (deleted, a tombstone): either may be anyone's.
         unobserved: list[str] = []
         unknown: list[str] = []
-        for name in self.members:
+        for name in self.core.members:
             r = results.get(name)
             if r is None or not r.ok or r.value is None or r.value.view is None:
                 status = str(r.outcome) if r else "unreachable"
@@ -39,13 +42,13 @@ class Status(Members):
             # Lapsed only past every margin a takeover may need (lease.shown_expired): a
             # lease an acquisition could still be refused is not shown expired, whichever
             # of a cluster's API servers answered.
-            expired = shown_expired(v, self.max_ttl_s, self.max_server_skew_s)
+            expired = shown_expired(v, self.core.max_ttl_s, self.core.max_server_skew_s)
             # The rule an acquisition applies first (lease.copy_standing): a lease not known
             # to be the object coordinator wrote blocks for a maximum TTL after its creation.
             # Judged, as every expiry here, by the Date hint: where it says the lease is
             # older, an acquisition's probe decides, and status goes on as for any lease.
             copy = (
-                copy_standing(v, None, max_ttl_s=self.max_ttl_s, max_server_skew_s=self.max_server_skew_s)
+                copy_standing(v, None, max_ttl_s=self.core.max_ttl_s, max_server_skew_s=self.core.max_server_skew_s)
                 is Standing.HELD
             )
             note: str | None = None
@@ -66,12 +69,12 @@ class Status(Members):
                     else "seen unchanged for a maximum TTL (no write of coordinator's is on record here)"
                 )
                 if copy:
-                    note += f"; and {copy_note(self.max_ttl_s)}"
+                    note += f"; and {copy_note(self.core.max_ttl_s)}"
                 if st == "held":
                     unknown.append(name)
             elif copy and not (v.held and not expired):
                 st = "held"
-                note = copy_note(self.max_ttl_s)
+                note = copy_note(self.core.max_ttl_s)
                 unknown.append(name)
             elif not v.held:
                 st = "free"
@@ -80,7 +83,7 @@ class Status(Members):
             else:
                 st = "held"
                 live[name] = v.lock_id
-                rem = lease_expiry_s(v, self.max_ttl_s) if v.held else None
+                rem = lease_expiry_s(v, self.core.max_ttl_s) if v.held else None
                 if rem is not None:
                     remaining[name] = rem
             rows.append(
@@ -94,20 +97,20 @@ class Status(Members):
                     ttl_s=v.ttl_s,
                     transitions=v.transitions,
                     token=v.token if v.exists else None,
-                    remaining_s=lease_expiry_s(v, self.max_ttl_s) if st == "held" and v.held else None,
+                    remaining_s=lease_expiry_s(v, self.core.max_ttl_s) if st == "held" and v.held else None,
                     info=v.info,
                     renewed_ago_s=renewed_ago(v) if v.held else None,
                     error="fencing-token annotation is malformed" if v.token_malformed else note,
                 )
             )
-        winner = self.majorities.holder(live)
+        winner = self.core.majorities.holder(live)
         holder_row = next((row for row in rows if winner and row.lock_id == winner), None)
         expires = None
         renewed: float | None = None
-        possible = self.majorities.possible_holders(live, [*unobserved, *unknown])
+        possible = self.core.majorities.possible_holders(live, [*unobserved, *unknown])
         if winner:
             mine = {c: remaining[c] for c, lid in live.items() if lid == winner and c in remaining}
-            expires = self.majorities.expiry(mine)
+            expires = self.core.majorities.expiry(mine)
             verdict = "held"
             renewed = min(
                 (r.renewed_ago_s for r in rows if r.lock_id == winner and r.renewed_ago_s is not None), default=None
@@ -117,9 +120,9 @@ class Status(Members):
         else:
             verdict = "partly-held" if live else "free"
         return LockStatus(
-            deployment=self.dep.name,
-            namespace=self.dep.namespace,
-            quorum=self.q,
+            deployment=self.core.dep.name,
+            namespace=self.core.dep.namespace,
+            quorum=self.core.q,
             holder=holder_row.holder if holder_row else None,
             lock_id=winner,
             fencing_token=holder_row.token if holder_row else None,

@@ -34,10 +34,13 @@ class Wake:
         self.behind = False
 
 
-class Turns(EngineCore):
+class Turns:
     """Claims of the next turn and the lease watches of a waiting acquisition."""
 
-    async def _claim_turns(self, result: AcquireResult, mine: TurnClaim, ours: set[str]) -> None:
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+
+    async def claim_turns(self, result: AcquireResult, mine: TurnClaim, ours: set[str]) -> None:
         """Take (or keep) our place in line on every cluster where the lease is held by
         another: list our claim, or refresh it when its server stamp has aged, so that
         it is not taken for a dead waiter's. The clusters where the claim may stand are
@@ -68,34 +71,34 @@ class Turns(EngineCore):
             if isinstance(decision, ClusterResult):
                 return
             try:
-                await self._write(cluster, view, decision[0], manager=LINE_MANAGER)
+                await self.core.write(cluster, view, decision[0], manager=LINE_MANAGER)
             except KubeError as err:
                 if err.kind != kube.CONFLICT:
                     log.debug("could not claim the next turn", cluster=cluster, detail=err.detail)
 
-        with anyio.move_on_after(self.timeout):
+        with anyio.move_on_after(self.core.timeout):
             async with anyio.create_task_group() as tg:
                 for cluster, r in result.results.items():
                     view = r.value.view if r.value else None
                     if view is not None and r.outcome is Outcome.HELD_BY_OTHER:
                         tg.start_soon(one, cluster, view)
 
-    async def _withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
+    async def withdraw_claims(self, clusters: list[str], lock_id: str) -> None:
         def decide(cluster: str, view: LeaseView) -> Decision:
             if all(c.lock_id != lock_id for c in view.line):
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "no claim of ours"))
             return with_line(view.obj, view, view.line_without(lock_id)), "withdrawn", ""
 
         async def one(cluster: str) -> None:
-            with anyio.move_on_after(self.timeout), contextlib.suppress(KubeError):
-                view = await self._read(cluster)
-                await self._cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
+            with anyio.move_on_after(self.core.timeout), contextlib.suppress(KubeError):
+                view = await self.core.read(cluster)
+                await self.core.cas(cluster, view, lambda v: decide(cluster, v), manager=LINE_MANAGER)
 
         async with anyio.create_task_group() as tg:
             for cluster in clusters:
                 tg.start_soon(one, cluster)
 
-    async def _watch_leases(self, cluster: str, wake: Wake, seen: dict[str, str | None], lock_id: str) -> None:
+    async def watch_leases(self, cluster: str, wake: Wake, seen: dict[str, str | None], lock_id: str) -> None:
         """Wake the waiting contender when this cluster's lease is freed or deleted.
 
         A change of holder, or a renewal, does not make the lock available; an expiry is
@@ -106,12 +109,12 @@ class Turns(EngineCore):
         the middle of the holder's compare-and-swaps (a release, a renewal). The wait
         loop lists and refreshes our claim each round instead.
         """
-        client = self.clusters.client(cluster)
-        query = {"fieldSelector": f"metadata.name={self.name}"}
+        client = self.core.clusters.client(cluster)
+        query = {"fieldSelector": f"metadata.name={self.core.name}"}
         delay = 0.5
         while True:
             try:
-                async for event in client.watch(leases_path(self.dep.namespace), query=query, timeout=55):
+                async for event in client.watch(leases_path(self.core.dep.namespace), query=query, timeout=55):
                     obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     holder_id = lock_id_of((obj.get("spec") or {}).get("holderIdentity"))

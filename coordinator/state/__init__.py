@@ -23,10 +23,11 @@ value a read returns, which replicas are suspect — are pure functions in
   counts as unanswered where a value is chosen, and the stamp it names is a bound no
   older promise, write or sync goes below.
 
-The client is one class, :class:`StateClient`, put together from one module per job:
-``replicas`` (reading replicas with their leases, one replica's compare-and-swap, the
-checks on what was read), ``reads`` (quorum reads with repair, backup), ``writes`` (fenced
-writes, restore), ``sync`` (diff and sync); ``data`` and ``results`` hold the plain values.
+The client is :class:`StateClient` (``client``): the deployment's ``replicas`` (reading
+replicas with their leases, one replica's compare-and-swap, the checks on what was read)
+and one part per job, each holding them: ``reads`` (quorum reads with repair, backup),
+``writes`` (fenced writes, restore), ``sync`` (diff and sync); ``data`` and ``results``
+hold the plain values.
 This package re-exports the names other modules use.
 """
 

@@ -19,27 +19,30 @@ from coordinator.state.results import ReadReport, _replicas
 log = get_logger("coordinator.state")  # one logger for the whole register
 
 
-class Reads(Replicas):
+class Reads:
     """Quorum reads with repair."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
 
     async def read(self, *, repair: bool = True) -> ReadReport:
         """Read a majority; the newest trusted replica wins; stale ones are repaired first."""
-        results = await self._read_all(early=True)
-        choice, evidence = self._judge(results)
+        results = await self.replicas.read_all(early=True)
+        choice, evidence = self.replicas.judge(results)
         odd = choice.corrupt or choice.suspect or choice.conflict or evidence is None
-        odd = odd or not self._members_verdict(results).ok
+        odd = odd or not self.replicas.members_verdict(results).ok
         # A missing object is no answer (``_need_decoded``): hear the others before deciding.
         odd = odd or any(rep.blank for rep in _replicas(results).values())
-        if len(results) < self.n and (odd or len(choice.current) + len(choice.stale) < self.q):
+        if len(results) < self.replicas.n and (odd or len(choice.current) + len(choice.stale) < self.replicas.q):
             # Something is off: hear every member (with fresh leases) before deciding.
-            results = await self._read_all()
-            choice, evidence = self._judge(results)
-        self._need_quorum(results, "read")
-        self._refuse_other_members(results)
-        self._refuse_conflict(choice, "read")
+            results = await self.replicas.read_all()
+            choice, evidence = self.replicas.judge(results)
+        self.replicas.need_quorum(results, "read")
+        self.replicas.refuse_other_members(results)
+        self.replicas.refuse_conflict(choice, "read")
         winner = choice.winner
         report = ReadReport(
-            self.dep.name,
+            self.replicas.dep.name,
             winner.envelope if winner else None,
             winner.cluster if winner else None,
             results,
@@ -47,11 +50,11 @@ class Reads(Replicas):
             suspect=dict(choice.suspect),
         )
         if winner is None or winner.envelope is None:
-            self._refuse_unreadable(results, choice, "read")
+            self.replicas.refuse_unreadable(results, choice, "read")
         if any(rep.blank for rep in _replicas(results).values()):
             # A missing object is no answer: the newest confirmed state may be where it was
             # deleted (corrupt replicas are refused below, where repair cannot reach a majority).
-            self._need_decoded(results, "read", read=True)
+            self.replicas.need_decoded(results, "read", read=True)
         if winner is None or winner.envelope is None:
             return report
         if not repair:
@@ -64,19 +67,19 @@ class Reads(Replicas):
             text = encode_envelope(env)
             repaired = await fan_out(
                 choice.stale,
-                lambda c: self._cas(reps[c], stamp, Kind.REPAIR, text),
-                timeout=self.clusters.timeout,
+                lambda c: self.replicas.cas(reps[c], stamp, Kind.REPAIR, text),
+                timeout=self.replicas.clusters.timeout,
             )
             report.repaired = sorted(k for k, r in repaired.items() if r.ok)
             current += len(report.repaired)
             if report.repaired:
                 log.info("repaired stale replicas", clusters=report.repaired, stamp=str(stamp))
-        if current < self.q:
+        if current < self.replicas.q:
             # The value is not yet on a majority; returning it could let a later read see
             # an older one. Say so instead of guessing.
             raise NoQuorumError(
-                f"The newest state of {self.dep.name!r} (version {env.version}) is on {current} of "
-                f"{self.n} clusters and could not be repaired onto a majority of {self.q}; "
+                f"The newest state of {self.replicas.dep.name!r} (version {env.version}) is on {current} of "
+                f"{self.replicas.n} clusters and could not be repaired onto a majority of {self.replicas.q}; "
                 "retry when more clusters are reachable."
             )
         return report
@@ -93,7 +96,7 @@ class Reads(Replicas):
     async def backup(self, path: Path) -> StateEnvelope:
         report = await self.read()
         if report.envelope is None:
-            raise UsageError(f"The deployment {self.dep.name!r} has no state yet; nothing to back up.")
+            raise UsageError(f"The deployment {self.replicas.dep.name!r} has no state yet; nothing to back up.")
         from coordinator.config import _atomic_write
 
         try:

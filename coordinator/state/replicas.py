@@ -17,9 +17,8 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import FIELD_MANAGER, lease_name, lease_path, state_name, state_paths
 from coordinator.lease import LeaseView, history_known
-from coordinator.lock.core import checked, recorded_membership
+from coordinator.lock.core import checked, membership_error, recorded_membership
 from coordinator.lock.floor import envelope_evidence, kept_set_speaks, set_on_state
-from coordinator.lock.members import membership_error
 from coordinator.logs import get_logger
 from coordinator.membership import Check, Stored, says_nothing, stored_in_lease
 from coordinator.membership import check as check_membership
@@ -65,7 +64,7 @@ class Replicas:
         self.storage = deployment.storage
         self.collection, self.path = state_paths(deployment.namespace, deployment.name, self.storage)
 
-    async def _read_one(self, cluster: str, *, with_lease: bool = True, lease_required: bool = True) -> Observed:
+    async def read_one(self, cluster: str, *, with_lease: bool = True, lease_required: bool = True) -> Observed:
         """Identity check, replica read and lease read in one round trip. A reader that may
         not read the lease (``lease_required`` False) goes without its evidence."""
         client = self.clusters.client(cluster)
@@ -96,7 +95,7 @@ class Replicas:
             decode_replica(cluster, out.get("obj"), self.storage, deployment=self.dep.name), out.get("lease")
         )
 
-    async def _put(self, rep: Replica, body: dict[str, Any]) -> Replica:
+    async def put(self, rep: Replica, body: dict[str, Any]) -> Replica:
         client = self.clusters.client(rep.cluster)
         query = {"fieldManager": FIELD_MANAGER}
         if rep.exists:
@@ -106,13 +105,13 @@ class Replicas:
             resp = await client.request("POST", self.collection, body=body, query=query)
         return decode_replica(rep.cluster, resp.body, self.storage, deployment=self.dep.name)
 
-    async def _cas(self, rep: Replica, stamp: Stamp, kind: Kind, text: str | None) -> ClusterResult[Replica]:
+    async def cas(self, rep: Replica, stamp: Stamp, kind: Kind, text: str | None) -> ClusterResult[Replica]:
         """Give ``rep`` the promise (``text`` None) or the envelope ``text`` of ``stamp``,
         if the replica's rule lets it take it; compare-and-swap, re-judged on each retry."""
         cluster = rep.cluster
 
         def decide(rep: Replica) -> cas.Put[dict[str, Any]] | cas.Keep[ClusterResult[Replica]]:
-            fenced = self._fenced(rep)
+            fenced = self.fenced(rep)
             if fenced is not None:
                 return cas.Keep(ClusterResult(cluster, Outcome.CONFLICT, rep, detail=fenced))
             verdict = judge(rep, stamp, kind)
@@ -132,9 +131,9 @@ class Replicas:
             )
 
         async def reread() -> Replica:
-            return (await self._read_one(cluster, with_lease=False)).replica
+            return (await self.read_one(cluster, with_lease=False)).replica
 
-        result = await cas.compare_and_swap(reread, decide, self._put, current=rep, reread_last=True)
+        result = await cas.compare_and_swap(reread, decide, self.put, current=rep, reread_last=True)
         match result:
             case cas.Written(value=new):
                 verb = "promised" if text is None else "wrote"
@@ -151,7 +150,7 @@ class Replicas:
                 )
         assert_never(result)
 
-    def _fenced(self, rep: Replica) -> str | None:
+    def fenced(self, rep: Replica) -> str | None:
         """Why the object itself refuses this write, beyond the stamps' order: it notes a
         newer member set (written by coordinator) than this command counts with, so a
         member change began since this command read the members. A member change notes
@@ -167,7 +166,7 @@ class Replicas:
             )
         return None
 
-    async def _read_all(
+    async def read_all(
         self, *, early: bool = False, newer_ok: bool = False, writing: bool = False
     ) -> dict[str, ClusterResult[Observed]]:
         """Read every member with its lease (``early``: stop at a majority; ``writing``:
@@ -176,7 +175,7 @@ class Replicas:
 
         async def one(cluster: str) -> ClusterResult[Observed]:
             try:
-                seen = await self._read_one(cluster, lease_required=writing)
+                seen = await self.read_one(cluster, lease_required=writing)
             except KubeError as err:
                 return _failed(cluster, err)
             return ClusterResult(cluster, Outcome.OK, seen)
@@ -201,7 +200,7 @@ class Replicas:
             )
         return results
 
-    def _judge(
+    def judge(
         self, results: Mapping[str, ClusterResult[Observed]], *, q: int | None = None
     ) -> tuple[Choice, int | None]:
         # Only a lease coordinator wrote is evidence of the tokens granted: one planted or
@@ -216,7 +215,7 @@ class Replicas:
         )
         return choose(_replicas(results), evidence), evidence
 
-    def _refuse_other_members(self, results: Mapping[str, ClusterResult[Observed]]) -> None:
+    def refuse_other_members(self, results: Mapping[str, ClusterResult[Observed]]) -> None:
         """Stop unless the members read confirm this machine's member set, as a lock
         acquisition checks it: a member storing another set under the same or a newer
         epoch means this machine's record is stale or divergent, and a majority counted
@@ -224,12 +223,12 @@ class Replicas:
         members confirming it is exit 5 too, or 4 when more answers could still confirm
         it. Where a lease says nothing (deleted, a tombstone, its set removed), the state
         object's own set speaks for the member, as it does for an acquisition."""
-        verdict = self._members_verdict(results)
+        verdict = self.members_verdict(results)
         if verdict.ok:
             return
         raise membership_error(verdict, self.dep.name, {self.clusters.record(m).identity: m for m in self.members})
 
-    def _members_verdict(self, results: Mapping[str, ClusterResult[Observed]]) -> Check:
+    def members_verdict(self, results: Mapping[str, ClusterResult[Observed]]) -> Check:
         stored: dict[str, Stored] = {}
         for k, r in results.items():
             if not (r.ok and r.value):
@@ -243,11 +242,11 @@ class Replicas:
             stored[k] = found
         return check_membership(self.membership, stored, self.members)
 
-    def _unheard(self, results: Mapping[str, ClusterResult[Any]]) -> list[str]:
+    def unheard(self, results: Mapping[str, ClusterResult[Any]]) -> list[str]:
         """The members that gave no answer: not asked, or failed (unreachable, refused)."""
         return sorted(k for k in self.members if k not in results or not results[k].ok)
 
-    def _need_quorum(self, results: Mapping[str, ClusterResult[Any]], what: str) -> None:
+    def need_quorum(self, results: Mapping[str, ClusterResult[Any]], what: str) -> None:
         seen = [k for k, r in results.items() if r.ok]
         if len(seen) < self.q:
             unseen = [f"{k} ({r.outcome}: {r.detail})" for k, r in sorted(results.items()) if not r.ok]
@@ -258,7 +257,7 @@ class Replicas:
                 "cluster is never taken as empty; retry when they are reachable."
             )
 
-    def _need_decoded(
+    def need_decoded(
         self, results: Mapping[str, ClusterResult[Observed]], what: str, q: int | None = None, *, read: bool = False
     ) -> None:
         """A value is chosen from replicas that decode: a corrupt replica may hide the newest
@@ -307,7 +306,7 @@ class Replicas:
             )
         raise StateConflictError(f"{head} Look at the corrupt replicas: {recover}")
 
-    def _refuse_unreadable(self, results: Mapping[str, ClusterResult[Observed]], choice: Choice, what: str) -> None:
+    def refuse_unreadable(self, results: Mapping[str, ClusterResult[Observed]], choice: Choice, what: str) -> None:
         """With no trusted replica, the state is empty only if a majority holds none at
         all: corrupt and suspect replicas are never taken as empty, any more than
         unobservable ones are. While members that did not answer could still make that
@@ -336,7 +335,7 @@ class Replicas:
             f"`coordinator state restore {name} -f BACKUP` or `coordinator state apply {name} -f FILE` (under the "
             "lock) writes a whole valid state over them, saving the replicas it replaces to files first."
         )
-        unheard = self._unheard(results)
+        unheard = self.unheard(results)
         if len(absent) + len(unheard) >= self.q:
             raise NoQuorumError(
                 f"{head} {', '.join(unheard)} did not answer, and {'its' if len(unheard) == 1 else 'their'} "
@@ -345,7 +344,7 @@ class Replicas:
             )
         raise StateConflictError(f"{head} Nothing was changed. {recover}")
 
-    def _refuse_conflict(self, choice: Choice, what: str) -> None:
+    def refuse_conflict(self, choice: Choice, what: str) -> None:
         if not choice.conflict:
             return
         name = self.dep.name
@@ -356,7 +355,7 @@ class Replicas:
             "CLUSTER` (under the lock) adopts one of them deliberately, as a new version."
         )
 
-    def _save_replica(self, rep: Replica, backup_dir: Path | None, reason: str) -> Path:
+    def save_replica(self, rep: Replica, backup_dir: Path | None, reason: str) -> Path:
         import platformdirs
 
         from coordinator.files import write_private

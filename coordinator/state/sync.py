@@ -16,18 +16,21 @@ from coordinator.state.replicas import Replicas
 from coordinator.state.results import _per_cluster, _replicas
 
 
-class Sync(Replicas):
+class Sync:
     """Diff and sync."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
 
     async def diff(self) -> list[dict[str, Any]]:
         """Every member's stamp, checksum and standing against the value a read returns."""
-        results = await self._read_all(newer_ok=True)
-        choice, _ = self._judge(results)
+        results = await self.replicas.read_all(newer_ok=True)
+        choice, _ = self.replicas.judge(results)
         top = choice.top
         conflict = set(choice.conflict)
         top_checksum = choice.winner.checksum if choice.winner else None
         rows = []
-        for k in self.members:
+        for k in self.replicas.members:
             r = results.get(k)
             row: dict[str, Any] = {
                 "name": k,
@@ -102,21 +105,21 @@ class Sync(Replicas):
         those that already holds something newer or different than that value is listed
         under ``holds_other`` and left alone (it is not this deployment's state as its
         members know it). ``holding`` lists the members that hold the value afterwards."""
-        results = await self._read_all()
-        self._need_quorum(results, "sync")
+        results = await self.replicas.read_all()
+        self.replicas.need_quorum(results, "sync")
         if sources is None:
-            self._refuse_other_members(results)
+            self.replicas.refuse_other_members(results)
         judged = results if sources is None else {k: r for k, r in results.items() if k in sources}
         if sources is not None and sum(1 for r in judged.values() if r.ok) < quorum.quorum_size(len(sources)):
             # The value is chosen from the old members: a majority of them must answer, to
             # meet the majority that confirmed the last write.
             raise NoQuorumError(
-                f"Cannot copy the state of {self.dep.name!r}: fewer than a majority of {', '.join(sources)} "
+                f"Cannot copy the state of {self.replicas.dep.name!r}: fewer than a majority of {', '.join(sources)} "
                 f"answered ({_per_cluster(judged)}). Nothing was copied; retry when they answer."
             )
         q = None if sources is None else quorum.quorum_size(len(sources))
-        choice, _ = self._judge(judged, q=q)
-        self._refuse_conflict(choice, "sync")
+        choice, _ = self.replicas.judge(judged, q=q)
+        self.replicas.refuse_conflict(choice, "sync")
         winner = choice.winner
         joining = {k: rep for k, rep in _replicas(results).items() if k not in judged}
         if winner is None:
@@ -129,12 +132,14 @@ class Sync(Replicas):
         if winner is None or winner.envelope is None:
             more = (
                 f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
-                f"`coordinator state sync {self.dep.name} --from CLUSTER` under the lock."
+                f"`coordinator state sync {self.replicas.dep.name} --from CLUSTER` under the lock."
                 if choice.suspect
                 else ""
             )
-            raise UsageError(f"No valid replica of the state of {self.dep.name!r} exists; nothing to sync.{more}")
-        self._need_decoded(judged, "sync", q)
+            raise UsageError(
+                f"No valid replica of the state of {self.replicas.dep.name!r} exists; nothing to sync.{more}"
+            )
+        self.replicas.need_decoded(judged, "sync", q)
         env = winner.envelope
         stamp = stamp_of(env)
         text = encode_envelope(env)
@@ -145,11 +150,11 @@ class Sync(Replicas):
         newer = corrupt_promised_newer(reps, choice.corrupt, stamp)
         if newer:
             raise StateConflictError(
-                f"Refusing to sync {self.dep.name!r}: the corrupt replica(s) on {', '.join(newer)} carry a "
+                f"Refusing to sync {self.replicas.dep.name!r}: the corrupt replica(s) on {', '.join(newer)} carry a "
                 f"newer stamp than the newest readable one (version {env.version} on {winner.cluster}), so "
                 "the newest confirmed state may be theirs. Nothing was written. Inspect them (`kubectl get "
-                f"configmap {self.name} -o yaml`), then write the right document with `coordinator state "
-                f"apply {self.dep.name} -f FILE` under the lock."
+                f"configmap {self.replicas.name} -o yaml`), then write the right document with `coordinator state "
+                f"apply {self.replicas.dep.name} -f FILE` under the lock."
             )
         corrupt = dict(choice.corrupt)
         stale = list(choice.stale)
@@ -166,7 +171,7 @@ class Sync(Replicas):
                 stale.append(k)
             else:
                 holds_other.append(k)
-        saved = {k: str(self._save_replica(reps[k], backup_dir, why)) for k, why in corrupt.items()}
+        saved = {k: str(self.replicas.save_replica(reps[k], backup_dir, why)) for k, why in corrupt.items()}
         # A member's corrupt replica takes the value as a write, judged again on every
         # compare-and-swap retry: should a newer write land on it meanwhile, it refuses the
         # older value. A joining member's object is not this deployment's state yet: it is
@@ -178,8 +183,8 @@ class Sync(Replicas):
         )
         fixed = await fan_out(
             list(targets),
-            lambda c: self._cas(reps[c], stamp, targets[c], text),
-            timeout=self.clusters.timeout,
+            lambda c: self.replicas.cas(reps[c], stamp, targets[c], text),
+            timeout=self.replicas.clusters.timeout,
         )
         repaired = sorted(k for k, r in fixed.items() if r.ok)
         return {
@@ -189,7 +194,7 @@ class Sync(Replicas):
             "winner": winner.cluster,
             "repaired": repaired,
             "failed": {k: f"{r.outcome}: {r.detail}" for k, r in fixed.items() if not r.ok},
-            "unreachable": self._unheard(results),
+            "unreachable": self.replicas.unheard(results),
             "saved_corrupt": saved,
             "suspect": dict(choice.suspect),
             "holds_other": holds_other,

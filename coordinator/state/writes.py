@@ -35,8 +35,11 @@ from coordinator.state.replicas import Replicas
 from coordinator.state.results import LockArg, Observed, WriteReport, _delivery, _per_cluster, _replicas
 
 
-class Writes(Replicas):
+class Writes:
     """Fenced writes."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
 
     def _resolve_lock(self, lock: LockArg) -> str:
         if isinstance(lock, str) and lock:
@@ -44,17 +47,17 @@ class Writes(Replicas):
         if lock is not None and not isinstance(lock, str):
             if not lock.valid:
                 raise StateConflictError(
-                    f"The lock on {self.dep.name!r} is no longer valid (lost or expired); nothing was written."
+                    f"The lock on {self.replicas.dep.name!r} is no longer valid (lost or expired); nothing was written."
                 )
             return lock.lock_id
         env = os.environ.get("COORDINATOR_LOCK_ID")
         if env:
             return env
-        rec = self.recorded_lock(self.dep.name) if self.recorded_lock else None
+        rec = self.replicas.recorded_lock(self.replicas.dep.name) if self.replicas.recorded_lock else None
         if rec is None:
             raise StateConflictError(
-                f"Writing the state of {self.dep.name!r} needs its lock, and no lock is held: take it "
-                f"with `coordinator lock acquire {self.dep.name}` (or run under `coordinator lock run`), "
+                f"Writing the state of {self.replicas.dep.name!r} needs its lock, and no lock is held: take it "
+                f"with `coordinator lock acquire {self.replicas.dep.name}` (or run under `coordinator lock run`), "
                 "or pass --lock-id. Nothing was written."
             )
         return rec.lock_id
@@ -65,10 +68,10 @@ class Writes(Replicas):
             for k, o in seen.items()
             if o.lease is not None and o.lease.lock_id == lock_id and o.lease.expired() is not True
         ]
-        if len(held_on) < self.q:
+        if len(held_on) < self.replicas.q:
             raise StateConflictError(
-                f"Lock id {lock_id} does not hold deployment {self.dep.name!r} on a majority "
-                f"(it holds {len(held_on)} of {self.n}: {', '.join(held_on) or 'none'}); it expired, "
+                f"Lock id {lock_id} does not hold deployment {self.replicas.dep.name!r} on a majority "
+                f"(it holds {len(held_on)} of {self.replicas.n}: {', '.join(held_on) or 'none'}); it expired, "
                 "was released or was taken over. Nothing was written. Take the lock again."
             )
         # The holder's token as coordinator wrote it: one another client annotated is
@@ -79,8 +82,8 @@ class Writes(Replicas):
         tokens = [o.lease.token for k in held_on if (o := seen[k]).lease and o.lease.token_writer is not Writer.OTHER]
         if not tokens:
             raise StateConflictError(
-                f"Lock id {lock_id} holds deployment {self.dep.name!r}, but no lease it holds shows the fencing "
-                "token coordinator wrote (another client rewrote it). Nothing was written. Take the lock again."
+                f"Lock id {lock_id} holds deployment {self.replicas.dep.name!r}, but no lease it holds shows the "
+                "fencing token coordinator wrote (another client rewrote it). Nothing was written. Take the lock again."
             )
         return max(tokens)
 
@@ -109,20 +112,20 @@ class Writes(Replicas):
         ``_token`` is for tests of fencing only: it skips the lease check and writes with
         the given token, as a holder whose lease was taken over in the meantime would.
         """
-        if self.dep.joint:
+        if self.replicas.dep.joint:
             raise StateConflictError(
-                f"A member change of {self.dep.name!r} (to {', '.join(self.dep.joint or [])}) is in progress: "
-                "run the same `coordinator deployment ...-cluster` command again to finish it before writing "
-                "the state. Nothing was written."
+                f"A member change of {self.replicas.dep.name!r} (to {', '.join(self.replicas.dep.joint or [])}) is "
+                "in progress: run the same `coordinator deployment ...-cluster` command again to finish it before "
+                "writing the state. Nothing was written."
             )
         lock_id = self._resolve_lock(lock)
-        results = await self._read_all(writing=True)
-        self._need_quorum(results, "write")
-        self._refuse_other_members(results)
+        results = await self.replicas.read_all(writing=True)
+        self.replicas.need_quorum(results, "write")
+        self.replicas.refuse_other_members(results)
         seen = {k: r.value for k, r in results.items() if r.ok and r.value}
         reps = {k: o.replica for k, o in seen.items()}
         token = self._holder_token(seen, lock_id) if _token is None else _token
-        choice, evidence = self._judge(results)
+        choice, evidence = self.replicas.judge(results)
         overwrite: set[str] = set()
         current = choice.winner.envelope if choice.winner else None
         base: StateEnvelope | None
@@ -131,7 +134,8 @@ class Writes(Replicas):
             if source is None or source.envelope is None:
                 why = "it did not answer" if source is None else (source.corrupt or "it holds no state")
                 raise UsageError(
-                    f"Cannot adopt the state of {self.dep.name!r} from {adopt_from}: {why}. Nothing was written."
+                    f"Cannot adopt the state of {self.replicas.dep.name!r} from {adopt_from}: {why}. "
+                    "Nothing was written."
                 )
             overwrite = set(choice.suspect) | set(choice.conflict)
             was = choice.suspect.get(adopt_from)
@@ -149,19 +153,19 @@ class Writes(Replicas):
 
         else:
             if not replaces:
-                self._refuse_conflict(choice, "change")
+                self.replicas.refuse_conflict(choice, "change")
             base = current
             if base is None and not replaces:
-                self._refuse_unreadable(results, choice, "change")
-            if not replaces or len(_replicas(results)) < self.n:
+                self.replicas.refuse_unreadable(results, choice, "change")
+            if not replaces or len(_replicas(results)) < self.replicas.n:
                 # A whole state written over the rest still takes its stamp from what it
                 # reads: unless every member answered, a majority must be replicas that
                 # answer, or it may be ordered below a write a silent member holds.
-                self._need_decoded(results, "change")
+                self.replicas.need_decoded(results, "change")
         newer = newer_token(reps.values(), token, evidence)
         if newer is not None:
             raise StateConflictError(
-                f"Refused: the state of {self.dep.name!r} was already written or promised with fencing token "
+                f"Refused: the state of {self.replicas.dep.name!r} was already written or promised with fencing token "
                 f"{newer}, higher than this lock's token {token}; a newer holder has taken over. Nothing was written."
             )
         old = copy.deepcopy(current.data) if current else {}
@@ -172,13 +176,13 @@ class Writes(Replicas):
             # Every reader takes a replica nested deeper for corrupt (register.decode_replica):
             # written, it would replace the last readable version on every member.
             raise UsageError(
-                f"The new state of {self.dep.name!r} is nested more than {MAX_DEPTH} levels deep, which no "
+                f"The new state of {self.replicas.dep.name!r} is nested more than {MAX_DEPTH} levels deep, which no "
                 "reader takes for a state (it would read as corrupt everywhere). Nothing was written."
             )
         problem = plain_data_problem(new)
         if problem:
             raise UsageError(
-                f"The new state of {self.dep.name!r} holds a value that cannot be stored as JSON ({problem}): "
+                f"The new state of {self.replicas.dep.name!r} holds a value that cannot be stored as JSON ({problem}): "
                 "use string keys, and strings, finite numbers, booleans, null, lists and maps as values. "
                 "Nothing was written."
             )
@@ -191,18 +195,18 @@ class Writes(Replicas):
             host=clock.host(),
             command=command,
             now=clock.wall_now(),
-            members=self.members,
-            member_ids={m: self.clusters.record(m).identity for m in self.members},
-            namespace=self.dep.namespace,
-            storage=self.storage,
+            members=self.replicas.members,
+            member_ids={m: self.replicas.clusters.record(m).identity for m in self.replicas.members},
+            namespace=self.replicas.dep.namespace,
+            storage=self.replicas.storage,
             keys=changed_keys(old, new),
             note=note,
-            membership=self.membership.document(),
-            deployment=self.dep.name,
+            membership=self.replicas.membership.document(),
+            deployment=self.replicas.dep.name,
         )
-        check_size(text, self.storage)
+        check_size(text, self.replicas.storage)
         saved = {
-            k: str(self._save_replica(rep, backup_dir, choice.suspect.get(k) or rep.corrupt or "replaced"))
+            k: str(self.replicas.save_replica(rep, backup_dir, choice.suspect.get(k) or rep.corrupt or "replaced"))
             for k, rep in reps.items()
             if rep.corrupt or k in overwrite
         }
@@ -212,11 +216,13 @@ class Writes(Replicas):
         # reads it on any majority and draws a higher version.
         promises = await fan_out(
             list(reps),
-            lambda c: self._cas(reps[c], stamp, Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE, None),
-            timeout=self.clusters.timeout,
+            lambda c: self.replicas.cas(
+                reps[c], stamp, Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE, None
+            ),
+            timeout=self.replicas.clusters.timeout,
         )
         promised = sorted(k for k, r in promises.items() if r.ok)
-        if len(promised) < self.q:
+        if len(promised) < self.replicas.q:
             self._fail_promise(stamp, results, promises, promised, saved)
         latest = dict(reps)
         for k, r in promises.items():
@@ -224,18 +230,27 @@ class Writes(Replicas):
                 latest[k] = r.value
         writes = await fan_out(
             list(reps),
-            lambda c: self._cas(latest[c], stamp, kinds[c], text),
-            timeout=self.clusters.timeout,
+            lambda c: self.replicas.cas(latest[c], stamp, kinds[c], text),
+            timeout=self.replicas.clusters.timeout,
         )
         merged: dict[str, ClusterResult[Any]] = {}
-        for k in self.members:
+        for k in self.replicas.members:
             merged[k] = writes.get(k) or results.get(k) or ClusterResult(k, Outcome.UNREACHABLE, detail="no answer")
             if k not in writes and k in results and results[k].ok:
                 merged[k] = ClusterResult(k, Outcome.UNREACHABLE, detail="write got no answer")
         confirmed = sorted(k for k, r in writes.items() if r.ok)
-        outcome = write_outcome({k: _delivery(writes.get(k) or merged[k]) for k in reps}, self.q)
+        outcome = write_outcome({k: _delivery(writes.get(k) or merged[k]) for k in reps}, self.replicas.q)
         report = WriteReport(
-            self.dep.name, stamp.version, token, self.q, merged, confirmed, stamp.write_id, outcome, promised, saved
+            self.replicas.dep.name,
+            stamp.version,
+            token,
+            self.replicas.q,
+            merged,
+            confirmed,
+            stamp.write_id,
+            outcome,
+            promised,
+            saved,
         )
         if outcome == "ok":
             return report
@@ -243,14 +258,14 @@ class Writes(Replicas):
         if outcome == "nothing":
             report.outcome = "refused"
             raise StateConflictError(
-                f"The write to {self.dep.name!r} was refused by every cluster ({per}). Nothing was written.",
+                f"The write to {self.replicas.dep.name!r} was refused by every cluster ({per}). Nothing was written.",
                 payload=report,
             )
         raise NoQuorumError(
-            f"Outcome unknown: version {stamp.version} reached {len(confirmed)} of {self.n} clusters "
-            f"({', '.join(confirmed) or 'none'}), fewer than the {self.q} needed ({per}). It may "
+            f"Outcome unknown: version {stamp.version} reached {len(confirmed)} of {self.replicas.n} clusters "
+            f"({', '.join(confirmed) or 'none'}), fewer than the {self.replicas.q} needed ({per}). It may "
             f"still become visible: a later read repairs the newest replica onto the others; any later "
-            f"write is ordered after it. Run `coordinator state diff {self.dep.name}` to see where it landed.",
+            f"write is ordered after it. Run `coordinator state diff {self.replicas.dep.name}` to see where it landed.",
             payload=report,
         )
 
@@ -262,13 +277,15 @@ class Writes(Replicas):
         promised: list[str],
         saved: dict[str, str],
     ) -> None:
-        merged = {k: promises.get(k) or results.get(k) or ClusterResult(k, Outcome.UNREACHABLE) for k in self.members}
+        merged = {
+            k: promises.get(k) or results.get(k) or ClusterResult(k, Outcome.UNREACHABLE) for k in self.replicas.members
+        }
         refused = [k for k, r in promises.items() if r.outcome is Outcome.CONFLICT]
         report = WriteReport(
-            self.dep.name,
+            self.replicas.dep.name,
             stamp.version,
             stamp.token,
-            self.q,
+            self.replicas.q,
             dict(merged),
             [],
             stamp.write_id,
@@ -278,9 +295,9 @@ class Writes(Replicas):
         )
         per = _per_cluster(merged)
         head = (
-            f"Nothing was written to {self.dep.name!r}: version {stamp.version} could be reserved on only "
-            f"{len(promised)} of {self.n} clusters ({', '.join(promised) or 'none'}), fewer than the {self.q} "
-            f"needed, so no data was sent ({per})."
+            f"Nothing was written to {self.replicas.dep.name!r}: version {stamp.version} could be reserved on only "
+            f"{len(promised)} of {self.replicas.n} clusters ({', '.join(promised) or 'none'}), fewer than the "
+            f"{self.replicas.q} needed, so no data was sent ({per})."
         )
         if refused:
             raise StateConflictError(
@@ -318,9 +335,10 @@ class Writes(Replicas):
     async def adopt(self, source: str, *, lock: LockArg = None, backup_dir: Path | None = None) -> WriteReport:
         """`state sync --from SOURCE`: write SOURCE's data as a new version everywhere,
         overwriting suspect replicas (saved to files first), under the lock."""
-        if source not in self.members:
+        if source not in self.replicas.members:
             raise UsageError(
-                f"{source!r} is not a member of deployment {self.dep.name!r} (members: {', '.join(self.members)})."
+                f"{source!r} is not a member of deployment {self.replicas.dep.name!r} "
+                f"(members: {', '.join(self.replicas.members)})."
             )
         return await self.write(
             lambda old: old, lock=lock, command=f"state sync --from {source}", adopt_from=source, backup_dir=backup_dir

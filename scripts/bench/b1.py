@@ -34,16 +34,16 @@ async def sequential_acquire_on(c: Coordinator, dep: str) -> float:
     views = {}
     states = {}
     for name in engine.members:
-        views[name] = await engine._checked_read(name)
-        states[name] = await engine._state_one(name)
-    floors = [found[0] for k in engine._present(states) if (found := states[k].value)]
-    token = engine._token(views, floors, engine._judge_state(states) is not None)
+        views[name] = await engine.core.checked_read(name)
+        states[name] = await engine._floor.state_one(name)
+    floors = [found[0] for k in engine._floor.present(states) if (found := states[k].value)]
+    token = engine.core.new_token(views, floors, engine._floor.judge_state(states) is not None)
     if token is None:
         raise RuntimeError("sequential baseline: leases were deleted, no fencing token can be proven new")
     over = {"lost": False, "won": False, "mismatch": False, "membership": False}
     won = 0
     for name in engine.members:
-        res = await engine._take_one(name, views[name], lock_id, token, 60, HOLDER, "bench", "bench", over)
+        res = await engine._acquire._take_one(name, views[name], lock_id, token, 60, HOLDER, "bench", "bench", over)
         won += res.ok
     elapsed = time.perf_counter() - t0
     LAST_CPU[0] = time.process_time() - cpu0

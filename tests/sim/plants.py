@@ -212,7 +212,7 @@ def _no_token_floor(stack: ExitStack) -> None:
     async def nothing(self: Any, result: Any) -> None:
         return None
 
-    _set(stack, TokenFloor, "_record_token_floor", nothing)
+    _set(stack, TokenFloor, "record_token_floor", nothing)
 
 
 def _unconfirmed_take(stack: ExitStack) -> None:
@@ -248,7 +248,7 @@ def _sync_over_newer_promise(stack: ExitStack) -> None:
     from coordinator.state.replicas import Replicas
 
     syncing: contextvars.ContextVar[bool] = contextvars.ContextVar("syncing", default=False)
-    run_sync, need_decoded, cas = sync.Sync.sync, Replicas._need_decoded, Replicas._cas
+    run_sync, need_decoded, cas = sync.Sync.sync, Replicas.need_decoded, Replicas.cas
 
     async def old_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
         mark = syncing.set(True)  # the fan-outs' tasks inherit it
@@ -268,8 +268,8 @@ def _sync_over_newer_promise(stack: ExitStack) -> None:
 
     _set(stack, sync, "corrupt_promised_newer", lambda reps, corrupt, stamp: [])
     _set(stack, sync.Sync, "sync", old_sync)
-    _set(stack, Replicas, "_need_decoded", decoded_or_not)
-    _set(stack, Replicas, "_cas", overwrite)
+    _set(stack, Replicas, "need_decoded", decoded_or_not)
+    _set(stack, Replicas, "cas", overwrite)
 
 
 def _no_fencing(stack: ExitStack) -> None:

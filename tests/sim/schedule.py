@@ -414,9 +414,9 @@ class Injector:
                 states[c] = ClusterResult(c, Outcome.ERROR, detail="unreadable state envelope")
             else:
                 states[c] = ClusterResult(c, Outcome.OK, found, detail="" if has_floor(obj) else NO_FLOOR)
-        stored = {c: engine.stored_membership(v) for c, v in reads.items()}
+        stored = {c: engine.core.stored_membership(v) for c, v in reads.items()}
         verdict = engine.check_members(stored)
-        evidence = engine._judge_state(states)
+        evidence = engine._floor.judge_state(states)
         if verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED) and evidence:
             for c, (_, kept) in evidence.items():
                 speaks = kept_set_speaks(stored.get(c), kept, engine.membership)

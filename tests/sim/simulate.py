@@ -422,16 +422,16 @@ def _harness_patches() -> Iterator[None]:
     level = logs._level
     logs._level = logging.CRITICAL + 1
 
-    saved = Replicas._save_replica
+    saved = Replicas.save_replica
 
     def keep(self: Any, rep: Any, backup_dir: Path | None, reason: str) -> Path:
         return Path(f"/sim/corrupt-replicas/{self.dep.name}-{rep.cluster}.json")
 
-    Replicas._save_replica = keep  # type: ignore[method-assign]
+    Replicas.save_replica = keep  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Replicas._save_replica = saved  # type: ignore[method-assign]
+        Replicas.save_replica = saved  # type: ignore[method-assign]
         logs._level = level
 
 

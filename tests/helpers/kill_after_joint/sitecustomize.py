@@ -24,7 +24,7 @@ def _install() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         await raise_floor(self, token, lock_id, payload=payload)
 
-    LockEngine.raise_token_floor = raise_token_floor  # type: ignore[method-assign,assignment]
+    LockEngine.raise_token_floor = raise_token_floor  # type: ignore[method-assign]
 
 
 _install()

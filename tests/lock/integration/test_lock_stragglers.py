@@ -34,7 +34,7 @@ def test_a_lost_attempts_late_take_does_not_give_back_the_lease_the_next_attempt
             h_engine = h_api.lock_engine(DEP)
             h = await h_engine.acquire(ttl_s=30, holder="H")
             # H's lock on c2 and c3 (a majority) only: c1 is free.
-            assert (await h_engine._release_one("c1", h.lock_id)).ok
+            assert (await h_engine._release.release_one("c1", h.lock_id)).ok
 
             a_engine = a_api.lock_engine(DEP)
             attempts: list[Any] = []
@@ -69,16 +69,16 @@ def test_a_lost_attempts_late_take_does_not_give_back_the_lease_the_next_attempt
 
                 client.request = slow(client.request)  # type: ignore[method-assign]
 
-            first_attempt = a_engine._attempt
+            first_attempt = a_engine._acquire._attempt
 
             async def attempt(*args: Any, **kw: Any) -> Any:
                 result = await first_attempt(*args, **kw)
                 attempts.append(result)
                 if len(attempts) == 1:
-                    await h_engine._release_one("c2", h.lock_id)  # H frees c2; it holds c3
+                    await h_engine._release.release_one("c2", h.lock_id)  # H frees c2; it holds c3
                 return result
 
-            a_engine._attempt = attempt  # type: ignore[method-assign]
+            a_engine._acquire._attempt = attempt  # type: ignore[method-assign]
             a = await a_engine.acquire(ttl_s=30, holder="A", wait_s=15)
 
             first = attempts[0]
@@ -92,13 +92,13 @@ def test_a_lost_attempts_late_take_does_not_give_back_the_lease_the_next_attempt
             await anyio.sleep(1.0)  # whatever the late answer leads to is done by now
 
             # A still holds the two leases its winning attempt counted.
-            seen = {k: await a_engine._read(k) for k in ("c1", "c2")}
+            seen = {k: await a_engine.core.read(k) for k in ("c1", "c2")}
             assert {k: v.lock_id for k, v in seen.items()} == {"c1": a.lock_id, "c2": a.lock_id}, (
                 "the late answer of a lost attempt gave back a lease the winning attempt had counted"
             )
 
             # So when H is done, nobody else gets the lock while A's validity runs.
-            assert (await h_engine._release_one("c3", h.lock_id)).ok
+            assert (await h_engine._release.release_one("c3", h.lock_id)).ok
             assert a.valid_until() - boot_clock() > 5
             with pytest.raises(LockHeldError):
                 await b_api.lock_engine(DEP).acquire(ttl_s=30, holder="B")

@@ -226,7 +226,7 @@ def test_claims_written_during_a_release_do_not_make_it_fail(dep3: Any, monkeypa
     path = lease_path(dep3.namespace, f"coordinator-lock-{dep3.deployment}")
     claimed: list[str] = []
     target: list[str] = []  # the member whose release is raced: the first one read as ours
-    real_read = EngineCore._read
+    real_read = EngineCore.read
     lock: dict[str, str] = {}
 
     async def read_then_claim(self: EngineCore, cluster: str) -> Any:
@@ -251,11 +251,11 @@ def test_claims_written_during_a_release_do_not_make_it_fail(dep3: Any, monkeypa
         async with dep3.api() as c:
             held = await c.acquire("web", ttl=HOLD_TTL, holder="holder")
             lock["id"] = held.lock_id
-            monkeypatch.setattr(EngineCore, "_read", read_then_claim)
+            monkeypatch.setattr(EngineCore, "read", read_then_claim)
             try:
                 out = await c.release("web", held.lock_id)
             finally:
-                monkeypatch.setattr(EngineCore, "_read", real_read)
+                monkeypatch.setattr(EngineCore, "read", real_read)
             assert target, out
             lease = await dep3.raw(int(target[0].removeprefix("c")), "GET", path)
             return out["results"][target[0]], lock_id_of(lease["spec"].get("holderIdentity")), claimed

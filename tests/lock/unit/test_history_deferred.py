@@ -1,5 +1,5 @@
 """History writes of a long-lived Coordinator wait a little (coordinator/lock/core.py
-EngineCore._remember): what waited together is written together, and the owner's close
+EngineCore.remember): what waited together is written together, and the owner's close
 sends them at once. The store is a stand-in that records what it is asked to write;
 what a real write does is tested against real API servers in tests/lock/integration/test_lock_history.py."""
 
@@ -37,8 +37,8 @@ async def test_events_that_waited_together_are_written_in_one_call_after_the_del
     async with anyio.create_task_group() as tg:
         e = engine(tg, deferred, store)
         t0 = anyio.current_time()
-        await e._remember([{"event": "acquired"}])
-        await e._remember([{"event": "released"}])
+        await e.remember([{"event": "acquired"}])
+        await e.remember([{"event": "released"}])
         assert store.calls == []  # nothing yet: the lock's own requests go first
     assert [c[1] for c in store.calls] == [["acquired", "released"]]
     assert store.calls[0][0] - t0 >= HISTORY_DEFER_S * 0.9
@@ -49,7 +49,7 @@ async def test_the_owners_close_sends_them_at_once() -> None:
     async with anyio.create_task_group() as tg:
         e = engine(tg, deferred, store)
         t0 = anyio.current_time()
-        await e._remember([{"event": "acquired"}])
+        await e.remember([{"event": "acquired"}])
         deferred.closing.set()
     assert [c[1] for c in store.calls] == [["acquired"]]
     assert store.calls[0][0] - t0 < HISTORY_DEFER_S
@@ -59,11 +59,11 @@ async def test_without_an_owner_that_closes_the_write_goes_at_once() -> None:
     store = Store()
     async with anyio.create_task_group() as tg:
         e = engine(tg, None, store)
-        await e._remember([{"event": "acquired"}])
-        await e._remember([{"event": "released"}])
+        await e.remember([{"event": "acquired"}])
+        await e.remember([{"event": "released"}])
     assert sorted(c[1][0] for c in store.calls) == ["acquired", "released"]  # two writes
     e = engine(None, None, store)
-    await e._remember([{"event": "broken"}])  # no task group: recorded here
+    await e.remember([{"event": "broken"}])  # no task group: recorded here
     assert store.calls[-1][1] == ["broken"]
 
 
@@ -74,6 +74,6 @@ async def test_engines_of_one_owner_share_the_wait_and_the_write() -> None:
     store, deferred = Store(), DeferredHistory()
     async with anyio.create_task_group() as tg:
         for kind in ("acquired", "released", "acquired", "released", "acquired"):
-            await engine(tg, deferred, store)._remember([{"event": kind}])
+            await engine(tg, deferred, store).remember([{"event": kind}])
         deferred.closing.set()
     assert [c[1] for c in store.calls] == [["acquired", "released", "acquired", "released", "acquired"]]

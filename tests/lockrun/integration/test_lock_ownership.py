@@ -186,7 +186,7 @@ def test_a_lease_freed_on_a_minority_is_not_a_loss(dep3: Env, tree: Tree) -> Non
     async def free_c1() -> None:
         api = dep3.api()
         async with api:
-            await api.lock_engine(DEP)._release_one("c1", lock_id)
+            await api.lock_engine(DEP)._release.release_one("c1", lock_id)
 
     anyio.run(free_c1)
     rows = {r["name"]: r for r in lock_status(dep3)["clusters"]}

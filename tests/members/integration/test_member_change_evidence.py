@@ -29,7 +29,7 @@ def test_a_change_does_not_take_a_live_lease_on_a_date_header_ahead(dep3: Env) -
             # H keeps its lease on c3 only (a lease a lock this change holds never got,
             # whose holder has not lapsed there).
             for name in ("c1", "c2"):
-                assert (await h_engine._release_one(name, h.lock_id)).ok
+                assert (await h_engine._release.release_one(name, h.lock_id)).ok
             a_engine = a_api.lock_engine(DEP)
             a = await a_engine.acquire(ttl_s=30, holder="A")
             assert a.acquired and not a.results["c3"].ok
@@ -48,6 +48,6 @@ def test_a_change_does_not_take_a_live_lease_on_a_date_header_ahead(dep3: Env) -
             assert results["c3"].outcome is Outcome.HELD_BY_OTHER, (results["c3"].outcome, results["c3"].detail)
             assert h.expires_in() > 30
             c3.request = original  # type: ignore[method-assign]
-            assert (await a_engine._read("c3")).lock_id == h.lock_id
+            assert (await a_engine.core.read("c3")).lock_id == h.lock_id
 
     anyio.run(main)

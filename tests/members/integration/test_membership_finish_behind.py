@@ -41,14 +41,13 @@ def _change(env: Env, *args: str, timeout: str = "3") -> subprocess.CompletedPro
 
 _C1_ANSWERS_LAST = """
 import anyio
-from coordinator.lock import LockEngine
-from coordinator.reconfig import _Resuming
-original = LockEngine._checked_read
+from coordinator.lock.core import EngineCore
+original = EngineCore.checked_read
 async def checked_read(self, cluster, *a, **kw):
-    if cluster == "c1" and isinstance(self, _Resuming):
+    if cluster == "c1" and self.finishing is not None:
         await anyio.sleep(1.5)  # c2 (behind) and c3 (agreeing) answer the acquisition first
     return await original(self, cluster, *a, **kw)
-LockEngine._checked_read = checked_read
+EngineCore.checked_read = checked_read
 """
 
 

@@ -94,7 +94,7 @@ def test_a_fenced_out_write_never_replaces_a_confirmed_write_on_capped_replicas(
             await state.set({"owner": "A"}, lock=a.lock_id)
             # A's reads, before its lock lapses: what a holder paused between its reads
             # and its writes holds when it resumes.
-            stale = {k: (await state._read_one(k, with_lease=False)).replica for k in ("c1", "c2")}
+            stale = {k: (await state.replicas.read_one(k, with_lease=False)).replica for k in ("c1", "c2")}
             b = await c.acquire("web", ttl=60, holder="B", wait=20)
             assert b.fencing_token > a.fencing_token
             await state.set({"owner": "B"}, lock=b.lock_id)
@@ -110,7 +110,7 @@ def test_a_fenced_out_write_never_replaces_a_confirmed_write_on_capped_replicas(
             )  # fmt: skip
             for k, rep in stale.items():
                 for kind, body in ((Kind.PROMISE, None), (Kind.WRITE, text)):
-                    got = await state._cas(rep, late, kind, body)
+                    got = await state.replicas.cas(rep, late, kind, body)
                     assert not got.ok and "fencing token" in got.detail, (k, kind, got.outcome, got.detail)
             # A's whole write with its old token, c3 (which holds B's write) unreachable: no
             # majority answers (two replicas are not coordinator's word, one is silent).
@@ -185,7 +185,7 @@ def test_sync_does_not_overwrite_a_capped_replica_with_an_older_value(dep3: Env,
         # other members mid-write leaves it.
         async with dep3.api() as c:
             state = c.state("web")
-            seen: Observed = await state._read_one("c1", with_lease=False)
+            seen: Observed = await state.replicas.read_one("c1", with_lease=False)
             rep = seen.replica
             stamp = Stamp(rep.stamp.token, rep.stamp.version + 1, new_write_id())
             _doc, text = build_envelope(
@@ -193,9 +193,9 @@ def test_sync_does_not_overwrite_a_capped_replica_with_an_older_value(dep3: Env,
                 members=["c1", "c2", "c3"], member_ids={}, namespace=dep3.namespace, storage="configmap",
                 keys=["k"], deployment="web",
             )  # fmt: skip
-            promised = await state._cas(rep, stamp, Kind.PROMISE, None)
+            promised = await state.replicas.cas(rep, stamp, Kind.PROMISE, None)
             assert promised.ok and promised.value is not None, promised.detail
-            wrote = await state._cas(promised.value, stamp, Kind.WRITE, text)
+            wrote = await state.replicas.cas(promised.value, stamp, Kind.WRITE, text)
             assert wrote.ok, wrote.detail
 
     anyio.run(partial_write_on_c1)
@@ -217,7 +217,7 @@ def test_sync_does_not_overwrite_a_newer_write_that_reached_a_corrupt_replica_me
     async def scenario() -> None:
         async with dep3.api() as c:
             state = c.state("web")
-            save = state._save_replica
+            save = state.replicas.save_replica
 
             def save_then_write(rep: Any, backup_dir: Path | None, reason: str) -> Path:
                 # Between sync's read (c1 corrupt, naming v0) and its compare-and-swap, a
@@ -227,7 +227,7 @@ def test_sync_does_not_overwrite_a_newer_write_that_reached_a_corrupt_replica_me
                 assert wrote.returncode == 0, wrote.stderr
                 return path
 
-            state._save_replica = save_then_write  # type: ignore[method-assign]
+            state.replicas.save_replica = save_then_write  # type: ignore[method-assign]
             result = await state.sync(backup_dir=tmp_path / "saved")
             assert result["winner"] != "c1" and "c1" in result["failed"], result
 

@@ -117,14 +117,14 @@ def test_partial_write_is_reported_honestly(dep3: Any) -> None:
                 await state.set({"v": 1}, lock=held)
                 # c2 and c3 stop answering once the version is promised, as the data
                 # is sent: the data reaches c1 only.
-                original = state._cas
+                original = state.replicas.cas
 
                 async def flaky(rep: Any, stamp: Any, kind: Any, text: Any) -> Any:
                     if rep.cluster != "c1" and kind == "write":
                         dep3.sandbox.pause(int(rep.cluster[1:]))
                     return await original(rep, stamp, kind, text)
 
-                state._cas = flaky  # type: ignore[method-assign]
+                state.replicas.cas = flaky  # type: ignore[method-assign]
                 from coordinator.errors import NoQuorumError
 
                 with pytest.raises(NoQuorumError) as err:

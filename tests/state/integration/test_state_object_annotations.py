@@ -64,7 +64,7 @@ def test_removing_the_state_objects_set_annotation_does_not_let_a_stale_envelope
     own `membership` (written_by_us is True for a set parsed from an envelope) when the
     state object's coordinator-owned annotation is gone, and kept_set_speaks lets it speak
     at the record's own epoch; acquire.py (maybe_choose_token) and
-    state/replicas.py:_members_verdict then count it as agreeing."""
+    state/replicas.py:members_verdict then count it as agreeing."""
     pay(dep5, "c1", "c2", "c3")
     stale = machine(dep5, tmp_path, "stale")
     succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4"))
