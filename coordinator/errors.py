@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     IDENTITY_MISMATCH = 5
     STATE_CONFLICT = 6
     LOCK_LOST = 7
+    DRIFT = 8
 
 
 class CoordinatorError(Exception):
