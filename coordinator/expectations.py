@@ -183,12 +183,17 @@ def parse_field(text: str) -> str:
 
 
 def _many(node: Any) -> bool:
-    """Whether a path can match more than one value (then its value is a list)."""
+    """Whether a path can match more than one value (then its value is a list): anything
+    but fields and single indices (wildcards, slices, filters, ``..``)."""
     if isinstance(node, jp.Child):
         return _many(node.left) or _many(node.right)
+    if isinstance(node, jp.Root | jp.This):
+        return False
     if isinstance(node, jp.Fields):
         return len(node.fields) != 1 or node.fields[0] == "*"
-    return isinstance(node, jp.Slice | jp.Wildcard | jp.Descendants | jp.Where | jp.Union)
+    if isinstance(node, jp.Index):
+        return len(getattr(node, "indices", (0,))) != 1
+    return True
 
 
 def value_at(obj: Mapping[str, Any], path: str) -> Any:
