@@ -59,6 +59,7 @@ class Read:
     obj: dict[str, Any] | None = None
     gone: bool = False
     unobservable: str = ""
+    unserved: bool = False  # the server serves no such kind: unobservable, and nothing to record
 
 
 def _paths(ref: ResourceRef, plural: str, namespaced: bool) -> str:
@@ -90,7 +91,7 @@ async def _read(client: KubeClient, ref: ResourceRef, cache: dict[str, Any]) -> 
     try:
         served = await _served(client, ref, cache)
         if isinstance(served, str):
-            return Read(unobservable=served)
+            return Read(unobservable=served, unserved=True)
         plural, namespaced = served
         try:
             return Read(obj=(await client.request("GET", _paths(ref, plural, namespaced))).body)
@@ -243,8 +244,8 @@ async def record(
             if read is None:
                 why = "not waited for" if answer is None else f"{answer.outcome}: {answer.detail}".rstrip(": ")
                 unseen.append(f"{ref.label} on {cluster} ({why})")
-            elif read.gone:
-                missing.append(f"{ref.label} on {cluster}")
+            elif read.gone or read.unserved:
+                missing.append(f"{ref.label} on {cluster}" + (f" ({read.unobservable})" if read.unserved else ""))
             elif read.obj is None:
                 unseen.append(f"{ref.label} on {cluster} ({read.unobservable})")
             else:
