@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from coordinator.clusters import outcome_of
-from coordinator.errors import CoordinatorError, ExitCode, NoQuorumError, UsageError
+from coordinator.errors import CoordinatorError, DriftError, NoQuorumError, UsageError
 from coordinator.expectations import (
     DEFAULT_FIELDS,
     FALLBACK_FIELDS,
@@ -44,12 +44,6 @@ from coordinator.outcome import Outcome
 if TYPE_CHECKING:
     from coordinator.api import Coordinator
     from coordinator.state import WriteReport
-
-
-class DriftError(CoordinatorError):
-    """Confirmed drift: a watched resource differs from the record, or is gone."""
-
-    exit_code = ExitCode.DRIFT
 
 
 @dataclass

@@ -88,6 +88,12 @@ class LockLostError(CoordinatorError):
     exit_code = ExitCode.LOCK_LOST
 
 
+class DriftError(CoordinatorError):
+    """A watched resource differs from the deployment's record of it, or is gone (`coordinator drift`)."""
+
+    exit_code = ExitCode.DRIFT
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """`` Did you mean 'payments'?`` for the names of ``choices`` closest to ``name``
     (a leading space, ready to append to a sentence), or "" when none is close."""
