@@ -55,6 +55,22 @@ SHORT_KINDS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("cronjob", "cronjobs", "cj"), ("batch/v1", "CronJob")),
 }
 
+
+def plural_of(kind: str) -> str:
+    """The resource name RBAC rules use for ``kind``: the name the API server serves it
+    under for built-in kinds, otherwise the plural Kubernetes derives from a kind by
+    default (as CRDs mostly name themselves: Widget → widgets, Policy → policies)."""
+    known = {k: name for name, (_, k) in SHORT_KINDS.items() if name.endswith("s") and name[:-1] in SHORT_KINDS}
+    if kind in known:
+        return known[kind]
+    lower = kind.lower()
+    if lower.endswith(("s", "x", "z", "ch", "sh")):
+        return lower + "es"
+    if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return lower[:-1] + "ies"
+    return lower + "s"
+
+
 # The fields recorded when `drift record` is given no --field.
 DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {
     "Deployment": (".spec.replicas", ".spec.template.spec.containers[*].image"),
@@ -121,16 +137,14 @@ def parse_resource(text: str, namespace: str, cluster: str | None = None) -> Res
     if len(parts) == 2:
         short = SHORT_KINDS.get(parts[0].lower())
         if short is None:
-            raise UsageError(
-                f"Unknown kind {parts[0]!r} in {text!r}: name a resource as {RESOURCE_FORMS}. Nothing was recorded."
-            )
+            raise UsageError(f"Unknown kind {parts[0]!r} in {text!r}: name a resource as {RESOURCE_FORMS}.")
         api_version, kind, name = short[0], short[1], parts[1]
     elif len(parts) == 3:
         api_version, kind, name = parts
     elif len(parts) == 4:
         api_version, kind, name = f"{parts[0]}/{parts[1]}", parts[2], parts[3]
     else:
-        raise UsageError(f"Cannot read the resource {text!r}: name it as {RESOURCE_FORMS}. Nothing was recorded.")
+        raise UsageError(f"Cannot read the resource {text!r}: name it as {RESOURCE_FORMS}.")
     group, _, version = api_version.rpartition("/")
     problem = None
     if group and not _GROUP.match(group):
@@ -146,7 +160,7 @@ def parse_resource(text: str, namespace: str, cluster: str | None = None) -> Res
     if kind in REFUSED_KINDS:
         raise UsageError(
             f"{kind} objects are not watched for drift: their values would be copied into the deployment's "
-            "state, which every reader of the namespace may read. Nothing was recorded."
+            "state, which every reader of the namespace may read."
         )
     return ResourceRef(api_version, kind, name, namespace, cluster)
 
@@ -170,14 +184,14 @@ def parse_field(text: str) -> str:
     if not path.startswith("."):
         raise UsageError(
             f"Cannot read the field {text!r}: a field is a JSONPath from the object's top, starting with a dot, "
-            "e.g. .spec.replicas or .spec.template.spec.containers[*].image. Nothing was recorded."
+            "e.g. .spec.replicas or .spec.template.spec.containers[*].image."
         )
     try:
         _compiled(path)
     except (JsonPathLexerError, JsonPathParserError, Exception) as err:
         raise UsageError(
             f"Cannot read the field {text!r} as a JSONPath ({str(err).strip() or type(err).__name__}); "
-            "write it like .spec.replicas or .spec.template.spec.containers[*].image. Nothing was recorded."
+            "write it like .spec.replicas or .spec.template.spec.containers[*].image."
         ) from None
     return path
 

@@ -162,32 +162,14 @@ def test_a_paused_member_is_unobservable_never_gone(dep3: Env) -> None:
 
 @integration
 def test_a_member_whose_read_rights_are_removed_is_unobservable_never_gone(dep3: Env, tmp_path: Path) -> None:
-    from helpers.rbac import RBAC_API, connect, grant, mint_user, user_env
+    from helpers.rbac import connect, grant, mint_user, user_env
 
     deploy_app(dep3)
     user, minted = mint_user(dep3.sandbox, tmp_path, "reader")
     env = user_env(dep3.sandbox, tmp_path, dep3.namespace, "reader")
-    grant(dep3.sandbox, env, dep3.namespace, user, deployments=("app",))
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "drift-reads"},
-        "rules": [
-            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["api"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["api-settings"], "verbs": ["get"]},
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "drift-reads"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "drift-reads"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }
-    for i in (1, 2, 3):
-        admin = dep3.sandbox.admin(i)
-        admin.create(f"{RBAC_API}/namespaces/{dep3.namespace}/roles", role)
-        admin.create(f"{RBAC_API}/namespaces/{dep3.namespace}/rolebindings", binding)
+    watched = ("--drift", "deployment/api", "--drift", "configmap/api-settings")
+    objects = grant(dep3.sandbox, env, dep3.namespace, user, deployments=("app",), flags=watched)
+    [reads] = [o["metadata"]["name"] for o in objects if o["kind"] == "RoleBinding" and "drift-reads" in str(o)]
     connect(env, minted)
     members = ["--cluster", "u1", "--cluster", "u2", "--cluster", "u3"]
     ok(env.cli("deployment", "create", "app", "-n", dep3.namespace, *members, env=UNHURRIED))
@@ -198,8 +180,9 @@ def test_a_member_whose_read_rights_are_removed_is_unobservable_never_gone(dep3:
         )
     )  # fmt: skip
 
-    # The read rights go on u3, and the ConfigMap with them: u3 is not seen, so not gone.
-    kube(dep3, 3, "delete", "rolebinding", "drift-reads")
+    # Exactly what `rbac print --drift` grants lets the user record and check; then the read
+    # rights go on u3, and the ConfigMap with them: u3 is not seen, so not gone.
+    kube(dep3, 3, "delete", "rolebinding", reads)
     kube(dep3, 3, "delete", "configmap", "api-settings")
     proc = env.cli("-o", "json", "drift", "app", env=UNHURRIED)
     assert proc.returncode == 0, proc.stderr

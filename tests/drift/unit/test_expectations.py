@@ -106,7 +106,7 @@ def test_a_field_is_a_jsonpath_as_kubectl_writes_it(text: str, path: str) -> Non
 
 @pytest.mark.parametrize("text", ["spec.replicas", ".spec[", ".spec.containers[?(", ""])
 def test_a_field_that_is_no_jsonpath_is_a_usage_error(text: str) -> None:
-    with pytest.raises(UsageError, match="Nothing was recorded"):
+    with pytest.raises(UsageError, match="JSONPath"):
         parse_field(text)
 
 
@@ -261,3 +261,44 @@ def test_a_fresh_record_matches_what_it_was_made_from(values: dict[str, Any]) ->
     exp = expectation_from(API, [".spec.x"], objects)
     for cluster, obj in objects.items():
         assert compare(cluster, exp, obj).status is Status.MATCH
+
+
+# ------------------------------------------------------------------ the rights a check needs
+
+
+@pytest.mark.parametrize(
+    ("kind", "plural"),
+    [
+        ("Deployment", "deployments"),
+        ("ConfigMap", "configmaps"),
+        ("CronJob", "cronjobs"),
+        ("Widget", "widgets"),
+        ("Policy", "policies"),
+        ("Gateway", "gateways"),
+        ("Ingress", "ingresses"),
+    ],
+)
+def test_the_rbac_resource_of_a_kind_is_its_plural(kind: str, plural: str) -> None:
+    from coordinator.expectations import plural_of
+
+    assert plural_of(kind) == plural
+
+
+def test_rbac_for_drift_reads_each_watched_object_by_name_and_takes_nothing_from_other_grants() -> None:
+    from coordinator import rbac
+
+    refs = [parse_resource(r, "payments") for r in ("deployment/api", "deploy/web", "cm/api-settings")]
+    role = rbac.drift_role("payments", refs)
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["api-settings"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["api", "web"], "verbs": ["get"]},
+    ]
+    assert all(rbac.rule_note(r) == rbac.DRIFT_NOTE for r in role["rules"])
+    # Another set of resources is another Role: applying it leaves this one as it is.
+    other = rbac.drift_role("payments", refs[:1])
+    assert other["metadata"]["name"] != role["metadata"]["name"]
+    assert rbac.drift_role("payments", list(reversed(refs)))["metadata"]["name"] == role["metadata"]["name"]
+    objects = rbac.manifests("payments", rbac.Subject.user("alice"), ["payments"], drift=refs)
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("Role") < kinds.index("RoleBinding") and kinds.count("Role") == 2
+    assert [o["roleRef"]["name"] for o in objects if o["kind"] == "RoleBinding"][-1] == role["metadata"]["name"]

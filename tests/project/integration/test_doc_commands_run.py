@@ -215,6 +215,14 @@ def test_every_command_line_of_the_docs_runs_as_the_page_says(own_sandbox3: Any,
         "name: deployer",
     )
     play("coordinator rbac print -n NS --deployment DEP --user ME", 0, "kind: Role", "name: alice")
+    # drift.md: the right to read the watched resources, by name.
+    play(
+        "coordinator rbac print -n payments --deployment payments --group release-engineers --drift deployment/api "
+        "--drift configmap/api-settings",
+        0,
+        "name: coordinator:drift-reads:",
+        "- api-settings",
+    )
     # cli.md: shell completion scripts.
     play("coordinator completion bash", 0, "complete")
     play("coordinator completion fish", 0, "complete")
