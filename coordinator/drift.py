@@ -228,7 +228,9 @@ async def record(
             )
     wanted = {m: [r for r in refs if r.cluster in (None, m)] for m in dep.clusters}
     answers = await read_resources(c, dep.clusters, wanted)
-    unseen, missing = [], []
+    # (resource, why) -> the members it applies to, to name each resource once
+    unseen: dict[tuple[str, str], list[str]] = {}
+    missing: dict[tuple[str, str], list[str]] = {}
     recorded = []
     for ref in refs:
         objects = {}
@@ -237,22 +239,28 @@ async def record(
             read = answer.value.get(ref) if answer is not None and answer.ok and answer.value else None
             if read is None:
                 why = "not waited for" if answer is None else f"{answer.outcome}: {answer.detail}".rstrip(": ")
-                unseen.append(f"{ref.label} on {cluster} ({why})")
+                unseen.setdefault((ref.label, why), []).append(cluster)
             elif read.gone or read.unserved:
-                missing.append(f"{ref.label} on {cluster}" + (f" ({read.unobservable})" if read.unserved else ""))
+                missing.setdefault((ref.label, read.unobservable if read.unserved else ""), []).append(cluster)
             elif read.obj is None:
-                unseen.append(f"{ref.label} on {cluster} ({read.unobservable})")
+                unseen.setdefault((ref.label, read.unobservable), []).append(cluster)
             else:
                 objects[cluster] = read.obj
         recorded.append(expectation_from(ref, fields_for(ref, fields), objects))
+
+    def listed(found: dict[tuple[str, str], list[str]]) -> str:
+        return "; ".join(
+            f"{label} on {', '.join(on)}" + (f" ({why})" if why else "") for (label, why), on in found.items()
+        )
+
     if missing:
         raise UsageError(
-            f"Not found: {'; '.join(missing)}. A record names what exists: create it first, or watch it on the "
+            f"Not found: {listed(missing)}. A record names what exists: create it first, or watch it on the "
             "members that have it with --cluster. Nothing was recorded."
         )
     if unseen:
         raise NoQuorumError(
-            f"Could not read {'; '.join(unseen)}. A record is made from every member it covers; retry when they "
+            f"Could not read {listed(unseen)}. A record is made from every member it covers; retry when they "
             "answer. Nothing was recorded."
         )
 
