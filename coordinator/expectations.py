@@ -36,7 +36,8 @@ from typing import Any
 
 from jsonpath_ng import jsonpath as jp
 from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
-from jsonpath_ng.parser import parse as jsonpath_parse
+from jsonpath_ng.ext.filter import Filter
+from jsonpath_ng.ext.parser import parse as jsonpath_parse
 
 from coordinator.errors import UsageError
 from coordinator.evidence import NO_WRITERS
@@ -170,6 +171,7 @@ def parse_resource(text: str, namespace: str, cluster: str | None = None) -> Res
 
 @lru_cache(maxsize=256)
 def _compiled(path: str) -> Any:
+    # The extended parser: kubectl's filters (`[?(@.name=="api")]`) are JSONPath it reads.
     return jsonpath_parse("$" + path)
 
 
@@ -188,7 +190,8 @@ def parse_field(text: str) -> str:
         )
     try:
         _compiled(path)
-    except (JsonPathLexerError, JsonPathParserError, Exception) as err:
+    # The parser raises its lexer's and parser's errors, and plain exceptions for some input.
+    except (JsonPathLexerError, JsonPathParserError, ValueError, TypeError, AttributeError, IndexError) as err:
         raise UsageError(
             f"Cannot read the field {text!r} as a JSONPath ({str(err).strip() or type(err).__name__}); "
             "write it like .spec.replicas or .spec.template.spec.containers[*].image."
@@ -230,7 +233,7 @@ def _structure(node: Any) -> list[str | None] | None:
         return None if left is None or right is None else left + right
     if isinstance(node, jp.Fields) and len(node.fields) == 1 and node.fields[0] != "*":
         return [node.fields[0]]
-    if isinstance(node, jp.Index | jp.Slice | jp.Wildcard):
+    if isinstance(node, jp.Index | jp.Slice | jp.Wildcard | Filter):
         return [None]
     return None
 

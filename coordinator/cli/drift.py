@@ -157,9 +157,12 @@ def record(
     from coordinator.cli.state import write_doc, write_text
     from coordinator.drift import record as record_drift
     from coordinator.expectations import parse_field, parse_resource
+    from coordinator.rbac import validate_namespace
 
     c = _coordinator(ctx)
     dep = c.deployment(deployment)
+    if namespace is not None:
+        validate_namespace(namespace)
     paths = [parse_field(f) for f in fields]
     refs = list(dict.fromkeys(parse_resource(r, namespace or dep.namespace, cluster) for r in resources))
     command = "drift record " + " ".join(resources)

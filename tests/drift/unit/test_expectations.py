@@ -120,6 +120,10 @@ def test_a_single_field_reads_as_its_value_and_a_wildcard_as_a_list() -> None:
     assert value_at(obj, ".spec.template.spec.containers[1].image") == "sidecar:2"
     assert value_at(obj, ".spec.paused") is None
     assert value_at(deployment(images=()), ".spec.template.spec.containers[*].image") == []
+    by_name = parse_field('.spec.template.spec.containers[?(@.name=="c1")].image')
+    assert value_at(obj, by_name) == ["sidecar:2"]
+    obj["metadata"]["labels"] = {"app.kubernetes.io/version": "1.2"}
+    assert value_at(obj, parse_field('.metadata.labels."app.kubernetes.io/version"')) == "1.2"
 
 
 # ------------------------------------------------------------------ who changed it
