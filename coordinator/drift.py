@@ -5,7 +5,8 @@ Reading needs no lock: the record comes from a quorum read of the state, then ev
 is asked at once (the fan-out), each only after its identity is proven; a member that
 cannot be asked, or whose answer is no answer (timeout, 403, throttled, a kind it does not
 serve, a missing namespace), makes its resources ``unobservable``, never ``gone``. A 404
-counts as ``gone`` only once the namespace is seen on the same member.
+counts as ``gone`` only once the namespace is seen on the same member. A member whose
+context now leads to another cluster stops the command (exit 5), as it stops the state read.
 
 Recording is a state write: the resources are read on every member they are watched on
 (each must answer with the object), then the record is written as a new version under the
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from coordinator.clusters import outcome_of
-from coordinator.errors import CoordinatorError, DriftError, NoQuorumError, UsageError
+from coordinator.errors import CoordinatorError, DriftError, IdentityMismatchError, NoQuorumError, UsageError
 from coordinator.expectations import (
     DEFAULT_FIELDS,
     FALLBACK_FIELDS,
@@ -125,7 +126,17 @@ async def read_resources(
     # A member's reads go one after another on its connection: each gets the request timeout.
     most = max((len(refs) for refs in wanted.values()), default=0)
     timeout = c.timeout * (2 + 3 * most)
-    return await fan_out([m for m in members if wanted.get(m)], one, timeout=timeout, silent=c.clusters.silent)
+    answers = await fan_out([m for m in members if wanted.get(m)], one, timeout=timeout, silent=c.clusters.silent)
+    # As for every command (and the state read before this one): a context that leads to
+    # another cluster stops the command, whatever the other members say.
+    bad = {k: r for k, r in answers.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
+    if bad:
+        raise IdentityMismatchError(
+            "Cluster identity mismatch — no resource was compared: "
+            + "; ".join(f"cluster {k!r}: {r.detail}" for k, r in sorted(bad.items()))
+            + ". Fix the kubeconfig context, or reconnect the cluster if it was really rebuilt."
+        )
+    return answers
 
 
 @dataclass

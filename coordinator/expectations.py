@@ -19,8 +19,9 @@ Each read of a watched resource on a member comes to one of four findings: ``mat
 ``drifted`` (a field's value differs from the record: the field, both values, and who
 changed it last per the object's managedFields, and when); ``gone`` (the API server
 answered 404 for the object while its namespace is there); ``unobservable`` (no answer,
-403, throttled, identity mismatch, a kind the server does not serve, a missing namespace):
-the resource may be anything, and it is never reported as gone.
+403, throttled, a kind the server does not serve, a missing namespace): the resource may be
+anything, and it is never reported as gone. (A member whose identity does not match is
+not compared at all: the command stops, as every command does.)
 
 Pure: no I/O and no clock; what was read comes in as arguments.
 """

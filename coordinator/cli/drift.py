@@ -55,11 +55,12 @@ def check(ctx: click.Context, deployment: str) -> None:
 
     Per cluster and resource: match; drifted (a recorded field differs: both values, and
     who changed it last per the object's managedFields); gone (not found, with its
-    namespace there); unobservable (no answer, forbidden, throttled, identity mismatch,
-    kind not served) - never taken as gone. Needs no lock.
+    namespace there); unobservable (no answer, forbidden, throttled, kind not served) -
+    never taken as gone. Needs no lock.
 
     Exit status: 0 if everything observed matches; 8 if drift is confirmed anywhere; 4
-    if, for some resource, fewer than a majority of its clusters could be read.
+    if, for some resource, fewer than a majority of its clusters could be read; 5 if a
+    member's context leads to another cluster (nothing is compared).
 
     Example: coordinator drift check payments
     """

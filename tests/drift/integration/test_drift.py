@@ -1,7 +1,8 @@
 """`coordinator drift` on real API servers: hand edits by kubectl reported with their field
 manager, deleted resources as gone, and members that cannot be read (paused, read rights
-removed, the kind no longer served) as unobservable, never gone; `lock run --check-drift`
-refusing to start; recording again clearing the drift."""
+removed, the kind no longer served) as unobservable, never gone, and one whose context leads
+to another cluster as an identity mismatch (exit 5); `lock run --check-drift` refusing to
+start; recording again clearing the drift."""
 
 from __future__ import annotations
 
@@ -255,3 +256,30 @@ def test_a_custom_kind_is_watched_and_a_kind_no_longer_served_is_unobservable(de
     found = {k[0]: f for k, f in check(dep3, expect=DRIFT_EXIT).items()}
     assert found["c3"]["status"] == "unobservable", found["c3"]
     assert "does not serve drift.example.com/v1" in found["c3"]["detail"], found["c3"]
+
+
+@integration
+def test_a_member_whose_context_leads_elsewhere_stops_the_check_never_a_match(dep3: Env, tmp_path: Path) -> None:
+    import yaml
+
+    deploy_app(dep3)
+    record(dep3, "deployment/api", "configmap/api-settings")
+    kube(dep3, 3, "delete", "configmap", "api-settings")
+    # c3's context now leads to cluster 1, which still has the ConfigMap: without the
+    # identity gate c3 would read as a match, and the deletion would go unseen.
+    doc = yaml.safe_load(Path(dep3.kubeconfig).read_text())
+    contexts = {c["name"]: c for c in doc["contexts"]}
+    contexts["sandbox-3"]["context"]["cluster"] = contexts["sandbox-1"]["context"]["cluster"]
+    kubeconfig = tmp_path / "repointed.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    config = yaml.safe_load(dep3.config.read_text())
+    config["clusters"]["c3"]["kubeconfig"] = str(kubeconfig)
+    other = tmp_path / "repointed" / "config.yaml"
+    other.parent.mkdir()
+    other.write_text(yaml.safe_dump(config))
+    for command in (("drift", "web"), ("lock", "run", "web", "--check-drift", "--", "true")):
+        proc = dep3.cli(*command, env={**UNHURRIED, "COORDINATOR_CONFIG": str(other)})
+        assert proc.returncode == 5, f"{command}: exit {proc.returncode}: {proc.stderr}"
+        # `lock run` meets it already taking the lock; `drift` at its first read.
+        assert "identity" in proc.stderr and "'c3' was connected as" in proc.stderr, proc.stderr
+        assert "match" not in proc.stdout and "gone" not in proc.stdout, proc.stdout
