@@ -52,7 +52,7 @@ class Read:
     """One watched resource as one member answered: the object, or gone, or why not seen."""
 
     obj: dict[str, Any] | None = None
-    gone: bool = False
+    gone: str = ""  # why the object counts as gone
     unobservable: str = ""
     unserved: bool = False  # the server serves no such kind: unobservable, and nothing to record
 
@@ -94,7 +94,7 @@ async def _read(client: KubeClient, ref: ResourceRef, cache: dict[str, Any]) -> 
             if err.kind != NOT_FOUND:
                 raise
         if not namespaced:
-            return Read(gone=True)
+            return Read(gone="not found")
         # A 404 is the object's absence only where its namespace is seen.
         try:
             await client.request("GET", namespace_path(ref.namespace))
@@ -102,7 +102,7 @@ async def _read(client: KubeClient, ref: ResourceRef, cache: dict[str, Any]) -> 
             if err.kind == NOT_FOUND:
                 return Read(unobservable=f"namespace {ref.namespace} not found")
             raise
-        return Read(gone=True)
+        return Read(gone=f"not found; namespace {ref.namespace} is there")
     except KubeError as err:
         return Read(unobservable=f"{outcome_of(err)}: {err.detail}")
 
@@ -206,9 +206,7 @@ async def check(c: Coordinator, deployment: str) -> DriftReport:
                 if read.obj is not None:
                     report.findings.append(compare(cluster, exp, read.obj))
                 elif read.gone:
-                    report.findings.append(
-                        Finding(cluster, exp.ref, Status.GONE, f"not found; namespace {exp.ref.namespace} is there")
-                    )
+                    report.findings.append(Finding(cluster, exp.ref, Status.GONE, read.gone))
                 else:
                     report.findings.append(Finding(cluster, exp.ref, Status.UNOBSERVABLE, read.unobservable))
     return report
