@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from coordinator.errors import CoordinatorError, ExitCode, LockHeldError, StateConflictError, UsageError
+from coordinator.errors import (
+    CoordinatorError,
+    ExitCode,
+    LockHeldError,
+    NoQuorumError,
+    StateConflictError,
+    UsageError,
+)
 from coordinator.lease import boot_clock
 from coordinator.logs import get_logger
 from coordinator.owners import claim_this_process
@@ -381,10 +388,13 @@ class _Run:
 
     async def check_before_start(self, held: AcquireResult) -> int | None:
         """Ask ``before_start``; when it refuses, the lock is given back as after an
-        interruption and its exit code returned. An interrupting signal stops the check."""
+        interruption and its exit code returned. An interrupting signal stops the check.
+        The lock is not renewed yet: a check still running --grace before the lock's validity
+        ends is a refusal, so that the command never starts on a lock about to lapse."""
         assert self.opts.before_start is not None
         refusal: CoordinatorError | None = None
-        with anyio.CancelScope() as scope:
+        budget = max(held.expires_in() - self.opts.grace_s, 1.0)
+        with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
             self.acquire_scope = scope
             try:
                 await self.opts.before_start(self.c)
@@ -392,6 +402,11 @@ class _Run:
                 refusal = err
             finally:
                 self.acquire_scope = None
+        if scope.cancelled_caught and self.interrupted is None:
+            refusal = NoQuorumError(
+                f"The check before the command did not finish within {budget:.0f}s, while the lock was still "
+                "valid without a renewal."
+            )
         if refusal is None:
             return None  # passed, or stopped by a signal (the caller sees self.interrupted)
         if self.opts.lock_id and not self.opts.release:
