@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     IDENTITY_MISMATCH = 5
     STATE_CONFLICT = 6
     LOCK_LOST = 7
+    DRIFT = 8
 
 
 class CoordinatorError(Exception):
@@ -85,6 +86,12 @@ class LockLostError(CoordinatorError):
     """The lock was lost while ``lock run`` was running its child."""
 
     exit_code = ExitCode.LOCK_LOST
+
+
+class DriftError(CoordinatorError):
+    """A watched resource differs from the deployment's record of it, or is gone (`coordinator drift`)."""
+
+    exit_code = ExitCode.DRIFT
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from coordinator.errors import CoordinatorError, ExitCode, LockHeldError, StateConflictError, UsageError
+from coordinator.errors import (
+    CoordinatorError,
+    ExitCode,
+    LockHeldError,
+    NoQuorumError,
+    StateConflictError,
+    UsageError,
+)
 from coordinator.lease import boot_clock
 from coordinator.logs import get_logger
 from coordinator.owners import claim_this_process
@@ -99,6 +106,9 @@ class RunOptions:
     # interrupting signals are ignored, so that one arriving while the process ends does
     # not replace the exit status it reported with death by the signal.
     own_process: bool = False
+    # Asked once the lock is held and before the command starts (`--check-drift`): a
+    # CoordinatorError it raises stops the run, with its exit code, and the command is not run.
+    before_start: Callable[[Coordinator], Awaitable[None]] | None = None
 
 
 def unrunnable(command: list[str], path: str | None) -> tuple[int, str] | None:
@@ -356,6 +366,12 @@ class _Run:
     async def _run(self) -> int:
         opts = self.opts
         held = await self.take()
+        if held is not None and self.interrupted is None and opts.before_start is not None:
+            refused = await self.check_before_start(held)
+            if refused is not None:
+                return refused
+            if self.interrupted is not None:
+                return await self.interrupted_before_start(held)
         if held is not None and self.interrupted is None:
             self.held = held
             return await self.run_held(held)
@@ -369,6 +385,37 @@ class _Run:
             what = f"could not release it again ({problem})" if problem else "released it again"
         self.opts.say(f"interrupted by {signal_name(self.interrupted)} while taking the lock; {what}")
         return 128 + self.interrupted
+
+    async def check_before_start(self, held: AcquireResult) -> int | None:
+        """Ask ``before_start``; when it refuses, the lock is given back as after an
+        interruption and its exit code returned. An interrupting signal stops the check.
+        The lock is not renewed yet: a check still running --grace before the lock's validity
+        ends is a refusal, so that the command never starts on a lock about to lapse."""
+        assert self.opts.before_start is not None
+        refusal: CoordinatorError | None = None
+        budget = max(held.expires_in() - self.opts.grace_s, 1.0)
+        with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
+            self.acquire_scope = scope
+            try:
+                await self.opts.before_start(self.c)
+            except CoordinatorError as err:
+                refusal = err
+            finally:
+                self.acquire_scope = None
+        if scope.cancelled_caught and self.interrupted is None:
+            refusal = NoQuorumError(
+                f"The check before the command did not finish within {budget:.0f}s, while the lock was still "
+                "valid without a renewal."
+            )
+        if refusal is None:
+            return None  # passed, or stopped by a signal (the caller sees self.interrupted)
+        if self.opts.lock_id and not self.opts.release:
+            what = f"lock {held.lock_id} stays held"
+        else:
+            problem = await self.release(held)
+            what = f"could not release it again ({problem})" if problem else "released it again"
+        self.opts.say(f"{refusal.message} {shlex.join(self.opts.command)} was not run; {what}.")
+        return int(refusal.exit_code)
 
     async def interrupted_before_start(self, held: AcquireResult) -> int:
         assert self.interrupted is not None

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coordinator.errors import UsageError
+from coordinator.expectations import ResourceRef, plural_of
 from coordinator.kube.resources import (
     IDENTITY_CONFIGMAP,
     LABEL_MANAGED_BY,
@@ -83,8 +84,14 @@ HISTORY_NOTE = (
     "The lock's history (`lock history`), a ConfigMap of its own whatever the storage: "
     "get, update (compare-and-swap) and delete (purge), by name."
 )
+DRIFT_NOTE = (
+    "Drift (`coordinator drift`, `drift record`): get on the watched objects, by name. For a kind "
+    "that is not built in, the resource is the plural Kubernetes derives from the kind; check it "
+    "with `kubectl api-resources`."
+)
 NAMESPACE_CREATOR_ROLE = "coordinator:create-namespaces"
 LEASE_LISTER_ROLE = "coordinator:list-leases"
+DRIFT_ROLE = "coordinator:drift-reads"
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9.-]+")
@@ -232,6 +239,8 @@ def rule_note(rule: Manifest) -> str:
         return IDENTITY_NOTE
     if rule.get("verbs") == list(HISTORY_VERBS):
         return HISTORY_NOTE
+    if rule.get("verbs") == ["get"] and rule.get("resourceNames"):
+        return DRIFT_NOTE
     if rule.get("resourceNames"):
         return NAMED_NOTE
     kinds = {"leases": "Leases", "configmaps": "ConfigMaps", "secrets": "Secrets"}
@@ -316,6 +325,36 @@ def lease_lister_binding(subject: Subject) -> Manifest:
     }
 
 
+def drift_role(namespace: str, refs: Sequence[ResourceRef]) -> Manifest:
+    """The ``Role`` that lets a subject read the watched resources ``refs``: ``get`` by name,
+    one rule per API group and resource. Its name carries a digest of the rules, so that
+    granting another set of resources never takes these away from whoever has them."""
+    validate_namespace(namespace)
+    names: dict[tuple[str, str], set[str]] = {}
+    for ref in refs:
+        names.setdefault((ref.group, plural_of(ref.kind)), set()).add(ref.name)
+    rules = [_rule(group, plural, ("get",), resource_names=sorted(n)) for (group, plural), n in sorted(names.items())]
+    digest = hashlib.sha256(repr(rules).encode()).hexdigest()[:10]
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "Role",
+        "metadata": _metadata(f"{DRIFT_ROLE}:{digest}", namespace),
+        "rules": rules,
+    }
+
+
+def drift_binding(role_manifest: Manifest, subject: Subject) -> Manifest:
+    """Binds :func:`drift_role`'s Role to ``subject``."""
+    name = role_manifest["metadata"]["name"]
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "RoleBinding",
+        "metadata": _metadata(f"{name}:{_subject_part(subject)}", role_manifest["metadata"]["namespace"]),
+        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "Role", "name": name},
+        "subjects": [subject.to_manifest()],
+    }
+
+
 def manifests(
     namespace: str,
     subject: Subject,
@@ -324,15 +363,20 @@ def manifests(
     storage: Storage = "configmap",
     create_namespace: bool = False,
     fleet: bool = False,
+    drift: Sequence[ResourceRef] = (),
 ) -> list[Manifest]:
-    """Every object ``subject`` needs to use ``deployments`` in ``namespace``, in apply order.
+    """Every object ``subject`` needs to use ``deployments`` in ``namespace``, in apply order
+    (with ``drift``: the right to read those watched resources).
 
     Roles come before the bindings that refer to them.
     """
     validate_namespace(namespace)
     names = deployments_of(deployments)
     objects = [role(namespace, d, storage=storage) for d in names]
+    reads = drift_role(namespace, drift) if drift else None
+    objects += [reads] if reads else []
     objects += [role_binding(namespace, d, subject, storage=storage) for d in names]
+    objects += [drift_binding(reads, subject)] if reads else []
     objects += [cluster_role(namespace), cluster_role_binding(namespace, subject)]
     if create_namespace:
         objects += [namespace_creator_cluster_role(), namespace_creator_binding(subject)]

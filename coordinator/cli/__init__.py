@@ -25,6 +25,7 @@ from coordinator.text import printable
 _COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("coordinator.cli.clusters", "cluster"),
     "deployment": ("coordinator.cli.deployments", "deployment"),
+    "drift": ("coordinator.cli.drift", "drift"),
     "lock": ("coordinator.cli.lock", "lock"),
     "state": ("coordinator.cli.state", "state"),
     "sandbox": ("coordinator.cli.sandbox", "sandbox"),
@@ -35,6 +36,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 _SUMMARIES = {
     "cluster": "Connect clusters and inspect them (identity, reachability, permissions).",
     "deployment": "Define which clusters a deployment spans, and in which namespace.",
+    "drift": "Compare what each member runs with what the deployment's state recorded.",
     "lock": "Take, hold, inspect and release the majority-wins lock of a deployment.",
     "state": "Read and write the deployment's quorum-replicated state.",
     "sandbox": "Run local Kubernetes control planes (etcd + kube-apiserver) for demos and tests.",

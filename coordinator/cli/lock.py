@@ -540,6 +540,12 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str, lock_id:
     "is unset or names this deployment].",
 )
 @click.option("--release", is_flag=True, help="With --lock-id: release the lock when the command ends.")
+@click.option(
+    "--check-drift",
+    is_flag=True,
+    help="Once the lock is held, check the watched resources (`coordinator drift`); on confirmed drift "
+    "(exit 8), or too few clusters read to say (exit 4), give the lock back and do not run the command.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run_(
@@ -552,6 +558,7 @@ def run_(
     grace: str,
     lock_id: str | None,
     release: bool,
+    check_drift: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run a command while holding the lock (renewed in the background, released at the end).
@@ -604,10 +611,24 @@ def run_(
         on_wait=wait_reporter() if wait_s > 0 and not lock_id else None,
         on_wait_end=end_live_line,
         own_process=output.AS_PROGRAM,
+        before_start=_drift_gate(deployment) if check_drift else None,
     )
     code = run_locked(c, opts)
     sys.stdout.flush()
     ctx.exit(code)
+
+
+def _drift_gate(deployment: str) -> Any:
+    """`lock run --check-drift`: raise the drift check's verdict (coordinator/drift.py)."""
+
+    async def gate(c: Any) -> None:
+        from coordinator.drift import check
+
+        report = await check(c, deployment)
+        if (problem := report.problem()) is not None:
+            raise problem
+
+    return gate
 
 
 from coordinator.cli.history import history as _history  # noqa: E402  (its own module: `lock history`)

@@ -69,6 +69,14 @@ def rbac() -> None:
     "deployment, and its --watch); cluster-wide and read-only, since Kubernetes cannot limit a list "
     "or a watch by name.",
 )
+@click.option(
+    "--drift",
+    "drift",
+    multiple=True,
+    metavar="RESOURCE",
+    help="Also allow reading this watched resource in the namespace, by name, for `coordinator drift` "
+    "(KIND/NAME or GROUP/VERSION/KIND/NAME, as `drift record` takes it; repeatable).",
+)
 @click.pass_context
 def print_rbac(
     ctx: click.Context,
@@ -80,6 +88,7 @@ def print_rbac(
     storage: rbac_api.Storage,
     create_namespace: bool,
     fleet: bool,
+    drift: tuple[str, ...],
 ) -> None:
     """Print a Role per deployment, the ClusterRole, and their bindings for one subject.
 
@@ -94,15 +103,18 @@ def print_rbac(
     rbac_api.validate_namespace(namespace)
     names = rbac_api.deployments_of(deployments)
     subject = _subject(user=user, group=group, service_account=service_account)
+    from coordinator.expectations import parse_resource
+
+    watched = list(dict.fromkeys(parse_resource(r, namespace) for r in drift))
     objects = rbac_api.manifests(
-        namespace, subject, names, storage=storage, create_namespace=create_namespace, fleet=fleet
+        namespace, subject, names, storage=storage, create_namespace=create_namespace, fleet=fleet, drift=watched
     )
     output = getattr(ctx.find_root().obj, "output", "table")
     if output == "json":
         document = {"apiVersion": "v1", "kind": "List", "items": objects}
         click.echo(json.dumps(document, indent=2))
         return
-    command = _command_line(namespace, names, user, group, service_account, storage, create_namespace, fleet)
+    command = _command_line(namespace, names, user, group, service_account, storage, create_namespace, fleet, drift)
     click.echo(render_yaml(objects, command=command, subject=subject, namespace=namespace, deployments=names), nl=False)
 
 
@@ -125,6 +137,8 @@ def render_yaml(
         "# Every right is on the deployment's own objects, by name, except `create`: Kubernetes\n"
         "# cannot limit `create` by name (see the comments on those rules).\n"
     )
+    if any(obj["metadata"]["name"].startswith(rbac_api.DRIFT_ROLE) for obj in objects):
+        header += "# The watched resources of --drift are read (get) by name too.\n"
     return header + "".join(_document(obj) for obj in objects)
 
 
@@ -177,6 +191,7 @@ def _command_line(
     storage: str,
     create_namespace: bool,
     fleet: bool,
+    drift: tuple[str, ...] = (),
 ) -> str:
     """The canonical command that produces this output, to regenerate it later."""
     words = ["coordinator", "rbac", "print", "--namespace", namespace]
@@ -191,4 +206,6 @@ def _command_line(
         words.append("--create-namespace")
     if fleet:
         words.append("--fleet")
+    for resource in dict.fromkeys(drift):
+        words += ["--drift", resource]
     return shlex.join(words)

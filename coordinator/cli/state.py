@@ -36,7 +36,7 @@ _lock_id = click.option(
 )
 
 
-def _write_text(report: Any) -> None:
+def write_text(report: Any) -> None:
     say(
         f"Wrote version {report.version} (token {report.token}) on {len(report.confirmed)} of "
         f"{len(report.results)} clusters (quorum {report.quorum})."
@@ -49,7 +49,7 @@ def _write_text(report: Any) -> None:
         say(f"The replica on {k} was saved to {path} {done}.")
 
 
-def _write_doc(report: Any) -> dict[str, Any]:
+def write_doc(report: Any) -> dict[str, Any]:
     doc = {
         "deployment": report.deployment,
         "outcome": report.outcome,
@@ -82,15 +82,15 @@ def _emit_write(
         report = _with_state(ctx, deployment, fn)
     except CoordinatorError as err:
         if err.payload is not None and hasattr(err.payload, "confirmed"):
-            emit(ctx, _write_doc(err.payload) | (extra or {}), lambda: None)
+            emit(ctx, write_doc(err.payload) | (extra or {}), lambda: None)
         raise
 
     def text() -> None:
-        _write_text(report)
+        write_text(report)
         for line in notes or []:
             say(line)
 
-    emit(ctx, _write_doc(report) | (extra or {}), text)
+    emit(ctx, write_doc(report) | (extra or {}), text)
 
 
 @click.group()

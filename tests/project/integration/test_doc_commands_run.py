@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coord_fixtures import UNHURRIED, Env
+from faults.kubectl import kubectl
 
 # The documentation's names, and the placeholders of its synopses, for this sandbox's. The
 # value of `-n`/`--namespace` (the docs' "payments") is this test's fresh namespace, as NS
@@ -45,6 +46,23 @@ SUBSTITUTE = {
     "FILE": "{state_file}",  # a YAML document for `state apply`
 }
 LOCK_IDS = ("110daf411e28c438", "ID")
+# What a rollout left on each member, for the drift pages' commands.
+ROLLED_OUT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec: {containers: [{name: api, image: "registry.example/api:1.2.0"}]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: api-settings}
+data: {mode: fast}
+"""
 NAMESPACE_OPTIONS = ("-n", "--namespace")
 
 
@@ -134,7 +152,28 @@ def test_every_command_line_of_the_docs_runs_as_the_page_says(own_sandbox3: Any,
         "app": {"version": "1.11"},
         "replicas": 4,
     }
+    # drift.md, cli.md: what a rollout left on every member, recorded under that lock.
+    for i in (1, 2, 3):
+        applied = kubectl(env.kubeconfig, i, namespace, "apply", "-f", "-", stdin=ROLLED_OUT, timeout=60)
+        assert applied.returncode == 0, applied.stderr
+    play(
+        "coordinator drift record payments deployment/api configmap/api-settings",
+        0,
+        "Recorded Deployment {ns}/api: .spec.replicas = 3",
+        "Recorded ConfigMap {ns}/api-settings",
+    )
+    play("coordinator drift payments", 0, "No drift: 6 of 6")
+    play("coordinator drift check payments", 0, "No drift: 6 of 6")
+    assert "api-settings" in play("coordinator state get payments drift", 0).stdout
     play("coordinator lock release payments", 0, "Released lock")
+    # drift.md: a hand edit on one member is drift, and a rollout does not start over it.
+    scaled = kubectl(env.kubeconfig, 2, namespace, "scale", "deployment", "api", "--replicas=5", timeout=60)
+    assert scaled.returncode == 0, scaled.stderr
+    found = json.loads(play("coordinator drift payments -o json", 8).stdout)
+    assert [(f["cluster"], f["status"]) for f in found["findings"] if f["status"] != "match"] == [("c2", "drifted")]
+    play("coordinator lock run payments --check-drift -- ./deploy.sh v1.2", 8, "on c2", "was not run")
+    scaled = kubectl(env.kubeconfig, 2, namespace, "scale", "deployment", "api", "--replicas=3", timeout=60)
+    assert scaled.returncode == 0, scaled.stderr
     # ci.md: the cleanup step finds nothing to release and succeeds.
     play("coordinator lock release DEP --if-held", 0, "nothing to release")
 
@@ -176,6 +215,14 @@ def test_every_command_line_of_the_docs_runs_as_the_page_says(own_sandbox3: Any,
         "name: deployer",
     )
     play("coordinator rbac print -n NS --deployment DEP --user ME", 0, "kind: Role", "name: alice")
+    # drift.md: the right to read the watched resources, by name.
+    play(
+        "coordinator rbac print -n payments --deployment payments --group release-engineers --drift deployment/api "
+        "--drift configmap/api-settings",
+        0,
+        "name: coordinator:drift-reads:",
+        "- api-settings",
+    )
     # cli.md: shell completion scripts.
     play("coordinator completion bash", 0, "complete")
     play("coordinator completion fish", 0, "complete")

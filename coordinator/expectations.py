@@ -1,0 +1,487 @@
+"""Drift: what a deployment's state records of the resources it watches, and how what a
+cluster holds now compares with it.
+
+The record (the *expectations*) is the part of the state document under the top-level
+key ``drift``: a list of watched resources, each with the fields that matter (JSONPath,
+as kubectl writes it: ``.spec.replicas``) and the values recorded for them, one value for
+every member and, per cluster, the values where a member differed when it was recorded::
+
+    drift:
+      resources:
+      - resource: apps/v1/Deployment/api
+        namespace: payments
+        fields:
+        - path: .spec.replicas
+          value: 3
+          clusters: {eu-2: 2}
+
+Each read of a watched resource on a member comes to one of four findings: ``match``;
+``drifted`` (a field's value differs from the record: the field, both values, and who
+changed it last per the object's managedFields, and when); ``gone`` (the API server
+answered 404 for the object while its namespace is there); ``unobservable`` (no answer,
+403, throttled, a kind the server does not serve, a missing namespace): the resource may be
+anything, and it is never reported as gone. (A member whose identity does not match is
+not compared at all: the command stops, as every command does.)
+
+Pure: no I/O and no clock; what was read comes in as arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+from typing import Any
+
+from jsonpath_ng import jsonpath as jp
+from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
+from jsonpath_ng.ext.filter import Filter
+from jsonpath_ng.ext.parser import parse as jsonpath_parse
+
+from coordinator.errors import UsageError
+from coordinator.evidence import NO_WRITERS
+from coordinator.quorum import quorum_size
+
+STATE_KEY = "drift"
+
+# Kinds that may be named as KIND/NAME; any other kind is named GROUP/VERSION/KIND/NAME
+# (VERSION/KIND/NAME for the core group). Keys are lower case, as kubectl takes them.
+SHORT_KINDS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("deployment", "deployments", "deploy"), ("apps/v1", "Deployment")),
+    **dict.fromkeys(("statefulset", "statefulsets", "sts"), ("apps/v1", "StatefulSet")),
+    **dict.fromkeys(("daemonset", "daemonsets", "ds"), ("apps/v1", "DaemonSet")),
+    **dict.fromkeys(("configmap", "configmaps", "cm"), ("v1", "ConfigMap")),
+    **dict.fromkeys(("service", "services", "svc"), ("v1", "Service")),
+    **dict.fromkeys(("cronjob", "cronjobs", "cj"), ("batch/v1", "CronJob")),
+}
+
+
+def plural_of(kind: str) -> str:
+    """The resource name RBAC rules use for ``kind``: the name the API server serves it
+    under for built-in kinds, otherwise the plural Kubernetes derives from a kind by
+    default (as CRDs mostly name themselves: Widget → widgets, Policy → policies)."""
+    known = {k: name for name, (_, k) in SHORT_KINDS.items() if name.endswith("s") and name[:-1] in SHORT_KINDS}
+    if kind in known:
+        return known[kind]
+    lower = kind.lower()
+    if lower.endswith(("s", "x", "z", "ch", "sh")):
+        return lower + "es"
+    if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return lower[:-1] + "ies"
+    return lower + "s"
+
+
+# The fields recorded when `drift record` is given no --field.
+DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {
+    "Deployment": (".spec.replicas", ".spec.template.spec.containers[*].image"),
+    "StatefulSet": (".spec.replicas", ".spec.template.spec.containers[*].image"),
+    "DaemonSet": (".spec.template.spec.containers[*].image",),
+    "CronJob": (".spec.schedule", ".spec.jobTemplate.spec.template.spec.containers[*].image"),
+    "ConfigMap": (".data",),
+}
+FALLBACK_FIELDS = (".spec",)
+
+# Kinds whose values must not be copied into the state (which any reader of the
+# deployment's namespace may read, and which is a ConfigMap by default).
+REFUSED_KINDS = frozenset({"Secret"})
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]{0,62}$")
+_GROUP = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_VERSION = re.compile(r"^v[0-9]+((alpha|beta)[0-9]+)?$")
+
+RESOURCE_FORMS = (
+    "KIND/NAME for Deployment, StatefulSet, DaemonSet, ConfigMap, Service or CronJob (e.g. deployment/api), "
+    "otherwise GROUP/VERSION/KIND/NAME (e.g. example.com/v1/Widget/w1; v1/KIND/NAME for the core group)"
+)
+
+
+@dataclass(frozen=True, order=True)
+class ResourceRef:
+    """One watched resource: API version, kind, name, namespace (None for cluster-scoped
+    kinds is decided by the server; here it is the namespace given or the deployment's),
+    and the one member it is watched on (None: every member)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    cluster: str | None = None
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    @property
+    def resource(self) -> str:
+        """The text the record keeps: GROUP/VERSION/KIND/NAME (VERSION/KIND/NAME in the core group)."""
+        return f"{self.api_version}/{self.kind}/{self.name}"
+
+    @property
+    def label(self) -> str:
+        """How reports name it: ``Deployment payments/api`` (``@CLUSTER`` when watched on one)."""
+        where = f"@{self.cluster}" if self.cluster else ""
+        return f"{self.kind} {self.namespace}/{self.name}{where}"
+
+    def same(self, other: ResourceRef) -> bool:
+        return (self.resource, self.namespace, self.cluster) == (other.resource, other.namespace, other.cluster)
+
+
+def parse_resource(text: str, namespace: str, cluster: str | None = None) -> ResourceRef:
+    """A RESOURCE as typed on the command line (see :data:`RESOURCE_FORMS`)."""
+    parts = text.split("/")
+    if len(parts) == 2:
+        short = SHORT_KINDS.get(parts[0].lower())
+        if short is None:
+            raise UsageError(f"Unknown kind {parts[0]!r} in {text!r}: name a resource as {RESOURCE_FORMS}.")
+        api_version, kind, name = short[0], short[1], parts[1]
+    elif len(parts) == 3:
+        api_version, kind, name = parts
+    elif len(parts) == 4:
+        api_version, kind, name = f"{parts[0]}/{parts[1]}", parts[2], parts[3]
+    else:
+        raise UsageError(f"Cannot read the resource {text!r}: name it as {RESOURCE_FORMS}.")
+    group, _, version = api_version.rpartition("/")
+    problem = None
+    if group and not _GROUP.match(group):
+        problem = f"{group!r} is no API group"
+    elif not _VERSION.match(version):
+        problem = f"{version!r} is no API version (v1, v1beta1, ...)"
+    elif not _KIND.match(kind):
+        problem = f"{kind!r} is no kind (kinds are CamelCase, e.g. Deployment)"
+    elif not _NAME.match(name):
+        problem = f"{name!r} is no object name (lower case letters, digits, '-' and '.')"
+    if problem:
+        raise UsageError(f"Cannot read the resource {text!r}: {problem}. Name it as {RESOURCE_FORMS}.")
+    if kind in REFUSED_KINDS:
+        raise UsageError(
+            f"{kind} objects are not watched for drift: their values would be copied into the deployment's "
+            "state, which every reader of the namespace may read."
+        )
+    return ResourceRef(api_version, kind, name, namespace, cluster)
+
+
+# ------------------------------------------------------------------ fields
+
+
+@lru_cache(maxsize=256)
+def _compiled(path: str) -> Any:
+    # The extended parser: kubectl's filters (`[?(@.name=="api")]`) are JSONPath it reads.
+    return jsonpath_parse("$" + path)
+
+
+def parse_field(text: str) -> str:
+    """A field path as kubectl writes it (``.spec.replicas``, ``{.spec.replicas}``,
+    ``.spec.template.spec.containers[*].image``), checked; returned in the dotted form."""
+    path = text.strip()
+    if path.startswith("{") and path.endswith("}"):
+        path = path[1:-1].strip()
+    if path.startswith("$"):
+        path = path[1:]
+    if not path.startswith("."):
+        raise UsageError(
+            f"Cannot read the field {text!r}: a field is a JSONPath from the object's top, starting with a dot, "
+            "e.g. .spec.replicas or .spec.template.spec.containers[*].image."
+        )
+    try:
+        _compiled(path)
+    # The parser raises its lexer's and parser's errors, and plain exceptions for some input.
+    except (JsonPathLexerError, JsonPathParserError, ValueError, TypeError, AttributeError, IndexError) as err:
+        raise UsageError(
+            f"Cannot read the field {text!r} as a JSONPath ({str(err).strip() or type(err).__name__}); "
+            "write it like .spec.replicas or .spec.template.spec.containers[*].image."
+        ) from None
+    return path
+
+
+def _many(node: Any) -> bool:
+    """Whether a path can match more than one value (then its value is a list): anything
+    but fields and single indices (wildcards, slices, filters, ``..``)."""
+    if isinstance(node, jp.Child):
+        return _many(node.left) or _many(node.right)
+    if isinstance(node, jp.Root | jp.This):
+        return False
+    if isinstance(node, jp.Fields):
+        return len(node.fields) != 1 or node.fields[0] == "*"
+    if isinstance(node, jp.Index):
+        return len(getattr(node, "indices", (0,))) != 1
+    return True
+
+
+def value_at(obj: Mapping[str, Any], path: str) -> Any:
+    """The value of ``path`` in ``obj``: one value (None when absent) for a path naming one
+    field, a list of every match for one that may match several (``[*]``)."""
+    expr = _compiled(path)
+    found = [m.value for m in expr.find(obj)]
+    if _many(expr):
+        return found
+    return found[0] if found else None
+
+
+def _structure(node: Any) -> list[str | None] | None:
+    """The field names a path walks (None for "any element of a list"), to look them up
+    in managedFields; None when the path cannot be followed there (``..``, filters)."""
+    if isinstance(node, jp.Root | jp.This):
+        return []
+    if isinstance(node, jp.Child):
+        left, right = _structure(node.left), _structure(node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node, jp.Fields) and len(node.fields) == 1 and node.fields[0] != "*":
+        return [node.fields[0]]
+    if isinstance(node, jp.Index | jp.Slice | jp.Wildcard | Filter):
+        return [None]
+    return None
+
+
+# ------------------------------------------------------------------ who changed it
+
+
+@dataclass(frozen=True)
+class Change:
+    """The last recorded write of a field: the field manager, its operation, its time."""
+
+    manager: str
+    operation: str = ""
+    time: str = ""  # the server leaves it out of a subresource's entry (`kubectl scale`)
+    subresource: str = ""
+    exact: bool = True  # False: the field has no recorded owner; this is the object's last write
+
+    def text(self) -> str:
+        what = self.manager or "unknown"
+        how = ", ".join(p for p in (self.operation, self.subresource and f"{self.subresource} subresource") if p)
+        if how:
+            what += f" ({how})"
+        if self.time:
+            what += f" at {self.time}"
+        return what if self.exact else f"{what}, the object's last write (the field has no recorded writer)"
+
+
+def _owns(node: Any, parts: Sequence[str | None]) -> bool:
+    if not parts:
+        return isinstance(node, dict)
+    if not isinstance(node, dict):
+        return False
+    head, rest = parts[0], parts[1:]
+    if head is None:
+        return any(_owns(child, rest) for key, child in node.items() if key[:2] in ("k:", "i:", "v:"))
+    return _owns(node.get("f:" + head), rest)
+
+
+def last_change(obj: Mapping[str, Any], path: str) -> Change | None:
+    """Who changed the field at ``path`` last, per the object's managedFields: of the
+    entries owning it (or any element of it), the newest. A field nobody is recorded as
+    owning (removed, or managedFields stripped) is attributed to the object's newest entry,
+    marked as not exact; None when the object records no writer at all."""
+    entries = [e for e in ((obj.get("metadata") or {}).get("managedFields") or []) if isinstance(e, dict)]
+    if not entries:
+        return None
+    parts = _structure(_compiled(path))
+    owning = [] if parts is None else [e for e in entries if _owns(e.get("fieldsV1"), parts)]
+    named = [e for e in owning if str(e.get("manager") or "") not in NO_WRITERS] or owning
+    exact = bool(named)
+    pick = max(named or entries, key=lambda e: str(e.get("time") or ""))
+    return Change(
+        str(pick.get("manager") or ""),
+        str(pick.get("operation") or ""),
+        str(pick.get("time") or ""),
+        str(pick.get("subresource") or ""),
+        exact,
+    )
+
+
+# ------------------------------------------------------------------ the record
+
+
+@dataclass
+class FieldRecord:
+    path: str
+    value: Any
+    clusters: dict[str, Any] = field(default_factory=dict)  # where a member's value differs
+
+    def expected(self, cluster: str) -> Any:
+        return self.clusters[cluster] if cluster in self.clusters else self.value
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"path": self.path, "value": self.value}
+        if self.clusters:
+            doc["clusters"] = dict(sorted(self.clusters.items()))
+        return doc
+
+
+@dataclass
+class Expectation:
+    ref: ResourceRef
+    fields: list[FieldRecord]
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"resource": self.ref.resource, "namespace": self.ref.namespace}
+        if self.ref.cluster:
+            doc["cluster"] = self.ref.cluster
+        doc["fields"] = [f.to_doc() for f in self.fields]
+        return doc
+
+
+def _bad_record(why: str) -> UsageError:
+    return UsageError(
+        f"The drift record in the deployment's state (its key {STATE_KEY!r}) cannot be read: {why}. "
+        "Record the resources again with `coordinator drift record`, or fix the key with `coordinator state apply`."
+    )
+
+
+def read_expectations(data: Mapping[str, Any] | None, namespace: str) -> list[Expectation]:
+    """The expectations a state document holds (none without the key); a malformed record
+    is a UsageError naming what is wrong."""
+    section = (data or {}).get(STATE_KEY)
+    if section is None:
+        return []
+    if not isinstance(section, dict) or not isinstance(section.get("resources", []), list):
+        raise _bad_record("it must be a mapping with a list under 'resources'")
+    out: list[Expectation] = []
+    for i, item in enumerate(section.get("resources") or []):
+        if not isinstance(item, dict) or not isinstance(item.get("resource"), str):
+            raise _bad_record(f"resource {i + 1} has no 'resource' text")
+        try:
+            ref = parse_resource(item["resource"], str(item.get("namespace") or namespace), item.get("cluster"))
+            fields = []
+            for f in item.get("fields") or []:
+                clusters = f.get("clusters") or {}
+                if not isinstance(clusters, dict):
+                    raise UsageError("'clusters' must be a mapping")
+                fields.append(FieldRecord(parse_field(str(f["path"])), f.get("value"), dict(clusters)))
+        except (UsageError, KeyError, TypeError, AttributeError) as err:
+            why = err.message if isinstance(err, UsageError) else f"missing or malformed {err}"
+            raise _bad_record(f"resource {i + 1} ({item['resource']}): {why}") from None
+        out.append(Expectation(ref, fields))
+    return out
+
+
+def record_document(data: Mapping[str, Any] | None, namespace: str, recorded: Iterable[Expectation]) -> dict[str, Any]:
+    """The ``drift`` section after recording ``recorded``: each replaces the expectation of
+    the same resource (same namespace and cluster); the others stay as they were."""
+    new = list(recorded)
+    kept = [e for e in read_expectations(data, namespace) if not any(e.ref.same(n.ref) for n in new)]
+    return {"resources": [e.to_doc() for e in [*kept, *new]]}
+
+
+def expectation_from(ref: ResourceRef, paths: Sequence[str], objects: Mapping[str, Mapping[str, Any]]) -> Expectation:
+    """The expectation of ``ref`` from the objects read on each member (name → object):
+    per field, the value most members hold, and the others per cluster."""
+    fields = []
+    for path in paths:
+        values = {c: value_at(obj, path) for c, obj in sorted(objects.items())}
+        counts: list[tuple[Any, int]] = []
+        for v in values.values():
+            for i, (seen, n) in enumerate(counts):
+                if seen == v:
+                    counts[i] = (seen, n + 1)
+                    break
+            else:
+                counts.append((v, 1))
+        common = max(counts, key=lambda vc: vc[1])[0] if counts else None
+        fields.append(FieldRecord(path, common, {c: v for c, v in values.items() if v != common}))
+    return Expectation(ref, fields)
+
+
+# ------------------------------------------------------------------ findings
+
+
+class Status(StrEnum):
+    MATCH = "match"
+    DRIFTED = "drifted"
+    GONE = "gone"
+    UNOBSERVABLE = "unobservable"
+
+
+@dataclass
+class FieldDrift:
+    path: str
+    recorded: Any
+    actual: Any
+    changed_by: Change | None
+
+    def to_doc(self) -> dict[str, Any]:
+        by = self.changed_by
+        return {
+            "path": self.path,
+            "recorded": self.recorded,
+            "actual": self.actual,
+            "changed_by": None
+            if by is None
+            else {
+                "manager": by.manager,
+                "operation": by.operation,
+                "subresource": by.subresource,
+                "time": by.time or None,
+                "exact": by.exact,
+            },
+        }
+
+
+@dataclass
+class Finding:
+    cluster: str
+    ref: ResourceRef
+    status: Status
+    detail: str = ""
+    fields: list[FieldDrift] = field(default_factory=list)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "resource": self.ref.resource,
+            "namespace": self.ref.namespace,
+            "status": str(self.status),
+            "detail": self.detail,
+            "fields": [f.to_doc() for f in self.fields],
+        }
+
+
+def compare(cluster: str, exp: Expectation, obj: Mapping[str, Any]) -> Finding:
+    """``match`` or ``drifted`` for an object read on ``cluster``."""
+    drifts = []
+    for f in exp.fields:
+        recorded, actual = f.expected(cluster), value_at(obj, f.path)
+        if recorded != actual:
+            drifts.append(FieldDrift(f.path, recorded, actual, last_change(obj, f.path)))
+    if not drifts:
+        return Finding(cluster, exp.ref, Status.MATCH)
+    return Finding(cluster, exp.ref, Status.DRIFTED, fields=drifts)
+
+
+def watched_on(exp: Expectation, members: Sequence[str]) -> list[str]:
+    """The members ``exp`` is watched on."""
+    return [exp.ref.cluster] if exp.ref.cluster else list(members)
+
+
+@dataclass
+class Verdict:
+    """What the findings add up to: confirmed drift; or, for some resource, too few of its
+    clusters observed to say it matches (``unsure`` names them)."""
+
+    drifted: list[Finding]
+    unobservable: list[Finding]
+    unsure: list[str]
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.drifted)
+
+
+def verdict(findings: Sequence[Finding], expectations: Sequence[Expectation], members: Sequence[str]) -> Verdict:
+    """Confirmed drift wherever a cluster showed it; a resource whose clusters were observed
+    on fewer than a majority of those it is watched on is one nobody can vouch for."""
+    drifted = [f for f in findings if f.status in (Status.DRIFTED, Status.GONE)]
+    unobservable = [f for f in findings if f.status is Status.UNOBSERVABLE]
+    unsure = []
+    for exp in expectations:
+        on = watched_on(exp, members)
+        seen = [f for f in findings if f.ref == exp.ref and f.status is not Status.UNOBSERVABLE]
+        if len(seen) < quorum_size(len(on)):
+            unsure.append(exp.ref.label)
+    return Verdict(drifted, unobservable, unsure)
