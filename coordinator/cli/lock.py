@@ -557,7 +557,8 @@ def run_(
     """Run a command while holding the lock (renewed in the background, released at the end).
 
     The command runs in a process group of its own, with COORDINATOR_LOCK_ID,
-    COORDINATOR_FENCING_TOKEN and COORDINATOR_DEPLOYMENT in its environment. Signals
+    COORDINATOR_FENCING_TOKEN, COORDINATOR_DEPLOYMENT, COORDINATOR_HOLDER and
+    COORDINATOR_CLUSTERS (the member clusters, comma-separated) in its environment. Signals
     sent to `lock run` go to the whole group. If the lock is lost (taken, broken, or
     released by someone else), the group gets SIGTERM, then SIGKILL after --grace, and
     the exit status is 7. The lock is released only once no process of the group is
