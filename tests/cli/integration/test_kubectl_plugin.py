@@ -19,6 +19,7 @@ from coord_fixtures import Env
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent  # .venv/bin: the package's executables
+LAUNCHER = Path(__file__).resolve().parents[3] / "deploy" / "krew" / "kubectl-coordinator"
 
 
 def kubectl(env: Env, *args: str, path: Path = BIN) -> subprocess.CompletedProcess[str]:
@@ -108,3 +109,19 @@ def test_kubeconfig_reaches_every_member_through_another_file(dep3: Env, tmp_pat
     )
     assert connected.returncode == 2
     assert "Context 'sandbox-3' leads to the same cluster as 'c3'" in _one_paragraph(connected.stderr)
+
+
+def test_the_krew_launcher_runs_the_plugin_it_installed(dep3: Env, tmp_path: Path) -> None:
+    """deploy/krew/kubectl-coordinator as krew links it into ~/.krew/bin: through the link,
+    it runs the virtualenv beside its real path (made here as its first run would)."""
+    store = tmp_path / "store" / "coordinator" / "v0.1.0"
+    (store / "venv" / "bin").mkdir(parents=True)
+    shutil.copy2(LAUNCHER, store / "kubectl-coordinator")
+    (store / "venv" / "bin" / "kubectl-coordinator").symlink_to(BIN / "kubectl-coordinator")
+    (store / "venv" / ".installed").touch()
+    linked = tmp_path / "krew-bin"
+    linked.mkdir()
+    (linked / "kubectl-coordinator").symlink_to(store / "kubectl-coordinator")
+    done = kubectl(dep3, "coordinator", "lock", "status", "web", "-n", dep3.namespace, path=linked)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("web is not held")
