@@ -61,39 +61,57 @@ def _split_flag(arg: str) -> tuple[str, str | None] | None:
         if spelling.startswith("--") and arg.startswith(spelling + "="):
             return spelling, arg[len(spelling) + 1 :]
     if arg.startswith("-n") and not arg.startswith("--") and len(arg) > 2:
-        return "-n", arg[2:]  # -nNS, as kubectl takes it
+        return "-n", arg[2:].removeprefix("=")  # -nNS and -n=NS, as kubectl takes them
     return None
 
 
-def _strip(args: Sequence[str], owned: frozenset[str]) -> tuple[list[str], KubectlFlags]:
-    """``args`` without kubectl's flags (up to ``--``), and what they said; a spelling in
-    ``owned`` stays in place for the command itself."""
+def _strip(
+    args: Sequence[str],
+    owned: frozenset[str] = frozenset(),
+    valued: frozenset[str] = frozenset(),
+    lenient: bool = False,
+) -> tuple[list[str], KubectlFlags]:
+    """``args`` without kubectl's flags (up to ``--``), and what they said. A spelling in
+    ``owned`` is the command's own: it is kept, moved after the command's name (`kubectl
+    coordinator -n NS lock status` as kubectl users put it). ``valued`` are the options
+    whose next word is their value, never taken for a flag; ``lenient`` drops a flag
+    missing its value instead of refusing it."""
     from coordinator.errors import UsageError
 
     kept: list[str] = []
+    moved: list[str] = []
     flags = KubectlFlags()
     i = 0
     while i < len(args):
         arg = args[i]
         if arg == "--":
-            kept.extend(args[i:])
             break
         if arg == "--config" and i + 1 < len(args):
             flags.config = args[i + 1]
         elif arg.startswith("--config="):
             flags.config = arg.split("=", 1)[1]
+        if arg in valued and arg not in _FLAGS:
+            kept.extend(args[i : i + 2])
+            i += 2
+            continue
         found = _split_flag(arg)
-        if found is None or found[0] in owned or (found[0] == "--namespace" and "-n" in owned):
+        if found is None:
             kept.append(arg)
             i += 1
             continue
         spelling, value = found
+        taken = [arg] if value is not None else list(args[i : i + 2])
         if value is None:
             if i + 1 >= len(args) or args[i + 1] == "--":
+                if lenient:  # only finding the command: the second pass says what is missing
+                    i += 1
+                    continue
                 raise UsageError(f"{spelling} needs a value (kubectl coordinator ... {spelling} VALUE).")
             value = args[i + 1]
-            i += 1
-        i += 1
+        i += len(taken)
+        if spelling in owned or (spelling == "--namespace" and "-n" in owned):
+            moved.extend([spelling, value])  # click reads `-n=NS` as "=NS": given apart
+            continue
         what = _FLAGS[spelling]
         if what == "context":
             flags.contexts.append(value)
@@ -101,7 +119,7 @@ def _strip(args: Sequence[str], owned: frozenset[str]) -> tuple[list[str], Kubec
             flags.kubeconfig = value
         else:
             flags.namespace = value
-    return kept, flags
+    return [*kept, *moved, *args[i:]], flags
 
 
 def _leaf(args: Sequence[str]) -> tuple[list[str], click.Command | None, list[str]]:
@@ -129,8 +147,8 @@ def _leaf(args: Sequence[str]) -> tuple[list[str], click.Command | None, list[st
     return path, (None if isinstance(command, click.Group) else command), list(args[i:])
 
 
-def _first_argument(command: click.Command, rest: Sequence[str]) -> str | None:
-    """The first positional word of ``rest`` for ``command`` (skipping its options and their values)."""
+def _valued(command: click.Command) -> frozenset[str]:
+    """The spellings of the options of ``command`` (and the global ones) that take a value."""
     from coordinator.cli import _GLOBALS
 
     valued = set(_ROOT_VALUED) | {f for g in _GLOBALS if not g.kwargs.get("count") for f in g.flags}
@@ -138,6 +156,12 @@ def _first_argument(command: click.Command, rest: Sequence[str]) -> str | None:
         if isinstance(p, click.Option) and not p.is_flag and not p.count:
             valued.update(p.opts)
             valued.update(p.secondary_opts)
+    return frozenset(valued)
+
+
+def _first_argument(command: click.Command, rest: Sequence[str]) -> str | None:
+    """The first positional word of ``rest`` for ``command`` (skipping its options and their values)."""
+    valued = _valued(command)
     i = 0
     while i < len(rest):
         arg = rest[i]
@@ -186,13 +210,13 @@ def translate(args: Sequence[str]) -> tuple[list[str], ReachThrough | None]:
 
     # Which command is meant, read with every flag of kubectl's taken out; then taken out
     # again, less those the command has itself.
-    path, command, _ = _leaf(_strip(args, frozenset())[0])
+    path, command, _ = _leaf(_strip(args, lenient=True)[0])
     if command is None:
         return list(args), None  # help, --version, or a mistyped command: the CLI says which
     if command.context_settings.get("ignore_unknown_options") and "--" not in args:
         return list(args), None  # `lock run` without `--`: every word after it is the command's
     owned = frozenset(o for p in command.params for o in (*p.opts, *p.secondary_opts) if o in _FLAGS)
-    kept, flags = _strip(args, owned)
+    kept, flags = _strip(args, owned, _valued(command))
     shown = " ".join(path)
     if flags.namespace is not None:
         deployment = _deployment_of(path, command, _leaf(kept)[2])

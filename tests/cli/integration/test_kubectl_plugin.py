@@ -46,6 +46,14 @@ def test_kubectl_runs_the_plugin_with_kubectls_namespace_flag(dep3: Env) -> None
     assert both.returncode == 0, both.stderr
     assert both.stdout.startswith("web is not held")
 
+    # Where kubectl users put it: before the command (lock status's own -n, moved after it).
+    before = kubectl(dep3, "coordinator", f"-n={dep3.namespace}", "lock", "status", "web")
+    assert before.returncode == 0, before.stderr
+    # An option's value is never taken for kubectl's flag.
+    reason = kubectl(dep3, "coordinator", "lock", "acquire", "web", "--reason", "-nightly", "-o", "json")
+    assert reason.returncode == 0, reason.stderr
+    assert kubectl(dep3, "coordinator", "lock", "release", "web").returncode == 0
+
     elsewhere = kubectl(dep3, "coordinator", "state", "get", "web", "-n", "other")
     assert elsewhere.returncode == 2
     assert f"Deployment 'web' is in namespace '{dep3.namespace}', not 'other'" in _one_paragraph(elsewhere.stderr)
