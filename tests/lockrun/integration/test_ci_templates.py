@@ -242,6 +242,62 @@ def _row(summary: str, name: str) -> str:
     return m.group(1)
 
 
+def _github_job(env: Env, work: Path, run_id: str, run: str, **inputs: str) -> GitHubJob:
+    """A job of run ``run_id`` of acme/payments on runner ``runner-RUN_ID``, through the action."""
+    clusters = "\n".join(f"{name}=sandbox-{i}" for i, name in enumerate(env.clusters, start=1))
+    return GitHubJob(
+        run_id,
+        env,
+        work / run_id,
+        inputs={
+            "deployment": "web",
+            "namespace": env.namespace,
+            "clusters": clusters,
+            "kubeconfig": Path(env.kubeconfig).read_text(),
+            "run": run,
+            **inputs,
+        },
+        github={
+            "GITHUB_REPOSITORY": "acme/payments",
+            "GITHUB_RUN_ID": run_id,
+            "GITHUB_RUN_ATTEMPT": "1",
+            "GITHUB_JOB": "deploy",
+            "RUNNER_NAME": f"runner-{run_id}",
+        },
+        path_first=[] if inputs.get("install", "true") == "true" else [str(BIN)],
+    )
+
+
+def test_github_action_a_cancelled_step_stops_its_command_and_releases(dep3: Env, tmp_path: Path) -> None:
+    """With the action's own grace (under GitHub's 10 s), SIGINT reaches the command's group
+    through the step's shell, `lock run` releases the lock, and the summary says so."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    a = _github_job(
+        dep3,
+        tmp_path,
+        "2001",
+        # Notes the SIGINT, then dies of it, as a command that does not handle it would.
+        f"trap 'touch {marks}/a-got-int; trap - INT; kill -INT $$' INT\n"
+        f"touch {marks}/a-inside\nwhile :; do sleep 0.2; done\n",
+        install="false",
+    )
+    b = _github_job(dep3, tmp_path, "2002", f'echo "$COORDINATOR_FENCING_TOKEN" > {marks}/b-token\n', install="false")
+    a.start()
+    _until("job a inside", lambda: (marks / "a-inside").exists(), [a])
+    b.start()
+    _until("job b waiting for the lock", lambda: "waiting for web" in b.step_log(2), [a, b])
+    a.cancel()
+    a.join()
+    b.join()
+    assert (marks / "a-got-int").exists(), a.text()
+    assert a.outcomes["run"] == "cancelled" and a.outputs["exit-code"] == "130", a.text()
+    assert _row(a.summary(), "Outcome") == "stopped by signal 2 (exit 130); the lock was released"
+    assert _row(a.summary(), "Holder") == "acme/payments run:2001.1 job:deploy runner:runner-2001"
+    assert int((marks / "b-token").read_text()) > int(_row(a.summary(), "Fencing token"))
+    assert _row(b.summary(), "Outcome") == "succeeded (exit 0)"
+
+
 def test_github_action_two_jobs_one_cancelled_as_github_cancels(dep3: Env, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
