@@ -516,6 +516,9 @@ def test_gitlab_component_two_jobs_take_turns(dep3: Env, tmp_path: Path) -> None
                 "kubeconfig": "$KUBECONFIG_FILE",
                 "run": step,
                 "job-name": "deploy",
+                # One job installs from the repository (the component's project), as a pip
+                # requirement; the other's image has coordinator.
+                "source": str(ROOT) if job_id == "7001" else "",
             },
             ci={
                 "CI_JOB_ID": job_id,
@@ -545,4 +548,5 @@ def test_gitlab_component_two_jobs_take_turns(dep3: Env, tmp_path: Path) -> None
     # (`mkdir inside` would have failed the second).
     for i in jobs:
         assert (marks / f"in-{i}").read_text().strip() == f"acme/payments ci-job:{i}"
+    assert (jobs["7001"].work / ".coordinator" / "venv" / "bin" / "coordinator").exists()
     assert dep3.cli("lock", "status", "web").stdout.startswith("web is not held")
