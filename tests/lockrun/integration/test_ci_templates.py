@@ -283,10 +283,18 @@ def test_github_action_a_cancelled_step_stops_its_command_and_releases(dep3: Env
         install="false",
     )
     b = _github_job(dep3, tmp_path, "2002", f'echo "$COORDINATOR_FENCING_TOKEN" > {marks}/b-token\n', install="false")
+    c = _github_job(dep3, tmp_path, "2003", f"touch {marks}/c-inside\n", install="false")
     a.start()
     _until("job a inside", lambda: (marks / "a-inside").exists(), [a])
     b.start()
-    _until("job b waiting for the lock", lambda: "waiting for web" in b.step_log(2), [a, b])
+    c.start()
+    _until("jobs b and c waiting", lambda: all("waiting for web" in j.step_log(2) for j in (b, c)), [a, b, c])
+    # Cancelled while it waits in line: it never enters, and says so.
+    c.cancel()
+    c.join()
+    assert not (marks / "c-inside").exists()
+    assert _row(c.summary(), "Outcome") == "stopped by signal 2 while waiting for the lock (exit 130)", c.text()
+    assert _row(c.summary(), "Fencing token") == "-"
     a.cancel()
     a.join()
     b.join()
