@@ -7,6 +7,10 @@ cluster never receives locks or state.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -31,6 +35,46 @@ _KIND_TO_OUTCOME = {
     kube.ALREADY_EXISTS: Outcome.CONFLICT,
     IDENTITY_MISMATCH: Outcome.IDENTITY_MISMATCH,
 }
+
+
+@dataclass(frozen=True)
+class ReachThrough:
+    """How the members are reached for a while instead of as recorded: another kubeconfig
+    for every member connected through one, and another context for some of them (the
+    kubectl plugin's --kubeconfig and --context MEMBER=CONTEXT). The identity check still
+    applies, so a context that leads elsewhere is refused, never used."""
+
+    kubeconfig: str | None = None
+    contexts: Mapping[str, str] = field(default_factory=dict)
+
+    def endpoint(self, rec: ClusterRecord) -> Endpoint:
+        context = self.contexts.get(rec.name)
+        if context is not None:
+            return Endpoint(rec.name, context, self.kubeconfig or rec.kubeconfig)
+        if rec.in_cluster:  # the pod's own credentials: no kubeconfig to replace
+            return Endpoint(rec.name, rec.context, rec.kubeconfig, rec.in_cluster)
+        return Endpoint(rec.name, rec.context, self.kubeconfig or rec.kubeconfig)
+
+
+_REACH: ContextVar[ReachThrough | None] = ContextVar("coordinator_reach_through", default=None)
+
+
+@contextmanager
+def reaching_through(reach: ReachThrough) -> Iterator[None]:
+    """Within the block (and the tasks started in it), clusters are reached per ``reach``."""
+    token = _REACH.set(reach)
+    try:
+        yield
+    finally:
+        _REACH.reset(token)
+
+
+def endpoint_of(rec: ClusterRecord) -> Endpoint:
+    """Where a connected cluster is reached: as recorded, unless a ReachThrough is in force."""
+    reach = _REACH.get()
+    if reach is None:
+        return Endpoint(rec.name, rec.context, rec.kubeconfig, rec.in_cluster)
+    return reach.endpoint(rec)
 
 
 def outcome_of(err: KubeError) -> Outcome:
@@ -81,7 +125,7 @@ class ClusterSet:
         found = self._clients.get(name)
         if found is None:
             rec = self.record(name)
-            endpoint = Endpoint(rec.name, rec.context, rec.kubeconfig, rec.in_cluster)
+            endpoint = endpoint_of(rec)
             transport = None if self.transport_factory is None else self.transport_factory(endpoint)
             found = KubeClient(endpoint, timeout=self.timeout, transport=transport)
             self._clients[name] = found
@@ -110,7 +154,7 @@ class ClusterSet:
                 shown = printable(found)[:100] if found else "missing"
                 err = KubeError(
                     IDENTITY_MISMATCH,
-                    f"context {rec.context!r} now leads to a cluster whose identity is "
+                    f"context {self.client(name).endpoint.context!r} now leads to a cluster whose identity is "
                     f"{shown}, but {name!r} was connected as {rec.identity} "
                     f"({rec.identity_source})",
                 )

@@ -438,6 +438,12 @@ class _Run:
                 "COORDINATOR_LOCK_ID": held.lock_id,
                 "COORDINATOR_FENCING_TOKEN": str(held.fencing_token),
                 "COORDINATOR_DEPLOYMENT": opts.deployment,
+                # The holder the lock was taken as, so that the child's own commands
+                # (state set, lock status) act as the same holder.
+                "COORDINATOR_HOLDER": held.holder,
+                # The members the lock was taken on, comma-separated (cluster names are
+                # DNS labels); during a member change, the old and the new set together.
+                "COORDINATOR_CLUSTERS": ",".join(held.members),
             }
         )
         how = "running under" if opts.lock_id else "locked"

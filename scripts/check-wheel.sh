@@ -114,6 +114,12 @@ if [[ "${shown}" != "coordinator, version ${version}" ]]; then
     echo "check-wheel: expected 'coordinator, version ${version}'" >&2
     exit 1
 fi
+# The kubectl plugin (`kubectl coordinator`) is the same CLI under the name kubectl looks for.
+plugin=$(env -u PYTHONPATH "${venv}/bin/kubectl-coordinator" --version)
+if [[ "${plugin}" != "${shown}" ]]; then
+    echo "check-wheel: kubectl-coordinator --version said '${plugin}', not '${shown}'" >&2
+    exit 1
+fi
 origin=$(env -u PYTHONPATH "${venv}/bin/python" -c 'import coordinator; print(coordinator.__file__)')
 if [[ "${origin}" != "${venv}/"* ]]; then
     echo "check-wheel: coordinator was imported from ${origin}, not from the virtualenv" >&2

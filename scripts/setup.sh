@@ -67,6 +67,9 @@ export COORDINATOR_TOXIPROXY
 say "building (or finding) kindcheck (Kind's own config types, for the Kind config check)"
 COORDINATOR_KINDCHECK="$(scripts/build-kindcheck.sh | tail -n 1)"
 export COORDINATOR_KINDCHECK
+say "building (or finding) krew's manifest validator (for the kubectl plugin's krew manifest)"
+COORDINATOR_KREWVALIDATE="$(scripts/build-krewvalidate.sh | tail -n 1)"
+export COORDINATOR_KREWVALIDATE
 export PATH="${VENV}/bin:${PATH}"
 
 # The editable install leaves the package's bytecode to be written on first import, and

@@ -396,10 +396,13 @@ def _print_traceback() -> None:
     click.echo(printable(traceback.format_exc(), keep_newlines=True), err=True, nl=False)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point: runs the CLI and maps every outcome to a documented exit code."""
+def main(argv: list[str] | None = None, *, prog_name: str = "coordinator", as_program: bool | None = None) -> None:
+    """Entry point: runs the CLI and maps every outcome to a documented exit code.
+
+    ``prog_name`` is the name usage lines give (`kubectl coordinator` for the plugin);
+    ``as_program`` says the process is the command itself (default: when ``argv`` is None)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if argv is None:
+    if argv is None if as_program is None else as_program:
         from coordinator.cli import output
 
         output.AS_PROGRAM = True
@@ -412,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     guard = stdout if isinstance(stdout, ReaderGuard) else ReaderGuard(stdout)
     sys.stdout = guard
     try:
-        _run(args, verbose)
+        _run(args, verbose, prog_name)
     finally:
         # Flushed through the guard, whichever way the command ended: a reader gone by
         # now must not turn the interpreter's last flush into an error of its own.
@@ -423,12 +426,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout = stdout
 
 
-def _run(args: list[str], verbose: bool) -> None:
+def _run(args: list[str], verbose: bool, prog_name: str = "coordinator") -> None:
     """Run the CLI and exit with its documented code."""
     try:
         try:
             # Without standalone mode click returns ctx.exit()'s code instead of exiting.
-            code = cli.main(args=args, prog_name="coordinator", standalone_mode=False)
+            code = cli.main(args=args, prog_name=prog_name, standalone_mode=False)
         except BaseExceptionGroup as group:
             raise _single(group) from None
     except CoordinatorError as err:

@@ -356,7 +356,7 @@ def _run_watch(c: Any, follow: Any) -> None:
     "-n",
     "namespace",
     metavar="NS",
-    help="With the fleet: only the deployments in namespace NS.",
+    help="With the fleet: only the deployments in namespace NS; with DEPLOYMENT: check that it is in NS.",
 )
 @click.option("--watch", "-w", is_flag=True, help="Keep printing changes until interrupted.")
 @click.option("--interval", default="1s", show_default=True, help="With --watch: how often to look.")
@@ -400,14 +400,17 @@ def status(
             raise UsageError("--all shows every deployment: give either DEPLOYMENT or --all, not both.")
         _fleet(ctx, watch, every, namespace, skew)
         return
-    if namespace is not None:
+    c = _coordinator(ctx)
+    if namespace is not None and (recorded := c.deployment(deployment).namespace) != namespace:
+        # With one deployment, -n is a check, as kubectl users give it: the record knows
+        # where the deployment lives.
         from coordinator.errors import UsageError
 
         raise UsageError(
-            f"--namespace narrows the fleet view; {deployment!r} is one deployment, whose namespace its "
-            "record names. Give either DEPLOYMENT or --namespace, not both."
+            f"Deployment {deployment!r} is in namespace {recorded!r}, not {namespace!r} (with a "
+            "deployment, -n checks the namespace it was created or imported with; without one, -n "
+            f"narrows the fleet view). Leave -n out, or give -n {recorded}."
         )
-    c = _coordinator(ctx)
     c.max_server_skew_s = skew
     fmt = app_of(ctx).output
 
@@ -564,7 +567,8 @@ def run_(
     """Run a command while holding the lock (renewed in the background, released at the end).
 
     The command runs in a process group of its own, with COORDINATOR_LOCK_ID,
-    COORDINATOR_FENCING_TOKEN and COORDINATOR_DEPLOYMENT in its environment. Signals
+    COORDINATOR_FENCING_TOKEN, COORDINATOR_DEPLOYMENT, COORDINATOR_HOLDER and
+    COORDINATOR_CLUSTERS (the member clusters, comma-separated) in its environment. Signals
     sent to `lock run` go to the whole group. If the lock is lost (taken, broken, or
     released by someone else), the group gets SIGTERM, then SIGKILL after --grace, and
     the exit status is 7. The lock is released only once no process of the group is

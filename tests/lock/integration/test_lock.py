@@ -230,13 +230,16 @@ def test_lock_run_passes_env_and_exit_status(dep3: Any, tmp_path: Path) -> None:
     out = tmp_path / "env.txt"
     script = (
         f"import os; open({str(out)!r}, 'w').write(os.environ['COORDINATOR_LOCK_ID'] + ' ' + "
-        "os.environ['COORDINATOR_FENCING_TOKEN'] + ' ' + os.environ['COORDINATOR_DEPLOYMENT']); "
+        "os.environ['COORDINATOR_FENCING_TOKEN'] + ' ' + os.environ['COORDINATOR_DEPLOYMENT'] + ' ' + "
+        "os.environ['COORDINATOR_HOLDER'] + ' ' + os.environ['COORDINATOR_CLUSTERS']); "
         "raise SystemExit(17)"
     )
     proc = dep3.cli("lock", "run", "web", "--holder", "runner", "--", sys.executable, "-c", script)
     assert proc.returncode == 17, proc.stderr
-    lock_id, token, deployment = out.read_text().split()
+    lock_id, token, deployment, holder, clusters = out.read_text().split()
     assert deployment == "web" and int(token) >= 1 and len(lock_id) == 16
+    assert holder == "runner"
+    assert clusters.split(",") == dep3.clusters
     st = _json(dep3.cli("-o", "json", "lock", "status", "web"))
     assert st["holder"] is None and not st["held_by_majority"]  # released on exit
 

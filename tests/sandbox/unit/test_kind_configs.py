@@ -140,33 +140,36 @@ def _matrix_jobs() -> list[dict[str, Any]]:
     return jobs
 
 
+def _locked_step(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's one step that runs through the action at the repository's root."""
+    [step] = [s for s in job["steps"] if re.fullmatch(r"[\w.-]+/coordinator@\S+", s.get("uses", ""))]
+    return step
+
+
 def test_workflow_gives_every_matrix_job_its_own_holder() -> None:
     for job in _matrix_jobs():
-        holder = job["env"]["COORDINATOR_HOLDER"]
+        holder = _locked_step(job)["with"]["holder"]
         assert "${{ github.run_id }}" in holder
         used = set(re.findall(r"\$\{\{\s*matrix\.(\w+)\s*\}\}", holder))
         assert used, "the holder names the matrix entry, so jobs of one run differ"
         assert used <= set(job["strategy"]["matrix"]), "the holder uses real matrix keys"
 
 
-def test_workflow_serializes_the_deploy_through_lock_run() -> None:
+def test_workflow_runs_the_deploy_through_the_action_with_its_inputs() -> None:
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
     for job in _matrix_jobs():
-        runs = [step.get("run", "") for step in job["steps"]]
-        locked = [run for run in runs if "coordinator lock run" in run]
-        assert len(locked) == 1
-        command = locked[0]
-        assert re.search(r"--wait \S+", command)
-        assert re.search(r"--reason \S+", command)
-        assert re.search(r"coordinator lock run \S+ .*-- ", command, re.DOTALL)
+        given = _locked_step(job)["with"]
+        assert set(given) <= set(action["inputs"]), "only inputs the action has"
+        required = {k for k, v in action["inputs"].items() if v.get("required")}
+        assert required <= set(given)
+        assert given["reason"] and given["wait"]
+        assert "coordinator state set" in given["run"]
 
 
-def test_workflow_connects_the_kind_clusters_before_locking() -> None:
+def test_workflow_connects_the_kind_clusters() -> None:
     for job in _matrix_jobs():
-        runs = [step.get("run", "") for step in job["steps"]]
-        connect = next(i for i, run in enumerate(runs) if "coordinator cluster connect" in run)
-        lock = next(i for i, run in enumerate(runs) if "coordinator lock run" in run)
-        assert connect < lock
-        assert "kind-coordinator-" in runs[connect]
+        pairs = _locked_step(job)["with"]["clusters"].split()
+        assert [p.split("=")[1] for p in pairs] == [f"kind-coordinator-{i}" for i in (1, 2, 3)]
 
 
 # --- scripts/kind-up.sh and scripts/kind-down.sh -----------------------------------------
@@ -372,13 +375,14 @@ def test_scripts_are_executable() -> None:
 
 
 def test_workflow_lock_run_takes_the_cancellation_signal_and_a_short_ttl() -> None:
-    """A cancelled job gets SIGINT on the step's entry process: `exec` makes that `lock
-    run`, which passes it to the deploy command's group and releases the lock; a short
-    --ttl bounds how long a job nobody can clean up after blocks the others."""
+    """A short ``ttl`` bounds how long a job nobody can clean up after blocks the others;
+    the action's ``grace`` stays under GitHub's 10 s from cancellation to kill, so that a
+    cancelled step's `lock run` stops its command and releases the lock itself."""
     from coordinator.durations import parse_duration
 
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
     for job in _matrix_jobs():
-        [command] = [s["run"] for s in job["steps"] if "coordinator lock run" in s.get("run", "")]
-        assert command.lstrip().startswith("exec coordinator lock run "), command
-        ttl = re.search(r"--ttl (\S+)", command)
-        assert ttl is not None and parse_duration(ttl.group(1)) <= 60, command
+        given = _locked_step(job)["with"]
+        assert parse_duration(given["ttl"]) <= 60, given
+        grace = given.get("grace", action["inputs"]["grace"]["default"])
+        assert parse_duration(grace) < 10, grace
