@@ -21,7 +21,7 @@ from coordinator.kube.client import KubeError
 from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name, lease_path, state_name
 from coordinator.lease import DEFAULT_MAX_TTL_S, LeaseView
 from coordinator.logs import get_logger
-from coordinator.membership import A_MEMBERSHIP, LEGACY, Membership, Stored, in_lease_object
+from coordinator.membership import A_MEMBERSHIP, UNSTATED, Membership, Stored, in_lease_object
 from coordinator.outcome import Outcome
 from coordinator.records import MAX_DEPLOYMENT_NAME, DeploymentRecord
 from coordinator.state import decode_replica
@@ -216,8 +216,8 @@ async def _confirm_elsewhere(
         v = r.value
         if v is None:
             return "no lease or no member set"
-        if v is LEGACY or not isinstance(v, Membership):
-            return "a lease from before stored member sets"
+        if v is UNSTATED or not isinstance(v, Membership):
+            return "a lease that states no member set"
         names = ", ".join(by_identity.get(i, f"identity {printable(i)}") for i in v.members)
         change = (
             "; changing to " + ", ".join(by_identity.get(i, f"identity {printable(i)}") for i in v.joint)

@@ -124,17 +124,17 @@ def annotation_writers(obj: dict[str, Any], annotation: str = A_MEMBERSHIP) -> t
     return tuple(dict.fromkeys(owners))
 
 
-class _Legacy:
-    """A lease without a stored member set: one from before stored member sets, or one
-    whose annotation someone removed. It is no evidence either way, so it counts like a
-    member that stores nothing (a deleted lease): never as agreeing."""
+class _Unstated:
+    """A lease that states no member set: its annotation was removed (anyone allowed to
+    annotate the lease can), or never written there. It is no evidence either way, so it
+    counts like a member that stores nothing (a deleted lease): never as agreeing."""
 
     def __repr__(self) -> str:
-        return "LEGACY"
+        return "UNSTATED"
 
 
-LEGACY: Final = _Legacy()
-Stored = Membership | _Legacy | None  # None: the member answered but stores nothing
+UNSTATED: Final = _Unstated()
+Stored = Membership | _Unstated | None  # None: the member answered but stores nothing
 
 
 class Verdict(StrEnum):
@@ -298,7 +298,7 @@ def check(
     member to store a different set under the same or a newer epoch — such a member
     means this machine's record is stale or divergent. Only a set that a coordinator
     wrote agrees: the same set written by another client (``kubectl annotate``), or no
-    set at all (a lease from before stored sets, an annotation removed), is silent, like
+    set at all (its annotation removed or never written), is silent, like
     a deleted lease."""
     out = Check(Verdict.OK, local)
     for member in members:
@@ -306,7 +306,7 @@ def check(
             out.unseen.append(member)
             continue
         value = stored[member]
-        if value is LEGACY or value is None:
+        if value is UNSTATED or value is None:
             out.silent.append(member)
         elif isinstance(value, Membership):
             if value == local and not value.written_by_us:
@@ -388,7 +388,7 @@ def says_nothing(stored: Stored, local: Membership) -> bool:
     with its managedFields stripped). Another object of the member, its state object, may
     speak for it then. A *different* set written by someone else is not silence: it stops
     the command as possibly planted."""
-    if stored is None or stored is LEGACY:
+    if stored is None or stored is UNSTATED:
         return True
     return isinstance(stored, Membership) and stored == local and not stored.written_by_us
 
@@ -402,7 +402,7 @@ def conflicts_only(result: Check) -> bool:
 def stored_in_lease(view: Any) -> Stored:
     """What one member's lease (a ``lease.LeaseView``) says about the member set: nothing
     when it is missing or a tombstone (written by whoever found the lease missing, it
-    proves nothing), LEGACY for a lease from before stored member sets."""
+    proves nothing), UNSTATED for a lease without the member-set annotation."""
     if view is None or not view.exists or view.vanished:
         return None
     return in_lease_object(view.obj)
@@ -412,7 +412,7 @@ def in_lease_object(obj: dict[str, Any]) -> Stored:
     """The member set a lease object stores, with who wrote it (see ``written_by_us``)."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(A_MEMBERSHIP)
     if raw is None:
-        return LEGACY
+        return UNSTATED
     parsed = Membership.parse(raw)
     if parsed is None:
         return None

@@ -592,7 +592,7 @@ class EngineCore:
     def stored_membership(self, view: LeaseView) -> Stored:
         """What one member's lease says about the member set: nothing when it is missing
         or a tombstone (a tombstone is written by whoever found the lease missing, so it
-        proves nothing), LEGACY for a lease from before stored member sets."""
+        proves nothing), UNSTATED for a lease without the member-set annotation."""
         stored = stored_in_lease(view)
         if (
             self.finishing is not None

@@ -87,7 +87,7 @@ class Members:
             if stored is None:
                 out[member] = "nothing (lease missing or deleted)"
             elif not isinstance(stored, Membership):
-                out[member] = "nothing (a lease from before stored member sets)"
+                out[member] = "nothing (its lease states no member set)"
             else:
                 joint = f"; changing to {listed(stored.joint)}" if stored.joint else ""
                 same = " (as recorded here)" if stored == self.core.membership else ""

@@ -152,7 +152,7 @@ def test_a_release_from_a_machine_whose_record_is_stale_does_not_undo_a_change(d
 # -- 3. the check, against edits of the stored set and deleted leases
 
 # Broke before the fix: membership.py:in_lease_object takes a lease without the membership
-# annotation for a LEGACY one, which check() counts as agreeing (and a set equal to the local
+# annotation for a UNSTATED one, which check() counts as agreeing (and a set equal to the local
 # record counts whoever wrote it): after {c1,c2,c3} -> {c1,c4,c5} by two replaces, `kubectl
 # annotate lease coordinator-lock-pay coordinator.io/membership-` on c2 and c3 (or re-annotating
 # the old set), c1 down, lets the old record hold {c2,c3} while the new one holds {c4,c5}

@@ -23,7 +23,7 @@ from coordinator.config import ConfigStore
 from coordinator.kube.resources import lease_path
 from coordinator.membership import (
     A_MEMBERSHIP,
-    LEGACY,
+    UNSTATED,
     Membership,
     Verdict,
     check,
@@ -96,9 +96,9 @@ def test_check_rules() -> None:
     local = Membership.of(["a", "b", "c"])
     members = ["A", "B", "C"]
     assert check(local, {"A": local, "B": local}, members).verdict is Verdict.OK
-    # a lease from before stored sets, or a deleted one, stores nothing and confirms nothing:
+    # a lease that states no set, or a deleted one, stores nothing and confirms nothing:
     # C, unseen, could still confirm
-    assert check(local, {"A": local, "B": LEGACY}, members).verdict is Verdict.UNOBSERVABLE
+    assert check(local, {"A": local, "B": UNSTATED}, members).verdict is Verdict.UNOBSERVABLE
     assert check(local, {"A": local}, members).verdict is Verdict.UNOBSERVABLE
     assert check(local, {"A": local, "B": None, "C": None}, members).verdict is Verdict.UNCONFIRMED
     assert check(local, {"A": None, "B": None}, members).verdict is Verdict.UNCONFIRMED
@@ -166,7 +166,7 @@ def test_a_new_member_storing_another_set_is_not_taken_over() -> None:
     assert isinstance(stripped, Membership) and stripped.unowned and not foreign_set(stripped, joint)
     assert foreign_set(in_lease_object(_lease_with(Membership.of(["a", "d"], epoch=4))), joint)
     assert foreign_set(in_lease_object(_lease_with(Membership.of(["x", "y"], epoch=1))), joint)
-    assert not foreign_set(joint, joint) and not foreign_set(None, joint) and not foreign_set(LEGACY, joint)
+    assert not foreign_set(joint, joint) and not foreign_set(None, joint) and not foreign_set(UNSTATED, joint)
 
 
 def test_state_commands_check_the_member_set_too(dep5: Env, tmp_path: Path) -> None:

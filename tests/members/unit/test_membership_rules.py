@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from coordinator.lease import A_VANISHED, LeaseView
 from coordinator.membership import (
     A_MEMBERSHIP,
-    LEGACY,
+    UNSTATED,
     Check,
     Membership,
     Stored,
@@ -208,8 +208,8 @@ def test_writer_text_escapes_a_managers_control_characters() -> None:
 
 
 def test_in_lease_object_legacy_unreadable_and_read() -> None:
-    assert in_lease_object(lease_obj(None)) is LEGACY
-    assert in_lease_object({}) is LEGACY
+    assert in_lease_object(lease_obj(None)) is UNSTATED
+    assert in_lease_object({}) is UNSTATED
     assert in_lease_object(lease_obj("{garbage", "coordinator")) is None
     stored = in_lease_object(lease_obj(LOCAL.dump(), "coordinator"))
     assert stored == LOCAL and isinstance(stored, Membership) and stored.writers == ("coordinator",)
@@ -223,12 +223,12 @@ def test_stored_in_lease_ignores_missing_leases_and_tombstones() -> None:
     stone["metadata"]["managedFields"][0]["fieldsV1"]["f:metadata"]["f:annotations"]["f:" + A_VANISHED] = {}
     assert stored_in_lease(LeaseView.parse(stone)) is None
     assert stored_in_lease(LeaseView.parse(lease_obj(LOCAL.dump(), "coordinator"))) == LOCAL
-    assert stored_in_lease(LeaseView.parse(lease_obj(None))) is LEGACY
+    assert stored_in_lease(LeaseView.parse(lease_obj(None))) is UNSTATED
 
 
 def test_says_nothing() -> None:
     assert says_nothing(None, LOCAL)
-    assert says_nothing(LEGACY, LOCAL)
+    assert says_nothing(UNSTATED, LOCAL)
     assert says_nothing(by(LOCAL, "kubectl"), LOCAL)  # our set, but not our write
     assert says_nothing(in_lease_object({"metadata": {"annotations": {A_MEMBERSHIP: LOCAL.dump()}}}), LOCAL)
     assert not says_nothing(by(LOCAL, "coordinator"), LOCAL)
@@ -239,7 +239,7 @@ def test_says_nothing() -> None:
 
 
 def test_foreign_set() -> None:
-    assert not foreign_set(None, LOCAL) and not foreign_set(LEGACY, LOCAL)
+    assert not foreign_set(None, LOCAL) and not foreign_set(UNSTATED, LOCAL)
     assert not foreign_set(LOCAL, LOCAL)
     older = Membership.of(["uid-a", "uid-b"], epoch=1)  # ours before, shares members
     assert not foreign_set(older, LOCAL)
@@ -274,10 +274,10 @@ def test_a_majority_storing_our_set_is_ok() -> None:
 def test_members_that_store_nothing_never_count_toward_the_majority() -> None:
     # eu-2 and us-1 may be members removed since and wiped; eu-1 a leftover that still
     # stores the old set: a stale record must not be confirmed by it.
-    result = run({"eu-1": LOCAL, "eu-2": None, "us-1": LEGACY})
+    result = run({"eu-1": LOCAL, "eu-2": None, "us-1": UNSTATED})
     assert result.silent == ["eu-2", "us-1"] and result.verdict is Verdict.UNCONFIRMED and not result.ok
     assert run({"eu-1": LOCAL, "eu-2": LOCAL, "us-1": None}).ok
-    nobody = run({"eu-1": None, "eu-2": LEGACY, "us-1": by(LOCAL, "kubectl")})
+    nobody = run({"eu-1": None, "eu-2": UNSTATED, "us-1": by(LOCAL, "kubectl")})
     assert nobody.verdict is Verdict.UNCONFIRMED and not nobody.ok and nobody.agreeing == []
 
 
@@ -467,7 +467,7 @@ def test_no_stand_in_without_the_old_sets_majority_or_past_a_conflict() -> None:
 def test_silent_planted_and_unrelated_sets_never_stand_in() -> None:
     for value in (
         None,
-        LEGACY,
+        UNSTATED,
         by(Membership.of(["uid-a", "uid-b", "uid-c"], epoch=1), "kubectl"),  # not a coordinator's
         by(Membership.of(["uid-x", "uid-y"], epoch=1), "coordinator"),  # another deployment's
     ):
