@@ -456,7 +456,7 @@ async def create_deployment(
     await _refuse_existing(clusters, record)
     # The leases are made now, free, so that one missing later is known to have been
     # deleted (and is then treated as held by an unknown holder, never as free).
-    from coordinator.lock import LockEngine
+    from coordinator.lock.engine import LockEngine
 
     engine = LockEngine(clusters, record)
     leases = await engine.create_leases()
@@ -665,7 +665,7 @@ async def seed_state(
     ("nothing written yet") where an empty object made later does not: it is made
     before any write could have landed there (by `deployment create`, or by a member
     change for a joining member, which no write has reached yet)."""
-    from coordinator.lock import genesis_state_object
+    from coordinator.lock.floor import genesis_state_object
 
     collection, _ = state_paths(record.namespace, record.name, record.storage)
     body = genesis_state_object(record.name, record.storage, membership, seeded=True)

@@ -35,8 +35,8 @@ from coordinator.records import DeploymentRecord, LocalConfig
 if TYPE_CHECKING:
     from coordinator.history import Tenure
     from coordinator.kube.transport import TransportFactory
-    from coordinator.lock import LockEngine
     from coordinator.lock.core import DeferredHistory
+    from coordinator.lock.engine import LockEngine
     from coordinator.models import LockRecord, RunClaim
     from coordinator.state import StateClient
 

@@ -72,7 +72,7 @@ from coordinator.procgroup import (
 
 if TYPE_CHECKING:
     from coordinator.api import Coordinator
-    from coordinator.lock import AcquireResult
+    from coordinator.lock.results import AcquireResult
     from coordinator.models import RunClaim
 
 log = get_logger(__name__)
@@ -451,7 +451,7 @@ class _Run:
             f"{how} {opts.deployment} (lock {held.lock_id}, token {held.fencing_token}); "
             f"running {shlex.join(opts.command)}"
         )
-        from coordinator.lock import keep_renewed
+        from coordinator.lock.renew import keep_renewed
 
         engine = self.c.lock_engine(opts.deployment)
         reasons: list[str] = []

@@ -49,8 +49,10 @@ from coordinator.history import HistoryStore
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, Standing
-from coordinator.lock import AcquireResult, ClusterLease, LockEngine, current_command, default_holder, keep_renewed
 from coordinator.lock.core import of_this_change_on, recorded_membership
+from coordinator.lock.engine import LockEngine
+from coordinator.lock.renew import keep_renewed
+from coordinator.lock.results import AcquireResult, ClusterLease, current_command, default_holder
 from coordinator.logs import get_logger
 from coordinator.membership import Membership, Stored, foreign_set
 from coordinator.outcome import Outcome

@@ -17,7 +17,7 @@ from bench.report import Report, Row
 from bench.rig import HOLDER, LATENCY_MS, Rig
 from bench.stats import median, ms, summary
 from coordinator.api import Coordinator
-from coordinator.lock import new_lock_id
+from coordinator.lock.results import new_lock_id
 
 
 async def sequential_acquire_on(c: Coordinator, dep: str) -> float:

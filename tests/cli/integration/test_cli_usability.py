@@ -237,7 +237,8 @@ def test_a_deadline_tells_silence_from_waiting_on_others() -> None:
 def test_not_waited_for_is_rendered_as_such() -> None:
     from coordinator.cli.lock import acquire_document
     from coordinator.fanout import NOT_WAITED_FOR, ClusterResult
-    from coordinator.lock import AcquireResult, acquire_report
+    from coordinator.lock.reports import acquire_report
+    from coordinator.lock.results import AcquireResult
     from coordinator.outcome import Outcome
 
     result = AcquireResult(

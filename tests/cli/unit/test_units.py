@@ -12,7 +12,7 @@ from served import served
 from coordinator.config import ConfigStore
 from coordinator.durations import format_duration, parse_duration
 from coordinator.errors import ConfigError, UsageError
-from coordinator.lock import A_NEXT, HANDOFF_GRACE_S, LeaseView, TurnClaim
+from coordinator.lease import A_NEXT, HANDOFF_GRACE_S, LeaseView, TurnClaim
 from coordinator.models import ClusterRecord, StateEnvelope
 from coordinator.state import (
     ENVELOPE_LIMIT,

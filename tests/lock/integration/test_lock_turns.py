@@ -18,8 +18,7 @@ import pytest
 
 from coordinator.errors import LockHeldError
 from coordinator.kube.resources import lease_path
-from coordinator.lease import lock_id_of
-from coordinator.lock import A_NEXT
+from coordinator.lease import A_NEXT, lock_id_of
 
 pytestmark = pytest.mark.integration
 

@@ -199,7 +199,7 @@ def _stale_machine(env: Env, tmp_path: Path, deployment: str, members: list[str]
 
 _KILLER = """
 import os, signal, sys
-from coordinator.lock import LockEngine
+from coordinator.lock.engine import LockEngine
 after = int(os.environ["ADVERSARY_KILL_AFTER_ADOPT"])
 original = LockEngine.adopt_membership
 count = [0]
