@@ -7,17 +7,15 @@ Command groups are imported lazily (only the group a command needs is imported),
 from __future__ import annotations
 
 import errno
-import functools
 import importlib
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import click
 
 from coordinator import __version__
+from coordinator.cli.base import App, Suggesting
 from coordinator.errors import CoordinatorError, ExitCode
 from coordinator.text import printable
 
@@ -45,6 +43,10 @@ _SUMMARIES = {
 }
 
 
+# Set on a top-level group once its parameters that name deployments or clusters complete.
+_COMPLETING = "_coordinator_completing"
+
+
 class StdoutClosed(Exception):
     """Whoever read our output stopped reading (e.g. ``| head -1``): a normal ending."""
 
@@ -55,25 +57,7 @@ def _is_closed_stdout(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno == errno.EPIPE
 
 
-class _Suggesting:
-    """Mixed into a group's class: an unknown command gets "Did you mean ...?" from the
-    group's own names (click suggests only from the commands it has loaded, and the
-    top-level groups are loaded only when used)."""
-
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
-        group: click.Group = self  # type: ignore[assignment]
-        name = click.utils.make_str(args[0]) if args else ""
-        if name and not name.startswith("-") and not ctx.resilient_parsing and group.get_command(ctx, name) is None:
-            from coordinator.errors import did_you_mean
-
-            raise click.UsageError(f"No such command {name!r}.{did_you_mean(name, group.list_commands(ctx))}", ctx)
-        resolved: tuple[str | None, click.Command | None, list[str]] = super().resolve_command(ctx, args)  # type: ignore[misc]
-        return resolved
-
-
-class LazyGroup(_Suggesting, click.Group):
+class LazyGroup(Suggesting, click.Group):
     # A closed stdout is caught here, before click's own handler turns it into exit 1:
     # in parsing (the root's --help) and in running the command.
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
@@ -101,11 +85,11 @@ class LazyGroup(_Suggesting, click.Group):
             return None
         module = importlib.import_module(target[0])
         command: click.Command = getattr(module, target[1])
-        if not getattr(command, _ADOPTED, False):
+        if not getattr(command, _COMPLETING, False):
             from coordinator.cli.completion import attach
 
             attach(cmd_name, command)  # deployment and cluster names complete
-        adopt_global_options(command)
+            setattr(command, _COMPLETING, True)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -113,169 +97,6 @@ class LazyGroup(_Suggesting, click.Group):
         rows = [(name, _SUMMARIES.get(name, "")) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-@dataclass
-class App:
-    """What the root options decide, handed to every command through click's context."""
-
-    config_path: str | None = None
-    output: str = "table"
-    log_format: str = "console"
-    verbosity: int = 0
-    timeout: float = 5.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-# ------------------------------------------------------------------ global options
-#
-# kubectl users put `-o json` or `--timeout 10s` after the subcommand. The root options
-# are therefore also added to every command of the tree (when its group is loaded), and
-# what is given there is merged into the App the root built: a value given after the
-# subcommand wins over one given before it. A command that already has an option of
-# the same spelling keeps its own (e.g. `sandbox up --timeout`, the wait for the
-# clusters). A command that passes unknown options on to a child (`lock run ... -- CMD`)
-# takes the global options only before its name: after it, `-o` or `-v` belong to the
-# child's command line.
-
-
-@dataclass(frozen=True)
-class _Global:
-    flags: tuple[str, ...]
-    dest: str  # the keyword the leaf callback receives (removed before calling it)
-    kwargs: dict[str, Any]
-
-
-_GLOBALS: tuple[_Global, ...] = (
-    _Global(
-        ("-o", "--output"),
-        "global_output",
-        {"type": click.Choice(["table", "json", "yaml"]), "help": "Output format [default: table]."},
-    ),
-    _Global(
-        ("--timeout",),
-        "global_timeout",
-        {
-            "type": str,
-            "metavar": "DURATION",
-            "help": "Per-cluster request timeout, e.g. 5s [env COORDINATOR_TIMEOUT; default 5s].",
-        },
-    ),
-    _Global(
-        ("--config",),
-        "global_config",
-        {"type": click.Path(dir_okay=False), "help": "Local config file [env COORDINATOR_CONFIG]."},
-    ),
-    _Global(("-v", "--verbose"), "global_verbosity", {"count": True, "help": "More logging (-v, -vv)."}),
-    _Global(
-        ("--log-format",),
-        "global_log_format",
-        {"type": click.Choice(["console", "json"]), "help": "Format of log lines on stderr [default: console]."},
-    ),
-)
-_GLOBALS_HEADING = "Global options (before or after the command)"
-_ADOPTED = "_coordinator_globals"
-
-
-class GlobalOption(click.Option):
-    """A root option repeated on a subcommand; listed under its own heading in --help."""
-
-    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        return None  # not among the command's own options; see _GlobalsHelp
-
-    def global_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        return super().get_help_record(ctx)
-
-
-def _global_option(g: _Global) -> GlobalOption:
-    return GlobalOption([*g.flags, g.dest], **g.kwargs)
-
-
-class _GlobalsHelp:
-    """Mixed into a command's class: its --help ends with the global options."""
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        super().format_options(ctx, formatter)  # type: ignore[misc]
-        params = [p for p in getattr(self, "params", []) if isinstance(p, GlobalOption)]
-        before_only = not params
-        if before_only:
-            params = [_global_option(g) for g in _GLOBALS]
-        rows = [r for p in params if (r := p.global_help_record(ctx)) is not None]
-        heading = (
-            f"Global options (only before `{ctx.info_name}`: after it, options are the command's own)"
-            if before_only
-            else _GLOBALS_HEADING
-        )
-        with formatter.section(heading):
-            formatter.write_dl(rows)
-
-
-_HELP_CLASSES: dict[type, type] = {}
-
-
-def _with_globals_help(command: click.Command) -> None:
-    cls = type(command)
-    if cls not in _HELP_CLASSES:
-        mixins = (_GlobalsHelp, _Suggesting) if issubclass(cls, click.Group) else (_GlobalsHelp,)
-        _HELP_CLASSES[cls] = type(cls.__name__, (*mixins, cls), {})
-    command.__class__ = _HELP_CLASSES[cls]
-
-
-def _merge_globals(values: dict[str, Any]) -> None:
-    """What was given after a subcommand, onto the App the root options built."""
-    ctx = click.get_current_context()
-    app = ctx.find_root().obj
-    if not isinstance(app, App):
-        return
-    if values.get("global_output") is not None:
-        app.output = values["global_output"]
-    if values.get("global_config") is not None:
-        app.config_path = values["global_config"]
-    if values.get("global_timeout") is not None:
-        from coordinator.durations import TIMEOUT_MIN, parse_duration
-
-        least, why = TIMEOUT_MIN
-        app.timeout = parse_duration(values["global_timeout"], what="--timeout", at_least=least, why=why)
-    logging_changed = False
-    if values.get("global_verbosity"):
-        app.verbosity += values["global_verbosity"]
-        logging_changed = True
-    if values.get("global_log_format") is not None:
-        app.log_format = values["global_log_format"]
-        logging_changed = True
-    if logging_changed:
-        from coordinator.logs import configure_logging
-
-        configure_logging(log_format=app.log_format, verbosity=app.verbosity)
-
-
-def _wrap_callback(callback: Callable[..., Any] | None, dests: list[str]) -> Callable[..., Any]:
-    @functools.wraps(callback or (lambda: None))
-    def merged(*args: Any, **kwargs: Any) -> Any:
-        _merge_globals({d: kwargs.pop(d, None) for d in dests})
-        return callback(*args, **kwargs) if callback is not None else None
-
-    return merged
-
-
-def adopt_global_options(command: click.Command) -> None:
-    """Give ``command`` and every command below it the global options (once)."""
-    if getattr(command, _ADOPTED, False):
-        return
-    setattr(command, _ADOPTED, True)
-    if isinstance(command, click.Group):
-        for sub in command.commands.values():
-            adopt_global_options(sub)
-    _with_globals_help(command)
-    if command.context_settings.get("ignore_unknown_options"):
-        return  # its trailing words are a child's command line (see above)
-    taken = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
-    names = {p.name for p in command.params}
-    added = [_global_option(g) for g in _GLOBALS if not (set(g.flags) & taken) and g.dest not in names]
-    if not added:
-        return
-    command.params.extend(added)
-    command.callback = _wrap_callback(command.callback, [p.name for p in added if p.name])
 
 
 @click.group(

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from coordinator.cli.base import Group
 from coordinator.cli.output import app_of, emit, run, say, table
 
 
@@ -15,7 +16,7 @@ def _store(ctx: click.Context):  # type: ignore[no-untyped-def]
     return ConfigStore(app_of(ctx).config_path)
 
 
-@click.group()
+@click.group(cls=Group)
 def cluster() -> None:
     """Connect clusters and inspect them (identity, reachability, permissions)."""
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import click
 from click.shell_completion import CompletionItem
 
+from coordinator.cli.base import Command
+
 PROG = "coordinator"
 COMPLETE_VAR = "_COORDINATOR_COMPLETE"
 
@@ -100,7 +102,7 @@ def attach(group_name: str, command: click.Command) -> None:
                 param.shell_complete = functools.partial(_bound, found, param)  # type: ignore[method-assign]
 
 
-@click.command("completion")
+@click.command("completion", cls=Command)
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
     """Print the shell's completion script (commands, options, deployment and cluster names).

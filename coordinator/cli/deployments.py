@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
+from coordinator.cli.base import Group
 from coordinator.cli.output import app_of, emit, run, say, table
 
 
@@ -14,7 +15,7 @@ def _store(ctx: click.Context):  # type: ignore[no-untyped-def]
     return ConfigStore(app_of(ctx).config_path)
 
 
-@click.group()
+@click.group(cls=Group)
 def deployment() -> None:
     """Define which clusters a deployment spans, and in which namespace."""
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import click
 
+from coordinator.cli.base import Group
 from coordinator.cli.output import app_of, emit, run, say, table
 
 
-class DriftGroup(click.Group):
+class DriftGroup(Group):
     """`coordinator drift DEPLOYMENT` is `coordinator drift check DEPLOYMENT`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from coordinator.cli.base import Command
 from coordinator.cli.output import app_of, emit, note, run, say, table
 
 
@@ -51,7 +52,7 @@ def _time(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
 
 
-@click.command("history")
+@click.command("history", cls=Command)
 @click.argument("deployment")
 @click.option("--since", default=None, help="Only tenures that had not ended by then: a duration (2h) or a UTC time.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Only the last N tenures.")

@@ -149,9 +149,9 @@ def _leaf(args: Sequence[str]) -> tuple[list[str], click.Command | None, list[st
 
 def _valued(command: click.Command) -> frozenset[str]:
     """The spellings of the options of ``command`` (and the global ones) that take a value."""
-    from coordinator.cli import _GLOBALS
+    from coordinator.cli.base import GLOBALS
 
-    valued = set(_ROOT_VALUED) | {f for g in _GLOBALS if not g.kwargs.get("count") for f in g.flags}
+    valued = set(_ROOT_VALUED) | {f for g in GLOBALS if not g.kwargs.get("count") for f in g.flags}
     for p in command.params:
         if isinstance(p, click.Option) and not p.is_flag and not p.count:
             valued.update(p.opts)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from coordinator.cli import output
+from coordinator.cli.base import Group
 from coordinator.cli.lockview import (
     acquire_document,
     acquired_text,
@@ -54,7 +55,7 @@ def default_ttl(ctx: click.Context, ttl_s: float, c: Any, deployment: str) -> fl
         return ttl_s
 
 
-@click.group()
+@click.group(cls=Group)
 def lock() -> None:
     """Take, hold, inspect and release the majority-wins lock of a deployment."""
 

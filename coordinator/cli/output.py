@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 
 def app_of(ctx: click.Context) -> Any:
-    from coordinator.cli import App
+    from coordinator.cli.base import App
 
     obj = ctx.find_root().obj
     return obj if isinstance(obj, App) else App()

@@ -10,10 +10,11 @@ import click
 import yaml
 
 from coordinator import rbac as rbac_api
+from coordinator.cli.base import Group
 from coordinator.errors import UsageError
 
 
-@click.group(name="rbac")
+@click.group(name="rbac", cls=Group)
 def rbac() -> None:
     """Print the minimal Kubernetes RBAC rules the tool needs on a member cluster."""
 

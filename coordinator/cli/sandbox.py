@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from coordinator.cli.base import Group
 from coordinator.cli.output import emit, note, say, table
 from coordinator.errors import CoordinatorError, ExitCode
 
@@ -45,6 +46,7 @@ def _mib(value: int | None) -> str:
 
 @click.group(
     "sandbox",
+    cls=Group,
     short_help="Run local Kubernetes control planes (etcd + kube-apiserver) for demos and tests.",
     epilog="\b\nExample: coordinator sandbox up --clusters 3 && coordinator sandbox status",
 )

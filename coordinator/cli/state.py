@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from coordinator.cli.base import Group
 from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
 
 
@@ -93,7 +94,7 @@ def _emit_write(
     emit(ctx, write_doc(report) | (extra or {}), text)
 
 
-@click.group()
+@click.group(cls=Group)
 def state() -> None:
     """Read and write the deployment's quorum-replicated state."""
 
