@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from coordinator import __version__
-from coordinator.cli.base import App, Suggesting
+from coordinator.cli.base import App, OutputFormat, Suggesting
 from coordinator.errors import CoordinatorError, ExitCode
 from coordinator.text import printable
 
@@ -114,10 +114,10 @@ class LazyGroup(Suggesting, click.Group):
 @click.option(
     "-o",
     "--output",
-    type=click.Choice(["table", "json", "yaml"]),
+    type=OutputFormat(),
     default="table",
     show_default=True,
-    help="Output format.",
+    help="Output format: kubectl's (jsonpath reads the document -o json prints; see docs/cli.md).",
 )
 @click.option(
     "--log-format",

@@ -12,9 +12,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+
+_F = TypeVar("_F")
 
 
 @dataclass
@@ -27,6 +29,85 @@ class App:
     verbosity: int = 0
     timeout: float = 5.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ -o FORMAT
+#
+# Beside table, json and yaml, kubectl's three: `name` (KIND/NAME, one line per object;
+# the kinds are `cluster`, `deployment` and `lock`), `wide` (the table with more columns
+# where a command has more to show, else the table) and `jsonpath=TEMPLATE` (read over
+# the document `-o json` prints). `-o name` is taken only by the commands that print
+# objects (see :func:`prints_names`); every other command refuses it before it starts.
+
+FORMATS = ("table", "wide", "json", "yaml", "name", "jsonpath=TEMPLATE")
+
+
+class OutputFormat(click.ParamType):  # type: ignore[type-arg]
+    """``-o``'s value: one of :data:`FORMATS`; a jsonpath template is parsed here, so that
+    one that does not parse is a usage error before anything runs."""
+
+    name = "format"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(FORMATS) + "]"
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(f) for f in (*FORMATS[:-1], "jsonpath=") if f.startswith(incomplete)]
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        # kubectl's own docs write `-o=jsonpath=...`: for a short option click keeps the
+        # "=" as the value's first character.
+        if text.startswith("="):
+            text = text[1:]
+        if text in FORMATS[:-1]:
+            return text
+        kind, eq, template = text.partition("=")
+        if kind == "jsonpath" and eq:
+            from coordinator.cli.jsonpath import TemplateError, parse
+
+            if not template:
+                self.fail("jsonpath= needs a template, e.g. -o jsonpath='{.holder}'.", param, ctx)
+            try:
+                parse(template)
+            except TemplateError as err:
+                self.fail(
+                    f"cannot read the jsonpath template {template!r}: {err}. Write it as kubectl does, e.g. "
+                    "-o jsonpath='{.holder}' or -o jsonpath='{range .clusters[*]}{.name}{\"\\n\"}{end}'.",
+                    param,
+                    ctx,
+                )
+            return text
+        self.fail(f"{text!r} is not one of {', '.join(FORMATS)}.", param, ctx)
+
+
+def is_document(fmt: str) -> bool:
+    """Does ``fmt`` print the command's document (json, yaml, jsonpath) rather than text?"""
+    return fmt in ("json", "yaml") or fmt.startswith("jsonpath=")
+
+
+# The attribute a command's callback carries when it prints objects (takes -o name).
+_PRINTS_NAMES = "_coordinator_prints_names"
+
+
+def prints_names(fn: _F) -> _F:
+    """Mark a command's callback (the decorator next to ``def``) as one that prints
+    objects, and so takes ``-o name``: its :func:`emit` is given their names."""
+    setattr(fn, _PRINTS_NAMES, True)
+    return fn
+
+
+def check_format(ctx: click.Context, callback: Any) -> None:
+    """Refuse ``-o name`` for a command that prints no objects, before it runs."""
+    app = ctx.find_root().obj
+    if isinstance(app, App) and app.output == "name" and not getattr(callback, _PRINTS_NAMES, False):
+        raise click.UsageError(
+            f"`{ctx.command_path}` prints no objects to name: -o name is for the commands that list or show "
+            "clusters, deployments and locks. Use -o json, or -o jsonpath=TEMPLATE to pick fields.",
+            ctx,
+        )
 
 
 # ------------------------------------------------------------------ global options
@@ -52,7 +133,7 @@ GLOBALS: tuple[_Global, ...] = (
     _Global(
         ("-o", "--output"),
         "global_output",
-        {"type": click.Choice(["table", "json", "yaml"]), "help": "Output format [default: table]."},
+        {"type": OutputFormat(), "help": "Output format (kubectl's: see docs/cli.md) [default: table]."},
     ),
     _Global(
         ("--timeout",),
@@ -129,6 +210,17 @@ def _wrap_callback(callback: Callable[..., Any] | None, dests: list[str]) -> Cal
     return merged
 
 
+def _checked(callback: Callable[..., Any] | None) -> Callable[..., Any]:
+    """``callback``, after checking that the command takes the -o format asked for."""
+
+    @functools.wraps(callback or (lambda: None))
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_format(click.get_current_context(), callback)
+        return callback(*args, **kwargs) if callback is not None else None
+
+    return checked
+
+
 def _add_globals(command: click.Command) -> None:
     """Give ``command`` the global options it does not spell itself, and merge what they
     say into the App before its callback runs."""
@@ -164,6 +256,9 @@ class Command(click.Command):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Checked once the options after the command are merged (the wrapper _add_globals
+        # puts around this one), before the command does anything.
+        self.callback = _checked(self.callback)
         _add_globals(self)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from coordinator.cli.base import Group
-from coordinator.cli.output import app_of, emit, run, say, table
+from coordinator.cli.base import Group, prints_names
+from coordinator.cli.output import app_of, emit, run, say, table, utc_text
 
 
 def _store(ctx: click.Context):  # type: ignore[no-untyped-def]
@@ -101,6 +101,7 @@ def connect(
 
 @cluster.command("list")
 @click.pass_context
+@prints_names
 def list_(ctx: click.Context) -> None:
     """List connected clusters.
 
@@ -109,9 +110,27 @@ def list_(ctx: click.Context) -> None:
     cfg = _store(ctx).load()
     docs = [c.model_dump(mode="json") for c in cfg.clusters.values()]
 
-    def text() -> None:
+    def text(wide: bool = False) -> None:
         if not docs:
             say("No clusters connected. Connect one with `coordinator cluster connect NAME --context CTX`.")
+            return
+        if wide:
+            # The whole identity and where it comes from, the kubeconfig, since when.
+            table(
+                ["name", "context", "server", "identity", "identity from", "kubeconfig", "connected"],
+                [
+                    [
+                        c.name,
+                        c.context,
+                        c.server,
+                        c.identity,
+                        c.identity_source,
+                        c.in_cluster or c.kubeconfig or "-",
+                        utc_text(c.connected_at, "%Y-%m-%d %H:%M:%SZ"),
+                    ]
+                    for c in cfg.clusters.values()
+                ],
+            )
             return
         table(
             ["name", "context", "server", "identity"],
@@ -126,7 +145,13 @@ def list_(ctx: click.Context) -> None:
             ],
         )
 
-    emit(ctx, docs, text)
+    emit(
+        ctx,
+        docs,
+        text,
+        names=lambda: [f"cluster/{c.name}" for c in cfg.clusters.values()],
+        wide=lambda: text(wide=True),
+    )
 
 
 @cluster.command("info")

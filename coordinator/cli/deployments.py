@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from coordinator.cli.base import Group
+from coordinator.cli.base import Group, prints_names
 from coordinator.cli.output import app_of, emit, run, say, table
 
 
@@ -87,6 +87,7 @@ def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ..
 
 @deployment.command("list")
 @click.pass_context
+@prints_names
 def list_(ctx: click.Context) -> None:
     """List deployments.
 
@@ -98,21 +99,32 @@ def list_(ctx: click.Context) -> None:
         for d in cfg.deployments.values()
     ]
 
-    def text() -> None:
+    def text(wide: bool = False) -> None:
         if not docs:
             say("No deployments. Create one with `coordinator deployment create NAME -n NS --cluster A ...`.")
             return
+        more = ["storage"] if wide else []  # the clusters stay last: the longest cell
         table(
-            ["name", "namespace", "quorum", "clusters"],
-            [[d["name"], d["namespace"], f"{d['quorum']}/{len(d['clusters'])}", ",".join(d["clusters"])] for d in docs],
+            ["name", "namespace", "quorum", *more, "clusters"],
+            [
+                [
+                    d["name"],
+                    d["namespace"],
+                    f"{d['quorum']}/{len(d['clusters'])}",
+                    *([d["storage"]] if wide else []),
+                    ",".join(d["clusters"]),
+                ]
+                for d in docs
+            ],
         )
 
-    emit(ctx, docs, text)
+    emit(ctx, docs, text, names=lambda: [f"deployment/{d['name']}" for d in docs], wide=lambda: text(wide=True))
 
 
 @deployment.command("show")
 @click.argument("name")
 @click.pass_context
+@prints_names
 def show(ctx: click.Context, name: str) -> None:
     """Show one deployment.
 
@@ -149,6 +161,7 @@ def show(ctx: click.Context, name: str) -> None:
                 for k, v in doc.items()
             ],
         ),
+        names=lambda: [f"deployment/{name}"],
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from coordinator.cli import output
-from coordinator.cli.base import Group
+from coordinator.cli.base import Group, prints_names
 from coordinator.cli.lockview import (
     acquire_document,
     acquired_text,
@@ -17,6 +17,7 @@ from coordinator.cli.lockview import (
     end_if_reader_gone,
     end_live_line,
     fleet_text,
+    lock_names,
     print_watch_round,
     status_document,
     status_text,
@@ -282,7 +283,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None,
                 return await survey(c.config, c.clusters, c.max_server_skew_s)
 
         fleet = scoped(run(once))
-        emit(ctx, doc_of(fleet), lambda: fleet_text(fleet))
+        emit(ctx, doc_of(fleet), lambda: fleet_text(fleet), names=lambda: lock_names(fleet))
         from coordinator.verdicts import fleet_problem
 
         if (problem := fleet_problem(fleet)) is not None:
@@ -311,7 +312,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None,
                 key = dump_document(stable, "json")
                 if key != last:
                     last = key
-                    print_watch_round(fmt, doc, functools.partial(fleet_text, fleet))
+                    print_watch_round(fmt, doc, functools.partial(fleet_text, fleet), lock_names(fleet))
                 with anyio.move_on_after(every):
                     await watch.changed.wait()
                 end_if_reader_gone()
@@ -363,6 +364,7 @@ def _run_watch(c: Any, follow: Any) -> None:
 @click.option("--interval", default="1s", show_default=True, help="With --watch: how often to look.")
 @_max_server_skew
 @click.pass_context
+@prints_names
 def status(
     ctx: click.Context,
     deployment: str | None,
@@ -422,7 +424,13 @@ def status(
                 return await c.status(deployment)
 
         st = run(once)
-        emit(ctx, status_document(st), lambda: status_text(st))
+        emit(
+            ctx,
+            status_document(st),
+            lambda: status_text(st),
+            names=lambda: [f"lock/{st.deployment}"],
+            wide=lambda: status_text(st, wide=True),
+        )
         from coordinator.verdicts import status_verdict
 
         if (problem := status_verdict(st).problem()) is not None:
@@ -443,7 +451,9 @@ def status(
             )
             if key != last:
                 last = key
-                print_watch_round(fmt, doc, functools.partial(status_text, st))
+                print_watch_round(
+                    fmt, doc, functools.partial(status_text, st, wide=fmt == "wide"), [f"lock/{st.deployment}"]
+                )
             await anyio.sleep(every)
             end_if_reader_gone()
 

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from coordinator.cli.output import dump_document, live_line, note, say, table, when
+from coordinator.text import printable
 
 
 def claim_document(claim: Any) -> dict[str, Any] | None:
@@ -187,7 +188,9 @@ def status_document(st: Any) -> dict[str, Any]:
     }
 
 
-def status_text(st: Any) -> None:
+def status_text(st: Any, wide: bool = False) -> None:
+    """A lock's status for people; ``wide`` (-o wide) adds each lease's lock id and fencing
+    token, which tell two holders' leases apart."""
     from coordinator.durations import format_duration
     from coordinator.verdicts import status_verdict
 
@@ -215,13 +218,15 @@ def status_text(st: Any) -> None:
         say(f"{st.deployment} is not held by a majority of {st.quorum}{held}{extra}.")
     if st.next_in_line is not None:
         say(f"Next in line: {st.next_in_line.holder or '?'} (lock {st.next_in_line.lock_id}), waiting longest.")
+    more = ["lock id", "token"] if wide else []
     table(
-        ["cluster", "status", "holder", "renewed", "expires", "ttl", "since", "detail"],
+        ["cluster", "status", "holder", *more, "renewed", "expires", "ttl", "since", "detail"],
         [
             [
                 r.name,
                 r.status,
                 r.holder or "-",
+                *([r.lock_id or "-", "-" if r.token is None else r.token] if wide else []),
                 ago(r.renewed_ago_s) if r.renewed_ago_s is not None else "-",
                 f"in {format_duration(r.remaining_s)}" if r.remaining_s is not None else "-",
                 f"{r.ttl_s}s" if r.ttl_s and r.status != "free" else "-",
@@ -249,6 +254,11 @@ def _maybe(entry: Any) -> str:
     if entry.status != "unknown":
         return "-"
     return " or ".join([*entry.possible, *(["unseen"] if entry.possible_unseen else [])]) + "?"
+
+
+def lock_names(fleet: Any) -> list[str]:
+    """-o name of the fleet view: the lock of each deployment shown, held or free."""
+    return [f"lock/{e.deployment}" for e in fleet.deployments]
 
 
 def fleet_text(fleet: Any) -> None:
@@ -297,9 +307,10 @@ def fleet_text(fleet: Any) -> None:
         )
 
 
-def print_watch_round(fmt: str, doc: Any, text: Any) -> None:
-    """One round of a ``--watch``; a watch whose reader went away ends (exit 0)."""
-    _print_round(fmt, doc, text)
+def print_watch_round(fmt: str, doc: Any, text: Any, names: list[str]) -> None:
+    """One round of a ``--watch`` (``names`` for -o name); a watch whose reader went away
+    ends (exit 0)."""
+    _print_round(fmt, doc, text, names)
     sys.stdout.flush()
     end_if_reader_gone()
 
@@ -315,8 +326,16 @@ def end_if_reader_gone() -> None:
         raise BrokenPipeError(errno.EPIPE, "the reader of the watch went away")
 
 
-def _print_round(fmt: str, doc: Any, text: Any) -> None:
-    if fmt == "json":
+def _print_round(fmt: str, doc: Any, text: Any, names: list[str]) -> None:
+    if fmt.startswith("jsonpath="):
+        from coordinator.cli.output import render_document
+
+        # One line per round, whatever the template's own ending.
+        click.echo(render_document(doc, fmt))
+    elif fmt == "name":
+        for name in names:
+            click.echo(printable(name))
+    elif fmt == "json":
         import json
 
         from coordinator.cli.output import to_jsonable

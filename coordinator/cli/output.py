@@ -84,20 +84,55 @@ def dump_document(doc: Any, fmt: str) -> str:
     return json.dumps(data, indent=2, sort_keys=False)
 
 
-def emit(ctx: click.Context, doc: Any, text: Callable[[], None]) -> None:
-    """Print ``doc`` as JSON/YAML when asked, else call ``text`` to print for people."""
+def render_document(doc: Any, fmt: str) -> str:
+    """``doc`` as ``fmt`` (json, yaml or jsonpath=TEMPLATE) prints it."""
+    if fmt.startswith("jsonpath="):
+        from coordinator.cli.jsonpath import parse
+
+        return parse(fmt.partition("=")[2]).render(to_jsonable(doc))
+    return dump_document(doc, fmt)
+
+
+def emit(
+    ctx: click.Context,
+    doc: Any,
+    text: Callable[[], None],
+    *,
+    names: Callable[[], Sequence[str]] | None = None,
+    wide: Callable[[], None] | None = None,
+) -> None:
+    """Print ``doc`` as JSON/YAML or through a jsonpath template when asked; with -o name
+    the objects' ``names`` (KIND/NAME); else call ``text`` (``wide`` for -o wide, when the
+    command has more to show) to print for people."""
+    from coordinator.cli.base import is_document
+
     fmt = app_of(ctx).output
-    if fmt in ("json", "yaml"):
-        click.echo(dump_document(doc, fmt))
+    if is_document(fmt):
+        # A template's text is the user's own: printed as it renders, without a newline
+        # added, as kubectl does.
+        rendered = render_document(doc, fmt)
+        click.echo(rendered, nl=not fmt.startswith("jsonpath="))
+    elif fmt == "name":
+        if names is None:
+            from coordinator.cli.base import check_format
+
+            check_format(ctx, None)  # raises: the command was not marked
+        else:
+            for name in names():
+                click.echo(printable(name))
+    elif fmt == "wide" and wide is not None:
+        wide()
     else:
         text()
 
 
 def emit_failure(ctx: click.Context, err: CoordinatorError, doc: Any) -> None:
     """With -o json/yaml, a failed command still prints its document on stdout."""
+    from coordinator.cli.base import is_document
+
     fmt = app_of(ctx).output
-    if fmt in ("json", "yaml"):
-        click.echo(dump_document(doc, fmt))
+    if is_document(fmt):
+        click.echo(render_document(doc, fmt), nl=not fmt.startswith("jsonpath="))
 
 
 class ReaderGuard:

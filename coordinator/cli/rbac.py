@@ -111,9 +111,14 @@ def print_rbac(
         namespace, subject, names, storage=storage, create_namespace=create_namespace, fleet=fleet, drift=watched
     )
     output = getattr(ctx.find_root().obj, "output", "table")
+    document = {"apiVersion": "v1", "kind": "List", "items": objects}
     if output == "json":
-        document = {"apiVersion": "v1", "kind": "List", "items": objects}
         click.echo(json.dumps(document, indent=2))
+        return
+    if output.startswith("jsonpath="):  # over the document -o json prints, as everywhere
+        from coordinator.cli.output import render_document
+
+        click.echo(render_document(document, output), nl=False)
         return
     command = _command_line(namespace, names, user, group, service_account, storage, create_namespace, fleet, drift)
     click.echo(render_yaml(objects, command=command, subject=subject, namespace=namespace, deployments=names), nl=False)

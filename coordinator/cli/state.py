@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from coordinator.cli.base import Group
-from coordinator.cli.output import app_of, dump_document, emit, run, say, table, when
+from coordinator.cli.base import Group, is_document
+from coordinator.cli.output import app_of, dump_document, emit, render_document, run, say, table, when
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
@@ -110,8 +110,8 @@ def get(ctx: click.Context, deployment: str, key: str | None) -> None:
     """
     value = _with_state(ctx, deployment, lambda s: s.get(key))
     fmt = app_of(ctx).output
-    if fmt in ("json", "yaml"):
-        click.echo(dump_document(value, fmt))
+    if is_document(fmt):
+        click.echo(render_document(value, fmt), nl=not fmt.startswith("jsonpath="))
     elif isinstance(value, dict | list):
         click.echo(dump_document(value, "yaml"))
     else:
