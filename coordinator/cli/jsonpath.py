@@ -135,7 +135,7 @@ def parse(template: str) -> Template:
             over, inner = stack.pop()
             assert over is not None
             stack[-1][1].append(_Range(over, tuple(inner)))
-        elif text == "range" or text.startswith(("range ", "range\t")):
+        elif text == "range" or text.startswith(("range ", "range\t", "range[")):
             over_text = text[len("range") :].strip()
             if not over_text:
                 raise TemplateError("{range} needs a path to go over, e.g. {range .clusters[*]}")
