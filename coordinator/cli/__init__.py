@@ -117,7 +117,7 @@ class LazyGroup(Suggesting, click.Group):
     type=OutputFormat(),
     default="table",
     show_default=True,
-    help="Output format: kubectl's (jsonpath reads the document -o json prints; see docs/cli.md).",
+    help="Output format: table, wide, json, yaml, name or jsonpath=TEMPLATE, as kubectl's (see docs/cli.md).",
 )
 @click.option(
     "--log-format",

@@ -49,7 +49,7 @@ class OutputFormat(click.ParamType):  # type: ignore[type-arg]
     name = "format"
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
-        return "[" + "|".join(FORMATS) + "]"
+        return "FORMAT"  # the values are in the help: all of them would fill the line
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
         from click.shell_completion import CompletionItem
@@ -133,7 +133,10 @@ GLOBALS: tuple[_Global, ...] = (
     _Global(
         ("-o", "--output"),
         "global_output",
-        {"type": OutputFormat(), "help": "Output format (kubectl's: see docs/cli.md) [default: table]."},
+        {
+            "type": OutputFormat(),
+            "help": "table, wide, json, yaml, name or jsonpath=TEMPLATE (see docs/cli.md) [default: table].",
+        },
     ),
     _Global(
         ("--timeout",),

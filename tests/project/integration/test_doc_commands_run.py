@@ -143,6 +143,17 @@ def test_every_command_line_of_the_docs_runs_as_the_page_says(own_sandbox3: Any,
     before = json.loads(play("coordinator lock status payments -o json --timeout 10s", 0).stdout)
     after = json.loads(play("coordinator -o json --timeout 10s lock status payments", 0).stdout)
     assert before["lock_id"] == after["lock_id"] and before.keys() == after.keys()
+    # cli.md, output formats: kubectl's, over that same lock and its clusters.
+    holder = play("coordinator lock status payments -o jsonpath='{.holder}'", 0).stdout
+    assert holder == before["holder"]
+    per_member = play(
+        """coordinator lock status payments -o jsonpath='{range .clusters[*]}{.name}{"\\t"}{.lock_id}{"\\n"}{end}'""",
+        0,
+    ).stdout
+    assert per_member == "".join(f"c{i}\t{before['lock_id']}\n" for i in (1, 2, 3))
+    play("coordinator lock status payments -o wide", 0, "LOCK ID", "TOKEN", before["lock_id"])
+    assert play("coordinator cluster list -o name", 0).stdout == "cluster/c1\ncluster/c2\ncluster/c3\n"
+    play("coordinator deployment list -o wide", 0, "STORAGE", "configmap")
     # on-call.md: the troubleshooting commands, under that lock.
     play("coordinator lock status DEP", 0, "payments is LOCKED by")
     play("coordinator state diff DEP", 0, "CLUSTER  STATUS", "current")
