@@ -208,9 +208,10 @@ class GitHubJob:
         path = self.work / f"step{index}.log"
         return path.read_text() if path.exists() else ""
 
-    def cancel(self) -> None:
+    def cancel(self) -> subprocess.Popen[str]:
         """As GitHub cancels a running step: SIGINT to its process; SIGTERM 7.5 s later if it
-        still runs; 2.5 s after that, SIGKILL to its process tree."""
+        still runs; 2.5 s after that, SIGKILL to its process tree. Returns the step's process
+        (the job goes on to its always() steps meanwhile)."""
         proc = self.current
         assert proc is not None and proc.poll() is None
         self.cancelled = True
@@ -218,7 +219,7 @@ class GitHubJob:
         for sig, after in ((signal.SIGTERM, 7.5), (signal.SIGKILL, 2.5)):
             try:
                 proc.wait(after)
-                return
+                return proc
             except subprocess.TimeoutExpired:
                 pass
             targets = [proc.pid] if sig == signal.SIGTERM else _descendants(proc.pid)
@@ -228,6 +229,7 @@ class GitHubJob:
                 except ProcessLookupError:
                     pass
         proc.wait(WAIT_S)  # killed: gone once the kernel has ended it
+        return proc
 
     def summary(self) -> str:
         return self.files["summary.md"].read_text()
@@ -376,8 +378,8 @@ def test_github_action_two_jobs_one_cancelled_as_github_cancels(dep3: Env, tmp_p
     _until("job b waiting for the lock", lambda: "waiting for web" in b.step_log(2), [a, b])
     assert not (marks / "b-token").exists()
 
-    a.cancel()  # SIGINT, SIGTERM, then the tree: job a's step process is gone
-    assert a.current is not None and a.current.poll() is not None
+    step = a.cancel()  # SIGINT, SIGTERM, then the tree: job a's step process is gone
+    assert step.poll() is not None
     # The step is gone, its rollback still runs in the group, and job a's cleanup waits
     # for it; then b enters, and sees that the rollback had ended.
     _until("job a's cleanup step", lambda: len(a.log) == 3)

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 from coord_fixtures import Env
+from helpers.cli import StreamReader
 
 from coordinator.kube.resources import lease_path
 from coordinator.lease import lock_id_of
@@ -179,12 +180,15 @@ def test_ctrl_c_of_a_waiting_lock_acquire_leaves_the_holder_alone(dep3: Env) -> 
     proc = dep3.popen(
         "lock", "acquire", DEP, "--holder", "bob", "--wait", "60s", stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    time.sleep(3)
+    # Interrupted once it waits (a fixed pause can end before a busy machine has started it).
+    waiting = StreamReader(proc.stderr, f"waiting for {DEP}")
+    assert waiting.wait_marker(60), waiting.text()
     assert proc.poll() is None, proc.communicate()
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
     took = time.monotonic() - sent
+    err = waiting.text(join=10)
     assert proc.returncode == 130, err
     assert took < 10, f"{took:.1f}s to end after Ctrl-C"
 

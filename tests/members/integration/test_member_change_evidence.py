@@ -32,7 +32,8 @@ def test_a_change_does_not_take_a_live_lease_on_a_date_header_ahead(dep3: Env) -
                 assert (await h_engine._release.release_one(name, h.lock_id)).ok
             a_engine = a_api.lock_engine(DEP)
             a = await a_engine.acquire(ttl_s=30, holder="A")
-            assert a.acquired and not a.results["c3"].ok
+            # c3 refuses A (held by H), or had not answered when A's majority was reached
+            assert a.acquired and ("c3" not in a.results or not a.results["c3"].ok), a.results
 
             c3 = a_api.clusters.client("c3")
             original = c3.request

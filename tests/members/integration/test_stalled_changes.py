@@ -175,14 +175,14 @@ def test_a_record_replaced_during_lock_run_is_not_written_to_the_members(dep5: E
 _STALLED_WRITER = """
 import os, sys, time
 from pathlib import Path
-from coordinator.state import StateClient
-checked = StateClient._refuse_other_members
+from coordinator.state.replicas import Replicas
+checked = Replicas.refuse_other_members
 def stalled(self, results):  # the write has read and checked the members; then its process stalls
     checked(self, results)
     Path(os.environ["ADVERSARY_DIR"], "read").touch()
     while not Path(os.environ["ADVERSARY_DIR"], "go").exists():
         time.sleep(0.1)
-StateClient._refuse_other_members = stalled
+Replicas.refuse_other_members = stalled
 sys.argv = ["coordinator", *sys.argv[1:]]
 from coordinator.cli import main
 main()
