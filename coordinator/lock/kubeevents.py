@@ -111,7 +111,9 @@ def event_body(
     return {
         "apiVersion": API_VERSION,
         "kind": "Event",
-        "metadata": {"generateName": f"{lease}.", "namespace": namespace},
+        # Named as Kubernetes names its own Events: the object's name and a unique suffix
+        # (an Event's generateName may not end in the dot).
+        "metadata": {"name": f"{lease}.{clock.token_hex(8)}", "namespace": namespace},
         "eventTime": micro_time(clock.wall_now()),
         "reportingController": REPORTING_CONTROLLER,
         "reportingInstance": cut_bytes(printable(instance or clock.host()), MAX_INSTANCE) or "unknown",

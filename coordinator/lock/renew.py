@@ -146,7 +146,9 @@ class Renew:
         if lost and result.lost:
             await self.core.remember(
                 history.lost_events(lock_id, holder=who, token=token, why=result.lost),
-                {k: Touched(after=r.value.view) for k, r in results.items() if r.ok and r.value and r.value.view},
+                # Every member whose lease the renewal read: where it found its lease gone,
+                # and where it still renewed it (the lock is lost there too).
+                {k: Touched(after=r.value.view) for k, r in results.items() if r.value and r.value.view},
             )
         return result
 

@@ -77,7 +77,12 @@ def test_the_body_is_an_event_about_the_lease(kind: str, reason: str, kind_of_ev
     e = history.event(kind, "abc123", token=4, holder="alice")
     body = event_body(e, namespace="payments", lease="coordinator-lock-web", uid="u-1", instance="host-1")
     assert body["apiVersion"] == "events.k8s.io/v1" and body["kind"] == "Event"
-    assert body["metadata"] == {"generateName": "coordinator-lock-web.", "namespace": "payments"}
+    assert body["metadata"]["namespace"] == "payments"
+    assert body["metadata"]["name"].startswith("coordinator-lock-web.")
+    assert (
+        body["metadata"]["name"]
+        != event_body(e, namespace="payments", lease="coordinator-lock-web", uid=None)["metadata"]["name"]
+    )
     assert body["reason"] == reason and body["type"] == kind_of_event and body["action"]
     assert body["regarding"] == {
         "apiVersion": "coordination.k8s.io/v1",
