@@ -172,7 +172,9 @@ class LeaseEvents:
         with anyio.move_on_after(limit + 0.5) as scope:
             try:
                 await clusters.client(cluster).request("POST", events_path(namespace), body=body, timeout=limit)
-            except (KubeError, OSError, ValueError) as err:
+            except KubeError as err:  # refused (403), gone (404), unreachable, timed out
                 log.debug("lease event not written", cluster=cluster, reason=body["reason"], error=str(err))
+            except Exception as err:  # anything else: still never the command's failure
+                log.debug("lease event not written", cluster=cluster, reason=body["reason"], error=repr(err))
         if scope.cancelled_caught:
             log.debug("lease event not written", cluster=cluster, reason=body["reason"], error="timed out")

@@ -155,13 +155,14 @@ async def test_a_refused_or_hanging_event_never_reaches_the_caller() -> None:
     denied = Client(fail=KubeError(FORBIDDEN, "HTTP 403: events.events.k8s.io is forbidden", status=403))
     broken = Client(fail=OSError("connection reset"))
     hanging = Client(hang=True)
+    surprising = Client(fail=RuntimeError("not a KubeError"))
     events = history.lost_events("abc", holder="a", token=1, why="gone")
-    touched = {name: Touched(after=view("x")) for name in ("c1", "c2", "c3")}
+    touched = {name: Touched(after=view("x")) for name in ("c1", "c2", "c3", "c4")}
     # Returns (nothing raised) although c3 never answers: each request is bounded.
     await LeaseEvents(timeout_s=0.05).post(
-        clusters(c1=denied, c2=broken, c3=hanging), events, touched, namespace="ns", lease="l", timeout=5
+        clusters(c1=denied, c2=broken, c3=hanging, c4=surprising), events, touched, namespace="ns", lease="l", timeout=5
     )
-    assert all(len(c.sent) == 1 for c in (denied, broken, hanging))
+    assert all(len(c.sent) == 1 for c in (denied, broken, hanging, surprising))
 
 
 class Store:
