@@ -25,7 +25,6 @@ import anyio
 
 from coordinator import clock
 from coordinator.clusters import ClusterSet
-from coordinator.history import ACQUIRED, BROKEN, EXPIRED, LOST, RELEASED
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import micro_time
 from coordinator.lease import LeaseView
@@ -42,12 +41,15 @@ MAX_INSTANCE = 128  # reportingInstance's limit
 # they wait for nothing, but a closing command waits for its background writes.
 EVENT_TIMEOUT_S = 2.0
 
-# history event -> (reason, action, type)
+# history event (coordinator/history.py's EVENTS) -> (reason, action, type). Spelled out
+# rather than imported: a Coordinator makes its writer for every lock engine, and a command
+# that only looks (`lock status`) does not import the history.
+LOST = "lost"
 REASONS: dict[str, tuple[str, str, str]] = {
-    ACQUIRED: ("Acquired", "Acquire", "Normal"),
-    RELEASED: ("Released", "Release", "Normal"),
-    BROKEN: ("Broken", "Break", "Warning"),
-    EXPIRED: ("TakenOver", "TakeOver", "Warning"),
+    "acquired": ("Acquired", "Acquire", "Normal"),
+    "released": ("Released", "Release", "Normal"),
+    "broken": ("Broken", "Break", "Warning"),
+    "expired": ("TakenOver", "TakeOver", "Warning"),
     LOST: ("Lost", "Renew", "Warning"),
 }
 

@@ -17,6 +17,7 @@ from coordinator.lease import LeaseView
 from coordinator.lock.core import DeferredHistory, EngineCore
 from coordinator.lock.kubeevents import (
     MAX_NOTE_BYTES,
+    REASONS,
     LeaseEvents,
     Touched,
     cut_bytes,
@@ -95,6 +96,10 @@ def test_the_body_is_an_event_about_the_lease(kind: str, reason: str, kind_of_ev
     assert body["reportingInstance"] == "host-1"
     assert body["eventTime"].endswith("Z")
     assert body["note"] == note(e)
+
+
+def test_every_history_event_has_its_reason() -> None:
+    assert set(REASONS) == set(history.EVENTS)
 
 
 def test_a_lease_whose_uid_is_not_known_is_named_without_one() -> None:
