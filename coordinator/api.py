@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from coordinator.kube.transport import TransportFactory
     from coordinator.lock.core import DeferredHistory
     from coordinator.lock.engine import LockEngine
+    from coordinator.lock.kubeevents import LeaseEvents
     from coordinator.models import LockRecord, RunClaim
     from coordinator.state import StateClient
 
@@ -90,8 +91,14 @@ class Coordinator:
         store: ConfigStore | None = None,
         timeout: float = 5.0,
         transport_factory: TransportFactory | None = None,
+        lease_events: LeaseEvents | bool = True,
     ) -> None:
         self.config = config
+        # What writes the lock's moments as Kubernetes Events about its Lease
+        # (coordinator/lock/kubeevents.py): True for the default writer, False for none
+        # (the simulator's Coordinators: its request histories stay the lock's alone).
+        self._lease_events_choice = lease_events
+        self._lease_events: LeaseEvents | None = None
         self.store = store
         self.timeout = timeout
         # How the clusters are reached (coordinator/kube/transport.py); HTTPS by default.
@@ -110,10 +117,17 @@ class Coordinator:
 
     @classmethod
     def from_config(
-        cls, path: str | None = None, *, timeout: float = 5.0, transport_factory: TransportFactory | None = None
+        cls,
+        path: str | None = None,
+        *,
+        timeout: float = 5.0,
+        transport_factory: TransportFactory | None = None,
+        lease_events: LeaseEvents | bool = True,
     ) -> Coordinator:
         store = ConfigStore(path)
-        return cls(store.load(), store=store, timeout=timeout, transport_factory=transport_factory)
+        return cls(
+            store.load(), store=store, timeout=timeout, transport_factory=transport_factory, lease_events=lease_events
+        )
 
     async def __aenter__(self) -> Coordinator:
         stack = contextlib.AsyncExitStack()
@@ -161,7 +175,21 @@ class Coordinator:
             max_server_skew_s=self.max_server_skew_s,
             follow=lambda: self.current_record(deployment),
             deferred=self._deferred,
+            lease_events=self.lease_events(),
         )
+
+    def lease_events(self) -> LeaseEvents | None:
+        """The Events writer this Coordinator's lock engines get (None: off)."""
+        choice = self._lease_events_choice
+        if choice is False:
+            return None
+        if choice is True:
+            if self._lease_events is None:
+                from coordinator.lock.kubeevents import LeaseEvents
+
+                self._lease_events = LeaseEvents()
+            return self._lease_events
+        return choice
 
     def current_record(self, deployment: str) -> DeploymentRecord | None:
         """This machine's record of ``deployment`` as the local config has it now (another

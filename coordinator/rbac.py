@@ -84,6 +84,12 @@ HISTORY_NOTE = (
     "The lock's history (`lock history`), a ConfigMap of its own whatever the storage: "
     "get, update (compare-and-swap) and delete (purge), by name."
 )
+EVENTS_NOTE = (
+    "The lock's life as Kubernetes Events about its Lease (`kubectl describe lease`, `kubectl "
+    "get events`): create cannot be limited by name (each Event gets a generated name), and "
+    "nothing here reads, changes or deletes an Event. Without this rule every command works "
+    "the same; the Events are not written."
+)
 DRIFT_NOTE = (
     "Drift (`coordinator drift`, `drift record`): get on the watched objects, by name. For a kind "
     "that is not built in, the resource is the plural Kubernetes derives from the kind; check it "
@@ -211,6 +217,8 @@ def role(namespace: str, deployment: str, *, storage: Storage = "configmap") -> 
         _rule("coordination.k8s.io", "leases", ("create",)),
         # The state object (ConfigMap or Secret), and the identity ConfigMap, made once.
         _rule("", ("configmaps",) if storage == "configmap" else ("configmaps", "secrets"), ("create",)),
+        # Events about the Lease (coordinator/lock/kubeevents.py): best effort, create only.
+        _rule("events.k8s.io", "events", ("create",)),
     ]
     return {
         "apiVersion": RBAC_API_VERSION,
@@ -235,6 +243,8 @@ def role_binding(namespace: str, deployment: str, subject: Subject, *, storage: 
 
 def rule_note(rule: Manifest) -> str:
     """Why a rule of :func:`role` is there, for a comment above it in the printed YAML."""
+    if rule.get("apiGroups") == ["events.k8s.io"]:
+        return EVENTS_NOTE
     if rule.get("resourceNames") == [IDENTITY_CONFIGMAP]:
         return IDENTITY_NOTE
     if rule.get("verbs") == list(HISTORY_VERBS):

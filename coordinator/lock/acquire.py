@@ -17,6 +17,7 @@ from coordinator.kube.client import KubeError
 from coordinator.lease import A_TOKEN, LeaseView, Standing, TurnClaim, boot_clock, remaining_validity, token_taken
 from coordinator.lock.core import EngineCore
 from coordinator.lock.floor import TokenFloor, kept_set_speaks
+from coordinator.lock.kubeevents import Touched
 from coordinator.lock.release import Release
 from coordinator.lock.reports import acquire_report, first_in_line, held_detail, next_expiry, reserved_detail
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision, new_lock_id
@@ -132,7 +133,12 @@ class Acquire:
                 reason=reason,
                 token=result.fencing_token,
                 lapsed=lapsed,
-            )
+            ),
+            {
+                name: Touched(r.value.previous, r.value.view)
+                for name, r in result.results.items()
+                if r.ok and r.value and r.value.view and r.value.view.lock_id == result.lock_id
+            },
         )
         # Last, after the floor and the history: a break that lands while they are written
         # must be seen (docs/design.md, *Why a majority*).

@@ -55,6 +55,7 @@ from coordinator.records import DeploymentRecord
 
 if TYPE_CHECKING:
     from coordinator.history import HistoryStore
+    from coordinator.lock.kubeevents import LeaseEvents, Touched
 
 log = get_logger("coordinator.lock")  # one logger for the whole engine
 
@@ -153,6 +154,8 @@ class DeferredHistory:
     def __init__(self) -> None:
         self.closing = anyio.Event()  # set when the owner starts closing
         self.events: list[tuple[HistoryStore, list[dict[str, Any]]]] = []
+        # Kubernetes Events about the Lease (lock/kubeevents.py), written after the history.
+        self.posts: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self.flushing = False
 
 
@@ -161,6 +164,8 @@ class EngineCore:
     members, their majorities, the member set they must store), what it has observed of
     the leases, and one lease's reads, writes and compare-and-swap. The parts (members,
     release, floor, turns, acquire, renew, status) each hold it; see lock/engine.py."""
+
+    lease_events: LeaseEvents | None = None
 
     def __init__(
         self,
@@ -173,8 +178,12 @@ class EngineCore:
         deferred: DeferredHistory | None = None,
         membership: Membership | None = None,
         finishing: tuple[Membership, Membership, Membership] | None = None,
+        lease_events: LeaseEvents | None = None,
     ) -> None:
         self.clusters = clusters
+        # Writes the history's moments as Kubernetes Events about the Lease too (see
+        # remember); None: none are written (the simulator's engines).
+        self.lease_events = lease_events
         # For the engine of a member change being finished: the set before the change, its
         # joint configuration and its commit. A member storing any of them agrees: any may
         # be where the interrupted run left it, and the lock is taken on majorities of the
@@ -483,13 +492,17 @@ class EngineCore:
             membership=membership,
         )
 
-    async def remember(self, events: list[dict[str, Any]]) -> None:
+    async def remember(self, events: list[dict[str, Any]], touched: Mapping[str, Touched] | None = None) -> None:
         """Hand ``events`` to the history (coordinator/history.py): in the background when
         this engine has a task group, so the caller does not wait for it; best effort.
         The store is the one of the members bound now (a record followed later does not
-        move events decided under this one)."""
+        move events decided under this one). With ``lease_events``, the same events go
+        as Kubernetes Events about the Lease to the members in ``touched`` (the leases the
+        decision found and left there), after the history and just as best effort."""
         if not events:
             return
+        if self.lease_events is not None and touched:
+            self._post_lease_events(events, touched)
         store, timeout = self.history, self.timeout
         if self.background is not None and self.deferred is not None:
             # Bookkeeping goes after the lock's own requests: a history write right after
@@ -521,15 +534,41 @@ class EngineCore:
         try:
             with anyio.move_on_after(HISTORY_DEFER_S):
                 await deferred.closing.wait()
-            while deferred.events:
+            while deferred.events or deferred.posts:
                 batch, deferred.events = deferred.events, []
                 by_store: dict[int, tuple[HistoryStore, list[dict[str, Any]]]] = {}
                 for store, events in batch:
                     by_store.setdefault(id(store), (store, []))[1].extend(events)
                 for store, events in by_store.values():
                     await store.record(events, timeout=self.timeout)
+                posts, deferred.posts = deferred.posts, []
+                for post in posts:
+                    await post()
         finally:
             deferred.flushing = False
+
+    def _post_lease_events(self, events: list[dict[str, Any]], touched: Mapping[str, Touched]) -> None:
+        """Queue the Events of ``events`` for the deferred flush (see remember), or start
+        them in the background; dropped when there is neither (never written inline: they
+        must not hold up the command)."""
+        writer = self.lease_events
+        assert writer is not None
+        clusters, namespace, lease, timeout = self.clusters, self.dep.namespace, self.name, self.timeout
+        events, touched = [dict(e) for e in events], dict(touched)
+
+        async def post() -> None:
+            await writer.post(clusters, events, touched, namespace=namespace, lease=lease, timeout=timeout)
+
+        if self.background is None:
+            return
+        if self.deferred is not None:
+            # remember goes on to queue the history and start the flush, which writes these.
+            self.deferred.posts.append(post)
+            return
+        try:
+            self.background.start_soon(post)
+        except RuntimeError:  # the task group has already closed
+            pass
 
     def raise_on_mismatch(self, results: dict[str, ClusterResult[ClusterLease]]) -> None:
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}

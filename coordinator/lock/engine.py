@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from coordinator.history import HistoryStore
     from coordinator.lock.acquire import Acquire
     from coordinator.lock.floor import TokenFloor
+    from coordinator.lock.kubeevents import LeaseEvents
     from coordinator.lock.members import Members
     from coordinator.lock.release import Release
     from coordinator.lock.renew import Renew
@@ -52,6 +53,7 @@ class LockEngine:
         deferred: DeferredHistory | None = None,
         membership: Membership | None = None,
         finishing: tuple[Membership, Membership, Membership] | None = None,
+        lease_events: LeaseEvents | None = None,
     ) -> None:
         self.core = EngineCore(
             clusters,
@@ -62,6 +64,7 @@ class LockEngine:
             deferred=deferred,
             membership=membership,
             finishing=finishing,
+            lease_events=lease_events,
         )
 
     # The configuration it counts with now (a record followed since may have moved it).

@@ -14,6 +14,7 @@ from coordinator.kube.client import KubeError
 from coordinator.kube.resources import FIELD_MANAGER, micro_time
 from coordinator.lease import A_LAST_BREAK, A_TOKEN, RELEASE_MANAGER, LeaseView
 from coordinator.lock.core import EngineCore
+from coordinator.lock.kubeevents import Touched
 from coordinator.lock.reports import summarize
 from coordinator.lock.results import ClusterLease, Decision, utc_now
 from coordinator.logs import get_logger
@@ -132,7 +133,10 @@ class Release:
                 payload=results,
             )
         released = {k: r.value.previous for k, r in results.items() if r.extra.get("ours") and r.value}
-        await self.core.remember(history.release_events(lock_id, {k: v for k, v in released.items() if v}))
+        await self.core.remember(
+            history.release_events(lock_id, {k: v for k, v in released.items() if v}),
+            {k: Touched(r.value.previous, r.value.view) for k, r in results.items() if r.extra.get("ours") and r.value},
+        )
         return results
 
     async def break_lock(
@@ -220,5 +224,8 @@ class Release:
             for k, r in results.items()
             if r.ok and r.value and r.value.action == "broken" and r.value.previous
         }
-        await self.core.remember(history.break_events(by=by, reason=reason, cleared=cleared))
+        await self.core.remember(
+            history.break_events(by=by, reason=reason, cleared=cleared),
+            {k: Touched(r.value.previous, r.value.view) for k, r in results.items() if k in cleared and r.value},
+        )
         return results

@@ -15,6 +15,7 @@ from coordinator.fanout import ClusterResult, fan_out
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, RenewVerdict, boot_clock, remaining_validity, renew_verdict
 from coordinator.lock.core import EngineCore
+from coordinator.lock.kubeevents import Touched
 from coordinator.lock.reports import held_detail, summarize
 from coordinator.lock.results import AcquireResult, ClusterLease, Decision, default_holder
 from coordinator.logs import get_logger
@@ -143,7 +144,12 @@ class Renew:
             result.acquired = True
             result.validity_s = validity
         if lost and result.lost:
-            await self.core.remember(history.lost_events(lock_id, holder=who, token=token, why=result.lost))
+            await self.core.remember(
+                history.lost_events(lock_id, holder=who, token=token, why=result.lost),
+                # Every member whose lease the renewal read: where it found its lease gone,
+                # and where it still renewed it (the lock is lost there too).
+                {k: Touched(after=r.value.view) for k, r in results.items() if r.value and r.value.view},
+            )
         return result
 
 

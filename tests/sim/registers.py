@@ -118,7 +118,11 @@ class Registers:
         self.config = await _setup(self.world, self.workdir, self.names, self.names)
         with clock.using(*self._clocks("p0")):
             async with Coordinator(
-                copy.deepcopy(self.config), store=None, timeout=5, transport_factory=self.world.transport_factory
+                copy.deepcopy(self.config),
+                store=None,
+                timeout=5,
+                transport_factory=self.world.transport_factory,
+                lease_events=False,
             ) as c:
                 held = await c.acquire(DEPLOYMENT, ttl=MAX_TTL_S, holder="p0")
         assert held.acquired and held.fencing_token == 1, held
@@ -187,7 +191,11 @@ class Registers:
         with clock.using(*clocks), op.scope:
             try:
                 async with Coordinator(
-                    copy.deepcopy(self.config), store=None, timeout=5, transport_factory=self.net.factory(op.process)
+                    copy.deepcopy(self.config),
+                    store=None,
+                    timeout=5,
+                    transport_factory=self.net.factory(op.process),
+                    lease_events=False,
                 ) as c:
                     await body(c)
                 ok = True

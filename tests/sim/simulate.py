@@ -308,7 +308,13 @@ class Sim:
         from coordinator.api import Coordinator
 
         factory = self.net.factory(who, self.world.clusters)
-        return Coordinator(copy.deepcopy(self.config), store=None, timeout=self.opts.timeout, transport_factory=factory)
+        return Coordinator(
+            copy.deepcopy(self.config),
+            store=None,
+            timeout=self.opts.timeout,
+            transport_factory=factory,
+            lease_events=False,
+        )
 
 
 async def _setup(world: World, workdir: Path, names: list[str], members: list[str]) -> Any:

@@ -59,7 +59,7 @@ def test_a_lock_and_the_state_go_through_the_seam(tmp_path: Path) -> None:
             assert _stored(world, name, resource, obj) is not None, (name, obj)
 
     async def go() -> None:
-        async with Coordinator.from_config(config, transport_factory=world.transport_factory) as c:
+        async with Coordinator.from_config(config, transport_factory=world.transport_factory, lease_events=False) as c:
             held = await c.acquire("web", ttl=30, holder="alice")
             assert held.acquired and held.fencing_token == 1
             await c.state("web").set({"replicas": 3}, lock=held.lock_id)
@@ -84,7 +84,9 @@ def test_a_paused_member_leaves_a_majority_to_take_the_lock(tmp_path: Path) -> N
     world.clusters["c3"].server.pause()
 
     async def go() -> None:
-        async with Coordinator.from_config(config, timeout=1, transport_factory=world.transport_factory) as c:
+        async with Coordinator.from_config(
+            config, timeout=1, transport_factory=world.transport_factory, lease_events=False
+        ) as c:
             held = await c.acquire("web", ttl=30, holder="bob")
             assert held.acquired
             rows = {r.cluster: r.outcome.value for r in held.results.values()}

@@ -41,7 +41,9 @@ def _held_through(
             world.cluster(name)
         with clock.using(sim.SimClock(1.0, 0.0, 0.0), sim.SeededChance(random.Random(1)), sim.SimProcess("t", 1)):
             config = await sim._setup(world, tmp_path, NAMES, NAMES)
-            async with Coordinator(config, store=None, timeout=5, transport_factory=world.transport_factory) as c:
+            async with Coordinator(
+                config, store=None, timeout=5, transport_factory=world.transport_factory, lease_events=False
+            ) as c:
                 engine = c.lock_engine(sim.DEPLOYMENT)
                 held = await engine.acquire(
                     ttl_s=ttl_s, holder="busy", reason="", command="", wait_s=0, lock_id=new_lock_id()

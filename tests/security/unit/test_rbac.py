@@ -109,6 +109,7 @@ def test_role_grants_the_deployments_objects_by_name_and_only_create_unnamed(
         *_history("web"),
         ("coordination.k8s.io", "leases", "create", None),
         ("", "configmaps", "create", None),
+        ("events.k8s.io", "events", "create", None),
     )
     # Nothing but create is granted without a name: no list of every object, no delete
     # of someone else's.
@@ -127,6 +128,7 @@ def test_secret_storage_swaps_configmaps_for_secrets_but_keeps_the_identity_conf
         ("coordination.k8s.io", "leases", "create", None),
         ("", "configmaps", "create", None),
         ("", "secrets", "create", None),
+        ("events.k8s.io", "events", "create", None),
     )
 
 
@@ -195,9 +197,12 @@ def test_the_printed_yaml_says_why_create_is_not_limited_by_name(capsys: pytest.
     comments = [[line for line in chunk.splitlines() if line.startswith("#")] for chunk in chunks[:-1]]
     bodies = ["\n".join(ln for ln in chunk.splitlines() if not ln.startswith("#")) for chunk in chunks[1:]]
     creates = [i for i, body in enumerate(bodies) if body.rstrip().endswith("verbs:\n  - create")]
-    assert len(creates) == 2 and all(comments[i] for i in range(len(chunks) - 1))
+    assert len(creates) == 3 and all(comments[i] for i in range(len(chunks) - 1))
     for i in creates:
         assert "create cannot be limited by name" in " ".join(comments[i]), comments[i]
+    # The Events rule says what it is for, and that nothing breaks without it.
+    (events,) = [i for i in creates if "events.k8s.io" in bodies[i]]
+    assert "Without this rule every command works the same" in " ".join(c.lstrip("# ") for c in comments[events])
 
 
 def test_cluster_role_reads_only_kube_system_and_the_namespace(
