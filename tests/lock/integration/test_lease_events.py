@@ -74,16 +74,45 @@ def test_every_moment_of_the_lock_is_an_event_about_the_lease_on_each_member(dep
     crashed, taker, lost = anyio.run(expiry)
     assert lost.lost and not lost.acquired
 
-    expected = {
-        first["lock_id"]: ["Acquired", "Released"],
-        second["lock_id"]: ["Acquired", "Broken"],
-        crashed.lock_id: ["Acquired", "TakenOver", "Lost"],
-        taker.lock_id: ["Acquired"],
+    # The taker's attempt counts once a majority is taken over: a member it had not taken
+    # by then (its lease not yet seen lapsed there) gets no TakenOver, and none of its
+    # Acquired. Which members those are is in the taker's result.
+    took_over = {
+        name
+        for name, r in taker.results.items()
+        if r.ok and r.value is not None and r.value.action.startswith("took over")
     }
-    for i in (1, 2, 3):  # all three members were taken, released, broken, taken over
+    assert len(took_over) >= 2, taker.results
+    # Likewise an acquisition tells Acquired only where it took the lease before it counted
+    # (a busy machine may leave one member's answer for later), and a renewal tells Lost
+    # where it read the lease.
+    took = {
+        first["lock_id"]: {c["name"] for c in first["clusters"] if c["outcome"] == "ok"},
+        second["lock_id"]: {c["name"] for c in second["clusters"] if c["outcome"] == "ok"},
+        crashed.lock_id: {name for name, r in crashed.results.items() if r.ok},
+    }
+    lost_on = {name for name, r in lost.results.items() if r.value is not None and r.value.view is not None}
+    assert all(len(v) >= 2 for v in took.values()) and lost_on, (took, lost.results)
+    for i in (1, 2, 3):  # all three members were released and broken; most taken over
+        name = f"c{i}"
+        over = name in took_over
+
+        def took_here(lock_id: str, name: str = name) -> list[str]:
+            return ["Acquired"] if name in took[lock_id] else []
+
+        expected = {
+            first["lock_id"]: [*took_here(first["lock_id"]), "Released"],
+            second["lock_id"]: [*took_here(second["lock_id"]), "Broken"],
+            crashed.lock_id: [
+                *took_here(crashed.lock_id),
+                *(["Lost"] if name in lost_on else []),
+                *(["TakenOver"] if over else []),
+            ],
+            taker.lock_id: ["Acquired"] if over else [],
+        }
         _wait(
             f"every Event on c{i}",
-            lambda i=i: all(sorted(_reasons(env, i, k)) == sorted(v) for k, v in expected.items()),
+            lambda i=i, expected=expected: all(sorted(_reasons(env, i, k)) == sorted(v) for k, v in expected.items()),
             lambda i=i: _seen(env, i),
         )
         events = _events(env, i)
@@ -92,29 +121,37 @@ def test_every_moment_of_the_lock_is_an_event_about_the_lease_on_each_member(dep
             assert e["regarding"].get("uid"), e  # the Lease's own object, for `kubectl describe`
             assert e["reportingController"] == "coordinator.io/coordinator"
         notes = {(e["reason"], e["note"].split("lock id ")[1].split(";")[0]): e["note"] for e in events}
-        acquired = notes[("Acquired", first["lock_id"])]
-        assert "holder alice" in acquired and "reason release 1.2" in acquired
-        assert f"fencing token {first['fencing_token']}" in acquired
+        if name in took[first["lock_id"]]:
+            acquired = notes[("Acquired", first["lock_id"])]
+            assert "holder alice" in acquired and "reason release 1.2" in acquired
+            assert f"fencing token {first['fencing_token']}" in acquired
         # Text another client could have written is escaped.
-        assert "reason hotfix\\x1b[2J" in notes[("Acquired", second["lock_id"])]
+        if name in took[second["lock_id"]]:
+            assert "reason hotfix\\x1b[2J" in notes[("Acquired", second["lock_id"])]
         assert all("\x1b" not in n for n in notes.values())
         broken = notes[("Broken", second["lock_id"])]
         assert "by oncall" in broken and "break reason: runner died" in broken
-        taken_over = notes[("TakenOver", crashed.lock_id)]
-        assert "holder crasher" in taken_over and "by taker" in taken_over and "taken over" in taken_over
-        assert "holder crasher" in notes[("Lost", crashed.lock_id)]
+        if over:
+            taken_over = notes[("TakenOver", crashed.lock_id)]
+            assert "holder crasher" in taken_over and "by taker" in taken_over and "taken over" in taken_over
+        if name in lost_on:
+            assert "holder crasher" in notes[("Lost", crashed.lock_id)]
         types = {e["reason"]: e["type"] for e in events}
-        assert types["Acquired"] == types["Released"] == "Normal"
-        assert types["Broken"] == types["TakenOver"] == types["Lost"] == "Warning"
+        assert types.get("Acquired", "Normal") == types["Released"] == "Normal"
+        assert types["Broken"] == types.get("Lost", "Warning") == types.get("TakenOver", "Warning") == "Warning"
 
-    # The real kubectl shows them, in `get events` and in `describe lease`.
+    # The real kubectl shows them, in `get events` and in `describe lease`, on a member that
+    # saw every moment.
+    full = next(
+        i for i in (1, 2, 3) if f"c{i}" in took_over and f"c{i}" in lost_on and all(f"c{i}" in v for v in took.values())
+    )
     got = run_kubectl(
-        env.kubeconfig, 1, env.namespace, "get", "events", "--field-selector", f"involvedObject.name={LEASE}"
+        env.kubeconfig, full, env.namespace, "get", "events", "--field-selector", f"involvedObject.name={LEASE}"
     )
     assert got.returncode == 0, got.stderr
     for reason in ("Acquired", "Released", "Broken", "TakenOver", "Lost"):
         assert reason in got.stdout, got.stdout
-    described = run_kubectl(env.kubeconfig, 2, env.namespace, "describe", "lease", LEASE)
+    described = run_kubectl(env.kubeconfig, full, env.namespace, "describe", "lease", LEASE)
     assert described.returncode == 0, described.stderr
     events_part = described.stdout.split("Events:", 1)[1]
     assert "Acquired" in events_part and f"lock id {taker.lock_id}" in events_part, described.stdout

@@ -108,6 +108,21 @@ def test_no_test_module_imports_another() -> None:
     assert not found, "\n".join(found)
 
 
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports a test module under its file name, prefixed by the packages it is in
+    (most test folders are not packages): a second module of the same name (a unit and
+    an integration half of one topic) fails to be collected."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        parts, folder = [path.stem], path.parent
+        while (folder / "__init__.py").exists():
+            parts.insert(0, folder.name)
+            folder = folder.parent
+        by_name.setdefault(".".join(parts), []).append(str(path.relative_to(ROOT)))
+    same = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not same, same
+
+
 def test_the_import_check_sees_every_spelling_of_a_test_module(tmp_path: Path) -> None:
     src = tmp_path / "test_x.py"
     src.write_text(
