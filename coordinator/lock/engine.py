@@ -14,6 +14,7 @@ from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
 from coordinator.lock.core import DeferredHistory, EngineCore
 from coordinator.lock.results import AcquireResult, ClusterLease, LockStatus
 from coordinator.membership import Check, Membership, Stored
+from coordinator.quorum import Majorities
 from coordinator.records import DeploymentRecord
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class LockEngine:
         return self.core.membership
 
     @property
-    def majorities(self) -> Any:
+    def majorities(self) -> Majorities:
         return self.core.majorities
 
     @property
@@ -200,9 +201,6 @@ class LockEngine:
 
     async def store_set_on_state(self, token: int) -> dict[str, ClusterResult[int]]:
         return await self._floor.store_set_on_state(token)
-
-    async def verify_members(self) -> None:
-        await self.core.verify_members()
 
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
         return self.core.check_members(stored)
