@@ -10,7 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from coord_fixtures import Env
+from coord_fixtures import COMMIT_TIMEOUT_S, Env
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,9 @@ def test_results_have_short_reprs(dep3: Env) -> None:
     shown: dict[str, str] = {}
 
     async def go() -> None:
-        async with dep3.api() as c:
+        # every member's answer is part of the repr checked: a loaded machine's slow
+        # first answer must not leave a member out
+        async with dep3.api(timeout=COMMIT_TIMEOUT_S) as c:
             async with c.lock("web", ttl=60, holder="alice", reason="r" * 200) as held:
                 shown["held"] = repr(held)
                 shown["acquired"] = repr(held.result)

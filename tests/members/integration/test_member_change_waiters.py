@@ -10,7 +10,7 @@ import time
 
 import anyio
 import pytest
-from coord_fixtures import Env
+from coord_fixtures import COMMIT_TIMEOUT_S, Env
 
 from coordinator.config import ConfigStore
 from coordinator.reconfig import change_members
@@ -23,9 +23,13 @@ WAIT_S = 45.0
 
 def test_a_waiter_follows_a_change_made_here_and_gets_the_lock_soon_after_it(dep3: Env) -> None:
     async def main() -> None:
-        h_api, a_api = dep3.api(timeout=5.0), dep3.api(timeout=5.0)  # one machine: one config
+        # one machine: one config. H must hold on every member for the change to be about a
+        # waiter: a member H's acquisition left out under load is taken by A's attempts,
+        # whose tokens then stop the change from taking it with H's lower one.
+        h_api, a_api = dep3.api(timeout=COMMIT_TIMEOUT_S), dep3.api(timeout=5.0)
         async with h_api, a_api:
             h = await h_api.acquire(DEP, ttl=60, holder="H")
+            assert {k: r.outcome.value for k, r in h.results.items()} == dict.fromkeys(("c1", "c2", "c3"), "ok"), h
             got: dict[str, float] = {}
 
             async def waiter() -> None:
