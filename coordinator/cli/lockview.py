@@ -150,7 +150,7 @@ def status_document(st: Any) -> dict[str, Any]:
         "fencing_token": st.fencing_token,
         "held_by_majority": st.held_by_majority,
         "expires_in_s": st.expires_in_s,
-        # added after the first release of this shape: who holds it, in fields
+        # who holds it, in fields
         "reason": (st.info.get("reason") or None) if st.held_by_majority else None,
         "host": (st.info.get("host") or None) if st.held_by_majority else None,
         "pid": pid_field(st.info) if st.held_by_majority else None,
@@ -171,6 +171,7 @@ def status_document(st: Any) -> dict[str, Any]:
                 "status": r.status,
                 "holder": r.holder,
                 "lock_id": r.lock_id,
+                "token": r.token,
                 "acquired_at": r.acquired_at,
                 "renewed_at": r.renewed_at,
                 "ttl_s": r.ttl_s,

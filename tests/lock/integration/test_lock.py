@@ -361,12 +361,15 @@ def test_status_json_shape_with_unreachable_and_forbidden(dep3: Any) -> None:
     rows = {c["name"]: c for c in st["clusters"]}
     assert rows["c1"]["status"] == "held" and rows["c2"]["status"] == "unreachable"
     assert rows["r3"]["status"] == "forbidden"
+    # each lease's own token, where one was read: what tells two holders' leases apart
+    assert rows["c1"]["token"] == 1 and rows["c2"]["token"] is None, rows
     for row in rows.values():
         assert set(row) >= {
             "name",
             "status",
             "holder",
             "lock_id",
+            "token",
             "acquired_at",
             "renewed_at",
             "ttl_s",
