@@ -7,7 +7,8 @@ the work per cluster does not grow with the size of the kubeconfig.
 In a pod, a cluster can also be reached with the pod's ServiceAccount (in-cluster
 credentials): the API server from KUBERNETES_SERVICE_HOST/PORT, the CA and the token
 from the ServiceAccount directory. The kubelet rotates a projected token by replacing
-the file; it is read again whenever the file changes."""
+the file; it is read again whenever the file changes (kube/credentials.py, which also
+runs an exec plugin again for a new token)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from coordinator.errors import UsageError
+from coordinator.kube.credentials import CREDENTIAL_ATTRIBUTE, ExecToken, TokenFile
 from coordinator.kube.tls import MATERIAL_ATTRIBUTE, TlsMaterial, tls_context
 from coordinator.text import printable
 
@@ -192,6 +194,18 @@ def _active_entries(given: Any, context: str) -> dict[str, Any]:
     return {k: v.value for k, v in found.items() if isinstance(getattr(v, "value", None), dict)}
 
 
+def _exec_entry(given: Any, context: str) -> Any:
+    """The ``exec`` entry of the user ``context`` names in ``given`` (as the loader holds
+    it), or None."""
+    with contextlib.suppress(Exception):
+        body = given["contexts"].get_with_name(context)["context"]
+        if body.safe_get("user") and given.safe_get("users"):
+            user = given["users"].get_with_name(body["user"], safe=True)
+            if user and user["user"].safe_get("exec"):
+                return user["user"]["exec"]
+    return None
+
+
 def _take_embedded_tls(entries: dict[str, Any]) -> dict[str, str | bytes]:
     """Take ``*-data`` TLS fields out of the loader's copy of the entries, with the file
     field beside each (the library prefers the data and never looks at the file then):
@@ -260,30 +274,6 @@ def _remove_spill(spill: str) -> None:
     shutil.rmtree(spill, ignore_errors=True)
 
 
-class _TokenFile:
-    """A ServiceAccount token file, read again when it changes (the kubelet replaces a
-    projected token well before it expires). Installed as the ``Configuration``'s
-    ``refresh_api_key_hook``, which ``auth_settings()`` runs before every request."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._seen: tuple[int, int, int, int] | None = None
-        self.token = ""
-
-    def refresh(self, cfg: Any) -> None:
-        try:
-            st = self.path.stat()  # follows the kubelet's ..data symlink
-            seen = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-            if seen != self._seen:
-                token = self.path.read_text(encoding="utf-8").strip()
-                if token:
-                    self.token, self._seen = token, seen
-        except (OSError, UnicodeDecodeError):
-            pass  # mid-rotation: the last token read is still the best one
-        if self.token:
-            cfg.api_key["BearerToken"] = f"Bearer {self.token}"
-
-
 async def _in_cluster_configuration(endpoint: Endpoint) -> Any:
     from kubernetes_asyncio.client import Configuration
 
@@ -297,7 +287,7 @@ async def _in_cluster_configuration(endpoint: Endpoint) -> Any:
             "or connect the cluster with --context."
         )
     token, ca = where / "token", where / "ca.crt"
-    tokens = _TokenFile(token)
+    tokens = TokenFile(token)
     for path, what in ((token, "token"), (ca, "CA certificate")):
         if not path.is_file():
             raise UsageError(
@@ -312,6 +302,7 @@ async def _in_cluster_configuration(endpoint: Endpoint) -> Any:
     if not tokens.token:
         raise UsageError(f"The ServiceAccount token {token} is empty or cannot be read.")
     cfg.refresh_api_key_hook = tokens.refresh
+    setattr(cfg, CREDENTIAL_ATTRIBUTE, tokens)
     _check_connection_settings(cfg, IN_CLUSTER_CONTEXT, str(where))
     return cfg
 
@@ -375,6 +366,13 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
     finally:
         if spill:
             _remove_spill(spill)
+    exec_config = _exec_entry(given, endpoint.context)
+    if exec_config is not None and (cfg.api_key or {}).get("BearerToken"):
+        # A token the plugin gives again when it expires or is revoked (a client
+        # certificate it gave is taken once: the connection is built on it).
+        credential = ExecToken(exec_config)
+        cfg.refresh_api_key_hook = credential.refresh
+        setattr(cfg, CREDENTIAL_ATTRIBUTE, credential)
     if material:
         names = {"ssl_ca_cert": "ca", "cert_file": "cert", "key_file": "key"}
         setattr(cfg, MATERIAL_ATTRIBUTE, TlsMaterial(**{names[k]: v for k, v in material.items()}))

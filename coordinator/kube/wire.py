@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlencode
 
+from coordinator.kube.credentials import refused
 from coordinator.kube.kubeconfig import Endpoint, header_value, load_client_configuration
 from coordinator.kube.tls import environment_has_proxy_or_netrc, tls_context
 from coordinator.kube.transport import Request, TransportError
@@ -87,9 +88,16 @@ class AiohttpTransport:
         import aiohttp
 
         try:
-            args = await _request_args(self._cfg, request)
-            async with self._session.request(**args, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            resp = await self._send_once(request, timeout)
+            if resp.status == 401 and refused(self._cfg):
+                # The token was revoked or expired, and the credential has another one
+                # (kube/credentials.py): the server did nothing with this request.
+                resp.release()
+                resp = await self._send_once(request, timeout)
+            try:
                 yield _Reply(resp)
+            finally:
+                resp.release()
         except TimeoutError:
             raise
         except aiohttp.ClientConnectorCertificateError as err:
@@ -102,6 +110,12 @@ class AiohttpTransport:
             raise TransportError(f"TLS error talking to {self.server}: {err}", unreachable=False) from err
         except OSError as err:
             raise TransportError(f"cannot reach {self.server}: {err}") from err
+
+    async def _send_once(self, request: Request, timeout: float) -> Any:
+        import aiohttp
+
+        args = await _request_args(self._cfg, request)
+        return await self._session.request(**args, timeout=aiohttp.ClientTimeout(total=timeout))
 
     @asynccontextmanager
     async def watch(self, request: Request, *, timeout: float, connect_timeout: float) -> AsyncIterator[_Reply]:
