@@ -93,6 +93,10 @@ async def _read(client: KubeClient, ref: ResourceRef, cache: dict[str, Any]) -> 
         except KubeError as err:
             if err.kind != NOT_FOUND:
                 raise
+            if err.named != ref.name:
+                # Not the object's absence: the path itself is not served (the kind's
+                # version stopped being served since discovery said it was).
+                return Read(unobservable=f"the server no longer serves {ref.api_version} {plural} ({err.detail})")
         if not namespaced:
             return Read(gone="not found")
         # A 404 is the object's absence only where its namespace is seen.

@@ -145,16 +145,26 @@ class KubeError(Exception):
     """A request to one cluster failed; ``kind`` says how (an :class:`ErrorKind`; its
     text value is taken too, and an unknown one is a ValueError).
 
-    ``retry_after`` is the server's Retry-After, in seconds, on a throttled request."""
+    ``retry_after`` is the server's Retry-After, in seconds, on a throttled request.
+    ``named``: on a 404, the object name the server's Status says it did not find (its
+    ``details.name``). A 404 without one is about the path, not an object: a resource
+    the server does not serve (any more) answers that way."""
 
     def __init__(
-        self, kind: ErrorKind | str, detail: str, *, status: int | None = None, retry_after: float | None = None
+        self,
+        kind: ErrorKind | str,
+        detail: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        named: str | None = None,
     ) -> None:
         super().__init__(detail)
         self.kind = ErrorKind(kind)
         self.detail = detail
         self.status = status
         self.retry_after = retry_after
+        self.named = named
 
 
 @dataclass
@@ -240,7 +250,9 @@ def _classify_status(status: int, raw: bytes, body: dict[str, Any], *, retry_aft
     if status in (401, 403):
         return KubeError(FORBIDDEN, f"HTTP {status}: {message}", status=status)
     if status == 404:
-        return KubeError(NOT_FOUND, message, status=status)
+        details = body.get("details") if isinstance(body, dict) else None
+        named = details.get("name") if isinstance(details, dict) else None
+        return KubeError(NOT_FOUND, message, status=status, named=named if isinstance(named, str) else None)
     if status == 409:
         kind = ALREADY_EXISTS if reason == "AlreadyExists" else CONFLICT
         return KubeError(kind, message, status=status)

@@ -283,3 +283,68 @@ def test_a_member_whose_context_leads_elsewhere_stops_the_check_never_a_match(de
         # `lock run` meets it already taking the lock; `drift` at its first read.
         assert "identity" in proc.stderr and "'c3' was connected as" in proc.stderr, proc.stderr
         assert "match" not in proc.stdout and "gone" not in proc.stdout, proc.stdout
+
+
+GADGETS = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.drift.example.com}
+spec:
+  group: drift.example.com
+  scope: Namespaced
+  names: {plural: gadgets, singular: gadget, kind: Gadget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+  - name: v2
+    served: true
+    storage: false
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+"""
+
+
+@integration
+def test_a_version_no_longer_served_after_discovery_is_unobservable_never_gone(dep3: Env) -> None:
+    """Found by an outside attack: a version of a CRD flipped to not served while a check
+    ran made its existing objects `gone` (exit 8), because the 404 of a path the server no
+    longer serves was taken for the object's absence. The server's NotFound names the
+    object it did not find; the 404 of an unserved path names none."""
+    import anyio
+
+    from coordinator.drift import _read
+    from coordinator.expectations import parse_resource
+    from coordinator.kube.client import KubeError
+
+    kube(dep3, 1, "apply", "-f", "-", stdin=GADGETS)
+    kube(dep3, 1, "wait", "--for", "condition=Established", "crd/gadgets.drift.example.com", "--timeout", "60s")
+    kube(dep3, 1, "apply", "-f", "-", stdin="apiVersion: drift.example.com/v1\nkind: Gadget\nmetadata: {name: g1}\n")
+    ref = parse_resource("drift.example.com/v1/Gadget/g1", dep3.namespace)
+    missing = parse_resource("drift.example.com/v2/Gadget/nothing-here", dep3.namespace)
+
+    async def go() -> None:
+        client = dep3.client(1)
+        try:
+            cache: dict[str, Any] = {}
+            assert (await _read(client, ref, cache)).obj is not None  # discovery: v1 served
+            gone = await _read(client, missing, cache)
+            assert gone.gone and not gone.unobservable, gone  # the server named the object
+            kube(dep3, 1, "patch", "crd", "gadgets.drift.example.com", "--type", "json",
+                 "-p", '[{"op": "replace", "path": "/spec/versions/0/served", "value": false}]')  # fmt: skip
+            path = f"/apis/drift.example.com/v1/namespaces/{dep3.namespace}/gadgets/g1"
+            with anyio.fail_after(60):
+                while True:
+                    try:
+                        await client.request("GET", path)
+                    except KubeError as err:
+                        assert err.status == 404 and err.named is None, (err.status, err.named, err.detail)
+                        break
+                    await anyio.sleep(0.2)
+            read = await _read(client, ref, cache)  # the discovery cache still says served
+            assert read.unobservable and not read.gone and read.obj is None, read
+            assert "no longer serves drift.example.com/v1" in read.unobservable, read
+        finally:
+            await client.close()
+
+    anyio.run(go)
