@@ -28,6 +28,7 @@ Pure: no I/O and no clock; what was read comes in as arguments.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,6 @@ from typing import Any
 
 from jsonpath_ng import jsonpath as jp
 from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
-from jsonpath_ng.ext.filter import Filter
 from jsonpath_ng.ext.parser import parse as jsonpath_parse
 
 from coordinator.errors import UsageError
@@ -88,6 +88,8 @@ FALLBACK_FIELDS = (".spec",)
 REFUSED_KINDS = frozenset({"Secret"})
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# Namespaces and cluster names are DNS labels (as the API server and the config take them).
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]{0,62}$")
 _GROUP = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _VERSION = re.compile(r"^v[0-9]+((alpha|beta)[0-9]+)?$")
@@ -149,14 +151,18 @@ def parse_resource(text: str, namespace: str, cluster: str | None = None) -> Res
         raise UsageError(f"Cannot read the resource {text!r}: name it as {RESOURCE_FORMS}.")
     group, _, version = api_version.rpartition("/")
     problem = None
-    if group and not _GROUP.match(group):
+    if group and not _GROUP.fullmatch(group):
         problem = f"{group!r} is no API group"
-    elif not _VERSION.match(version):
+    elif not _VERSION.fullmatch(version):
         problem = f"{version!r} is no API version (v1, v1beta1, ...)"
-    elif not _KIND.match(kind):
+    elif not _KIND.fullmatch(kind):
         problem = f"{kind!r} is no kind (kinds are CamelCase, e.g. Deployment)"
-    elif not _NAME.match(name):
+    elif not _NAME.fullmatch(name):
         problem = f"{name!r} is no object name (lower case letters, digits, '-' and '.')"
+    elif not _LABEL.fullmatch(namespace):
+        problem = f"{namespace!r} is no namespace name (lower case letters, digits and '-')"
+    elif cluster is not None and not (isinstance(cluster, str) and _LABEL.fullmatch(cluster)):
+        problem = f"{cluster!r} is no cluster name"
     if problem:
         raise UsageError(f"Cannot read the resource {text!r}: {problem}. Name it as {RESOURCE_FORMS}.")
     if kind in REFUSED_KINDS:
@@ -224,19 +230,19 @@ def value_at(obj: Mapping[str, Any], path: str) -> Any:
     return found[0] if found else None
 
 
-def _structure(node: Any) -> list[str | None] | None:
-    """The field names a path walks (None for "any element of a list"), to look them up
-    in managedFields; None when the path cannot be followed there (``..``, filters)."""
-    if isinstance(node, jp.Root | jp.This):
-        return []
-    if isinstance(node, jp.Child):
-        left, right = _structure(node.left), _structure(node.right)
-        return None if left is None or right is None else left + right
-    if isinstance(node, jp.Fields) and len(node.fields) == 1 and node.fields[0] != "*":
-        return [node.fields[0]]
-    if isinstance(node, jp.Index | jp.Slice | jp.Wildcard | Filter):
-        return [None]
-    return None
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are the same value: Python's ``==`` takes ``true``
+    for ``1`` and ``false`` for ``0`` (also inside lists and maps), which JSON and the API
+    server do not. Numbers compare by value (``1`` and ``1.0`` are one JSON number)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
 
 
 # ------------------------------------------------------------------ who changed it
@@ -262,30 +268,131 @@ class Change:
         return what if self.exact else f"{what}, the object's last write (the field has no recorded writer)"
 
 
-def _owns(node: Any, parts: Sequence[str | None]) -> bool:
-    if not parts:
+_ABSENT = object()
+Step = str | int  # a field name, or an index into a list
+
+
+def _steps(match: Any) -> list[Step] | None:
+    """The concrete path of one JSONPath match, from the object's top: field names and
+    list indices; None for a step of another kind."""
+    steps: list[Step] = []
+    datum = match
+    while datum is not None and datum.context is not None:
+        step = datum.path
+        if isinstance(step, jp.Fields) and len(step.fields) == 1:
+            steps.append(str(step.fields[0]))
+        elif isinstance(step, jp.Index) and len(getattr(step, "indices", ())) == 1:
+            steps.append(int(step.indices[0]))
+        else:
+            return None
+        datum = datum.context
+    return steps[::-1]
+
+
+def _changed_leaves(recorded: Any, actual: Any) -> list[list[Step]] | None:
+    """Where ``actual`` differs from ``recorded``, followed through maps down to what
+    differs (relative steps); None when a difference lies inside a list (an element
+    added or removed cannot be told from one changed)."""
+    if isinstance(recorded, dict) and isinstance(actual, dict):
+        found: list[list[Step]] = []
+        for key in sorted(set(recorded) | set(actual)):
+            a, b = recorded.get(key, _ABSENT), actual.get(key, _ABSENT)
+            if a is not _ABSENT and b is not _ABSENT and same_json(a, b):
+                continue
+            below = _changed_leaves(a, b)
+            if below is None:
+                return None
+            found += [[key, *steps] for steps in below]
+        return found
+    if isinstance(recorded, list) or isinstance(actual, list):
+        return None
+    return [[]]
+
+
+def _changed_steps(obj: Mapping[str, Any], path: str, recorded: Any) -> list[list[Step]] | None:
+    """The concrete paths in ``obj`` of what differs from ``recorded`` at ``path`` (every
+    match when nothing was recorded); None when they cannot be told: a field gone, a list
+    of matches that grew or shrank, a difference inside a list."""
+    expr = _compiled(path)
+    matches = [(_steps(m), m.value) for m in expr.find(obj)]
+    if not matches or any(steps is None for steps, _ in matches):
+        return None
+    if recorded is _ABSENT:
+        return [steps for steps, _ in matches if steps is not None]
+    if _many(expr):
+        if not isinstance(recorded, list) or len(recorded) != len(matches):
+            return None
+        pairs = [(steps, r, v) for (steps, v), r in zip(matches, recorded, strict=True) if not same_json(r, v)]
+    else:
+        pairs = [(matches[0][0], recorded, matches[0][1])]
+    found: list[list[Step]] = []
+    for steps, r, v in pairs:
+        below = _changed_leaves(r, v)
+        if below is None or steps is None:
+            return None
+        found += [[*steps, *rest] for rest in below]
+    return found
+
+
+def _owns(node: Any, steps: Sequence[Step], value: Any) -> bool:
+    """Whether a managedFields entry (its fieldsV1 ``node``) owns the field at ``steps``
+    in the object (``value``: the object at this level). A list element is found under
+    the key the entries give it: its key fields (``k:{"name":"api"}``), its value
+    (``v:...``) or its index (``i:0``)."""
+    if not steps:
         return isinstance(node, dict)
     if not isinstance(node, dict):
         return False
-    head, rest = parts[0], parts[1:]
-    if head is None:
-        return any(_owns(child, rest) for key, child in node.items() if key[:2] in ("k:", "i:", "v:"))
-    return _owns(node.get("f:" + head), rest)
+    step, rest = steps[0], steps[1:]
+    if isinstance(step, str):
+        return _owns(node.get("f:" + step), rest, value.get(step) if isinstance(value, dict) else None)
+    element = value[step] if isinstance(value, list) and 0 <= step < len(value) else _ABSENT
+    for key, child in node.items():
+        if not isinstance(key, str) or key[:2] not in ("k:", "v:", "i:"):
+            continue
+        if key[:2] == "i:":
+            if key[2:] == str(step):
+                return _owns(child, rest, element)
+            continue
+        try:
+            named = json.loads(key[2:])
+        except ValueError:
+            continue
+        if key[:2] == "v:" and same_json(named, element):
+            return _owns(child, rest, element)
+        if (
+            key[:2] == "k:"
+            and isinstance(named, dict)
+            and isinstance(element, dict)
+            and all(k in element and same_json(element[k], v) for k, v in named.items())
+        ):
+            return _owns(child, rest, element)
+    return False
 
 
-def last_change(obj: Mapping[str, Any], path: str) -> Change | None:
-    """Who changed the field at ``path`` last, per the object's managedFields: of the
-    entries owning it (or any element of it), the newest. A field nobody is recorded as
-    owning (removed, or managedFields stripped) is attributed to the object's newest entry,
-    marked as not exact; None when the object records no writer at all."""
+def last_change(obj: Mapping[str, Any], path: str, recorded: Any = _ABSENT) -> Change | None:
+    """Who changed the field at ``path`` last, per the object's managedFields.
+
+    Exact only where the entries name an owner for everything at ``path`` that differs
+    from ``recorded`` (followed through maps, and into list elements by the keys the
+    entries give them): then the newest of those owners. Otherwise (a field nobody owns:
+    defaulted by the server, removed, or managedFields stripped; elements added or
+    removed) the object's newest entry, marked as not exact. None when the object records
+    no writer at all."""
     entries = [e for e in ((obj.get("metadata") or {}).get("managedFields") or []) if isinstance(e, dict)]
     if not entries:
         return None
-    parts = _structure(_compiled(path))
-    owning = [] if parts is None else [e for e in entries if _owns(e.get("fieldsV1"), parts)]
-    named = [e for e in owning if str(e.get("manager") or "") not in NO_WRITERS] or owning
-    exact = bool(named)
-    pick = max(named or entries, key=lambda e: str(e.get("time") or ""))
+    changed = _changed_steps(obj, path, recorded)
+    owners: list[dict[str, Any]] = []
+    for steps in changed or []:
+        owning = [e for e in entries if _owns(e.get("fieldsV1"), steps, obj)]
+        if not owning:
+            changed = None
+            break
+        owners += [e for e in owning if e not in owners]
+    named = [e for e in owners if str(e.get("manager") or "") not in NO_WRITERS] or owners
+    exact = bool(changed) and bool(named)
+    pick = max(named if exact else entries, key=lambda e: str(e.get("time") or ""))
     return Change(
         str(pick.get("manager") or ""),
         str(pick.get("operation") or ""),
@@ -357,6 +464,11 @@ def read_expectations(data: Mapping[str, Any] | None, namespace: str) -> list[Ex
         except (UsageError, KeyError, TypeError, AttributeError) as err:
             why = err.message if isinstance(err, UsageError) else f"missing or malformed {err}"
             raise _bad_record(f"resource {i + 1} ({item['resource']}): {why}") from None
+        twice = next((j for j, e in enumerate(out) if e.ref.same(ref)), None)
+        if twice is not None:
+            # Counted twice, one resource would pass for two: its findings would make a
+            # majority of members seen out of a minority.
+            raise _bad_record(f"resource {i + 1} ({item['resource']}) repeats resource {twice + 1}")
         out.append(Expectation(ref, fields))
     return out
 
@@ -378,13 +490,13 @@ def expectation_from(ref: ResourceRef, paths: Sequence[str], objects: Mapping[st
         counts: list[tuple[Any, int]] = []
         for v in values.values():
             for i, (seen, n) in enumerate(counts):
-                if seen == v:
+                if same_json(seen, v):
                     counts[i] = (seen, n + 1)
                     break
             else:
                 counts.append((v, 1))
         common = max(counts, key=lambda vc: vc[1])[0] if counts else None
-        fields.append(FieldRecord(path, common, {c: v for c, v in values.items() if v != common}))
+        fields.append(FieldRecord(path, common, {c: v for c, v in values.items() if not same_json(v, common)}))
     return Expectation(ref, fields)
 
 
@@ -447,8 +559,8 @@ def compare(cluster: str, exp: Expectation, obj: Mapping[str, Any]) -> Finding:
     drifts = []
     for f in exp.fields:
         recorded, actual = f.expected(cluster), value_at(obj, f.path)
-        if recorded != actual:
-            drifts.append(FieldDrift(f.path, recorded, actual, last_change(obj, f.path)))
+        if not same_json(recorded, actual):
+            drifts.append(FieldDrift(f.path, recorded, actual, last_change(obj, f.path, recorded)))
     if not drifts:
         return Finding(cluster, exp.ref, Status.MATCH)
     return Finding(cluster, exp.ref, Status.DRIFTED, fields=drifts)
