@@ -58,21 +58,6 @@ SHORT_KINDS: dict[str, tuple[str, str]] = {
 }
 
 
-def plural_of(kind: str) -> str:
-    """The resource name RBAC rules use for ``kind``: the name the API server serves it
-    under for built-in kinds, otherwise the plural Kubernetes derives from a kind by
-    default (as CRDs mostly name themselves: Widget → widgets, Policy → policies)."""
-    known = {k: name for name, (_, k) in SHORT_KINDS.items() if name.endswith("s") and name[:-1] in SHORT_KINDS}
-    if kind in known:
-        return known[kind]
-    lower = kind.lower()
-    if lower.endswith(("s", "x", "z", "ch", "sh")):
-        return lower + "es"
-    if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "i", "o", "u"):
-        return lower[:-1] + "ies"
-    return lower + "s"
-
-
 # The fields recorded when `drift record` is given no --field.
 DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {
     "Deployment": (".spec.replicas", ".spec.template.spec.containers[*].image"),

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coordinator.errors import UsageError
-from coordinator.expectations import ResourceRef, plural_of
+from coordinator.expectations import SHORT_KINDS, ResourceRef
 from coordinator.kube.resources import (
     IDENTITY_CONFIGMAP,
     LABEL_MANAGED_BY,
@@ -335,15 +335,96 @@ def lease_lister_binding(subject: Subject) -> Manifest:
     }
 
 
+# Built-in kinds whose resource name is not the plural derived from the kind.
+IRREGULAR_PLURALS = {"Endpoints": "endpoints"}
+# Built-in kinds that are cluster-scoped: a namespaced Role cannot grant them.
+CLUSTER_SCOPED_KINDS = frozenset(
+    {
+        ("", "Namespace"),
+        ("", "Node"),
+        ("", "PersistentVolume"),
+        ("storage.k8s.io", "StorageClass"),
+        ("storage.k8s.io", "CSIDriver"),
+        ("storage.k8s.io", "CSINode"),
+        ("storage.k8s.io", "VolumeAttachment"),
+        ("rbac.authorization.k8s.io", "ClusterRole"),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
+        ("apiextensions.k8s.io", "CustomResourceDefinition"),
+        ("apiregistration.k8s.io", "APIService"),
+        ("scheduling.k8s.io", "PriorityClass"),
+        ("networking.k8s.io", "IngressClass"),
+        ("node.k8s.io", "RuntimeClass"),
+        ("certificates.k8s.io", "CertificateSigningRequest"),
+        ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration"),
+        ("admissionregistration.k8s.io", "MutatingWebhookConfiguration"),
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"),
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"),
+        ("flowcontrol.apiserver.k8s.io", "FlowSchema"),
+        ("flowcontrol.apiserver.k8s.io", "PriorityLevelConfiguration"),
+    }
+)
+
+
+def plural_of(kind: str) -> str:
+    """The resource name RBAC rules use for ``kind``: the name the API server serves it
+    under for built-in kinds, otherwise the plural Kubernetes derives from a kind by
+    default (as CRDs mostly name themselves: Widget → widgets, Policy → policies)."""
+    known = {k: name for name, (_, k) in SHORT_KINDS.items() if name.endswith("s") and name[:-1] in SHORT_KINDS}
+    known.update(IRREGULAR_PLURALS)
+    if kind in known:
+        return known[kind]
+    lower = kind.lower()
+    if lower.endswith(("s", "x", "z", "ch", "sh")):
+        return lower + "es"
+    if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return lower[:-1] + "ies"
+    return lower + "s"
+
+
+def _drift_rules(refs: Sequence[ResourceRef]) -> list[Manifest]:
+    names: dict[tuple[str, str], set[str]] = {}
+    for ref in refs:
+        names.setdefault((ref.group, plural_of(ref.kind)), set()).add(ref.name)
+    return [_rule(group, plural, ("get",), resource_names=sorted(n)) for (group, plural), n in sorted(names.items())]
+
+
+def cluster_scoped(ref: ResourceRef) -> bool:
+    return (ref.group, ref.kind) in CLUSTER_SCOPED_KINDS
+
+
+def drift_cluster_role(refs: Sequence[ResourceRef]) -> Manifest | None:
+    """The ``ClusterRole`` that lets a subject read the watched resources of built-in
+    cluster-scoped kinds (a StorageClass, a CRD), by name; None when there are none."""
+    rules = _drift_rules([r for r in refs if cluster_scoped(r)])
+    if not rules:
+        return None
+    digest = hashlib.sha256(repr(rules).encode()).hexdigest()[:10]
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "ClusterRole",
+        "metadata": _metadata(f"{DRIFT_ROLE}:{digest}"),
+        "rules": rules,
+    }
+
+
+def drift_cluster_binding(role_manifest: Manifest, subject: Subject) -> Manifest:
+    """Binds :func:`drift_cluster_role`'s ClusterRole to ``subject``."""
+    name = role_manifest["metadata"]["name"]
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "ClusterRoleBinding",
+        "metadata": _metadata(f"{name}:{_subject_part(subject)}"),
+        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "ClusterRole", "name": name},
+        "subjects": [subject.to_manifest()],
+    }
+
+
 def drift_role(namespace: str, refs: Sequence[ResourceRef]) -> Manifest:
     """The ``Role`` that lets a subject read the watched resources ``refs``: ``get`` by name,
     one rule per API group and resource. Its name carries a digest of the rules, so that
     granting another set of resources never takes these away from whoever has them."""
     validate_namespace(namespace)
-    names: dict[tuple[str, str], set[str]] = {}
-    for ref in refs:
-        names.setdefault((ref.group, plural_of(ref.kind)), set()).add(ref.name)
-    rules = [_rule(group, plural, ("get",), resource_names=sorted(n)) for (group, plural), n in sorted(names.items())]
+    rules = _drift_rules([r for r in refs if not cluster_scoped(r)])
     digest = hashlib.sha256(repr(rules).encode()).hexdigest()[:10]
     return {
         "apiVersion": RBAC_API_VERSION,
@@ -383,11 +464,14 @@ def manifests(
     validate_namespace(namespace)
     names = deployments_of(deployments)
     objects = [role(namespace, d, storage=storage) for d in names]
-    reads = drift_role(namespace, drift) if drift else None
+    reads = drift_role(namespace, drift) if any(not cluster_scoped(r) for r in drift) else None
+    cluster_reads = drift_cluster_role(drift)
     objects += [reads] if reads else []
     objects += [role_binding(namespace, d, subject, storage=storage) for d in names]
     objects += [drift_binding(reads, subject)] if reads else []
     objects += [cluster_role(namespace), cluster_role_binding(namespace, subject)]
+    if cluster_reads:
+        objects += [cluster_reads, drift_cluster_binding(cluster_reads, subject)]
     if create_namespace:
         objects += [namespace_creator_cluster_role(), namespace_creator_binding(subject)]
     if fleet:

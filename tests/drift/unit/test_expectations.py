@@ -280,10 +280,11 @@ def test_a_fresh_record_matches_what_it_was_made_from(values: dict[str, Any]) ->
         ("Policy", "policies"),
         ("Gateway", "gateways"),
         ("Ingress", "ingresses"),
+        ("Endpoints", "endpoints"),
     ],
 )
 def test_the_rbac_resource_of_a_kind_is_its_plural(kind: str, plural: str) -> None:
-    from coordinator.expectations import plural_of
+    from coordinator.rbac import plural_of
 
     assert plural_of(kind) == plural
 
@@ -306,3 +307,32 @@ def test_rbac_for_drift_reads_each_watched_object_by_name_and_takes_nothing_from
     kinds = [o["kind"] for o in objects]
     assert kinds.index("Role") < kinds.index("RoleBinding") and kinds.count("Role") == 2
     assert [o["roleRef"]["name"] for o in objects if o["kind"] == "RoleBinding"][-1] == role["metadata"]["name"]
+    assert kinds.count("ClusterRole") == 1  # nothing cluster-scoped is watched
+
+
+def test_rbac_for_drift_grants_cluster_scoped_kinds_in_a_cluster_role() -> None:
+    """Found by an outside attack: a StorageClass was granted in a namespaced Role, which
+    cannot grant it, so the check was always forbidden (unobservable)."""
+    from coordinator import rbac
+
+    refs = [parse_resource(r, "payments") for r in ("storage.k8s.io/v1/StorageClass/fast", "cm/api-settings")]
+    objects = rbac.manifests("payments", rbac.Subject.user("alice"), ["payments"], drift=refs)
+    reads = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].startswith(rbac.DRIFT_ROLE)]
+    assert [r["rules"] for r in reads] == [
+        [
+            {
+                "apiGroups": ["storage.k8s.io"],
+                "resources": ["storageclasses"],
+                "resourceNames": ["fast"],
+                "verbs": ["get"],
+            }
+        ]
+    ]
+    role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].startswith(rbac.DRIFT_ROLE))
+    assert [r["resources"] for r in role["rules"]] == [["configmaps"]]
+    bound = [
+        o for o in objects if o["kind"] == "ClusterRoleBinding" and o["roleRef"]["name"] == reads[0]["metadata"]["name"]
+    ]
+    assert len(bound) == 1 and bound[0]["subjects"] == [
+        {"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}
+    ]
