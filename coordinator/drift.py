@@ -32,6 +32,7 @@ from coordinator.expectations import (
     Verdict,
     compare,
     expectation_from,
+    found_in,
     read_expectations,
     record_document,
     verdict,
@@ -245,6 +246,7 @@ async def record(
     unseen: dict[tuple[str, str], list[str]] = {}
     missing: dict[tuple[str, str], list[str]] = {}
     recorded = []
+    read_objects: list[dict[str, Any]] = []
     for ref in refs:
         objects = {}
         for cluster in [ref.cluster] if ref.cluster else dep.clusters:
@@ -260,6 +262,7 @@ async def record(
             else:
                 objects[cluster] = read.obj
         recorded.append(expectation_from(ref, fields_for(ref, fields), objects))
+        read_objects.append(objects)
 
     def listed(found: dict[tuple[str, str], list[str]]) -> str:
         return "; ".join(
@@ -275,6 +278,19 @@ async def record(
         raise NoQuorumError(
             f"Could not read {listed(unseen)}. A record is made from every member it covers; retry when they "
             "answer. Nothing was recorded."
+        )
+    # A --field that matches nothing anywhere (a typo: .spec.replicsa) would be recorded
+    # as null and match for ever. (A default field may be absent: a ConfigMap without data.)
+    nowhere = [
+        f"{f.path} in {exp.ref.label}"
+        for exp, objects in zip(recorded, read_objects, strict=True)
+        for f in exp.fields
+        if fields and objects and not any(found_in(obj, f.path) for obj in objects.values())
+    ]
+    if nowhere:
+        raise UsageError(
+            f"No member has the field {'; '.join(nowhere)}: check the path (kubectl get -o yaml shows the "
+            "object's fields). Nothing was recorded."
         )
 
     def change(data: dict[str, Any]) -> dict[str, Any]:

@@ -205,6 +205,11 @@ def _many(node: Any) -> bool:
     return True
 
 
+def found_in(obj: Mapping[str, Any], path: str) -> bool:
+    """Whether ``path`` matches anything in ``obj`` (an explicit null counts)."""
+    return bool(_compiled(path).find(obj))
+
+
 def value_at(obj: Mapping[str, Any], path: str) -> Any:
     """The value of ``path`` in ``obj``: one value (None when absent) for a path naming one
     field, a list of every match for one that may match several (``[*]``)."""

@@ -244,6 +244,13 @@ def test_a_custom_kind_is_watched_and_a_kind_no_longer_served_is_unobservable(de
     assert proc.returncode == 2, proc.stderr
     assert "serves no kind Gadget" in proc.stderr and "Nothing was recorded" in proc.stderr, proc.stderr
 
+    # A field no member has (a typo) would be recorded as null and match for ever: refused.
+    typo = dep3.cli(
+        "lock", "run", "web", "--", *COORDINATOR, "drift", "record", "web", "drift.example.com/v1/Widget/w1",
+        "--field", ".spec.sise", env=UNHURRIED,
+    )  # fmt: skip
+    assert typo.returncode == 2, typo.stderr
+    assert "No member has the field .spec.sise in Widget" in typo.stderr, typo.stderr
     record(dep3, "drift.example.com/v1/Widget/w1", "--field", ".spec.size")
     kube(dep3, 1, "patch", "widget", "w1", "--type", "merge", "-p", '{"spec": {"size": "XL"}}')
     found = {k[0]: f for k, f in check(dep3, expect=DRIFT_EXIT).items()}
