@@ -238,7 +238,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if sys.platform == "linux":
         _become_subreaper()
     if threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        # A suite started under nohup (or as a script's background job) has SIGHUP (or
+        # SIGINT, SIGQUIT) ignored, and every command the tests start would inherit it:
+        # `lock run` keeps an ignored signal ignored, so a test's SIGHUP did nothing and
+        # its child ran to the end. The commands start as a terminal would start them.
+        for sig in (signal.SIGHUP, signal.SIGQUIT):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN):
             signal.signal(signal.SIGTERM, _on_sigterm)
 
 
