@@ -32,13 +32,13 @@ from coordinator.expectations import (
     Verdict,
     compare,
     expectation_from,
-    found_in,
     read_expectations,
     record_document,
     verdict,
     watched_on,
 )
 from coordinator.fanout import ClusterResult, fan_out
+from coordinator.fieldpaths import found_in
 from coordinator.kube.client import NOT_FOUND, KubeClient, KubeError
 from coordinator.kube.resources import namespace_path
 from coordinator.outcome import Outcome
@@ -56,6 +56,7 @@ class Read:
     gone: str = ""  # why the object counts as gone
     unobservable: str = ""
     unserved: bool = False  # the server serves no such kind: unobservable, and nothing to record
+    unreadable: bool = False  # it answered with the object, in a form that cannot be read
 
 
 def _paths(ref: ResourceRef, plural: str, namespaced: bool) -> str:
@@ -109,7 +110,8 @@ async def _read(client: KubeClient, ref: ResourceRef, cache: dict[str, Any]) -> 
             raise
         return Read(gone=f"not found; namespace {ref.namespace} is there")
     except KubeError as err:
-        return Read(unobservable=f"{outcome_of(err)}: {err.detail}")
+        answered = err.status is not None and 200 <= err.status < 300
+        return Read(unobservable=f"{outcome_of(err)}: {err.detail}", unreadable=answered)
 
 
 async def read_resources(
@@ -209,12 +211,25 @@ async def check(c: Coordinator, deployment: str) -> DriftReport:
             else:
                 read = answer.value[exp.ref]
                 if read.obj is not None:
-                    report.findings.append(compare(cluster, exp, read.obj))
+                    report.findings.append(_compared(cluster, exp, read.obj))
                 elif read.gone:
                     report.findings.append(Finding(cluster, exp.ref, Status.GONE, read.gone))
                 else:
-                    report.findings.append(Finding(cluster, exp.ref, Status.UNOBSERVABLE, read.unobservable))
+                    found = Finding(
+                        cluster, exp.ref, Status.UNOBSERVABLE, read.unobservable, unreadable=read.unreadable
+                    )
+                    report.findings.append(found)
     return report
+
+
+def _compared(cluster: str, exp: Expectation, obj: dict[str, Any]) -> Finding:
+    """``compare``, for an object whoever can edit it shaped: one that cannot be compared
+    (values nested deeper than the comparison goes) is unreadable, never a crash."""
+    try:
+        return compare(cluster, exp, obj)
+    except (RecursionError, TypeError, ValueError, KeyError, AttributeError) as err:
+        why = f"the object could not be compared ({type(err).__name__})"
+        return Finding(cluster, exp.ref, Status.UNOBSERVABLE, why, unreadable=True)
 
 
 def fields_for(ref: ResourceRef, given: Sequence[str]) -> list[str]:

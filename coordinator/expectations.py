@@ -33,15 +33,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
 from typing import Any
 
 from jsonpath_ng import jsonpath as jp
-from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
-from jsonpath_ng.ext.parser import parse as jsonpath_parse
 
 from coordinator.errors import UsageError
 from coordinator.evidence import NO_WRITERS
+from coordinator.fieldpaths import compiled, many, parse_field, same_json, value_at
 from coordinator.quorum import quorum_size
 
 STATE_KEY = "drift"
@@ -158,83 +156,6 @@ def parse_resource(text: str, namespace: str, cluster: str | None = None) -> Res
     return ResourceRef(api_version, kind, name, namespace, cluster)
 
 
-# ------------------------------------------------------------------ fields
-
-
-@lru_cache(maxsize=256)
-def _compiled(path: str) -> Any:
-    # The extended parser: kubectl's filters (`[?(@.name=="api")]`) are JSONPath it reads.
-    return jsonpath_parse("$" + path)
-
-
-def parse_field(text: str) -> str:
-    """A field path as kubectl writes it (``.spec.replicas``, ``{.spec.replicas}``,
-    ``.spec.template.spec.containers[*].image``), checked; returned in the dotted form."""
-    path = text.strip()
-    if path.startswith("{") and path.endswith("}"):
-        path = path[1:-1].strip()
-    if path.startswith("$"):
-        path = path[1:]
-    if not path.startswith("."):
-        raise UsageError(
-            f"Cannot read the field {text!r}: a field is a JSONPath from the object's top, starting with a dot, "
-            "e.g. .spec.replicas or .spec.template.spec.containers[*].image."
-        )
-    try:
-        _compiled(path)
-    # The parser raises its lexer's and parser's errors, and plain exceptions for some input.
-    except (JsonPathLexerError, JsonPathParserError, ValueError, TypeError, AttributeError, IndexError) as err:
-        raise UsageError(
-            f"Cannot read the field {text!r} as a JSONPath ({str(err).strip() or type(err).__name__}); "
-            "write it like .spec.replicas or .spec.template.spec.containers[*].image."
-        ) from None
-    return path
-
-
-def _many(node: Any) -> bool:
-    """Whether a path can match more than one value (then its value is a list): anything
-    but fields and single indices (wildcards, slices, filters, ``..``)."""
-    if isinstance(node, jp.Child):
-        return _many(node.left) or _many(node.right)
-    if isinstance(node, jp.Root | jp.This):
-        return False
-    if isinstance(node, jp.Fields):
-        return len(node.fields) != 1 or node.fields[0] == "*"
-    if isinstance(node, jp.Index):
-        return len(getattr(node, "indices", (0,))) != 1
-    return True
-
-
-def found_in(obj: Mapping[str, Any], path: str) -> bool:
-    """Whether ``path`` matches anything in ``obj`` (an explicit null counts)."""
-    return bool(_compiled(path).find(obj))
-
-
-def value_at(obj: Mapping[str, Any], path: str) -> Any:
-    """The value of ``path`` in ``obj``: one value (None when absent) for a path naming one
-    field, a list of every match for one that may match several (``[*]``)."""
-    expr = _compiled(path)
-    found = [m.value for m in expr.find(obj)]
-    if _many(expr):
-        return found
-    return found[0] if found else None
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """Whether two decoded JSON values are the same value: Python's ``==`` takes ``true``
-    for ``1`` and ``false`` for ``0`` (also inside lists and maps), which JSON and the API
-    server do not. Numbers compare by value (``1`` and ``1.0`` are one JSON number)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and a == b
-
-
 # ------------------------------------------------------------------ who changed it
 
 
@@ -303,13 +224,13 @@ def _changed_steps(obj: Mapping[str, Any], path: str, recorded: Any) -> list[lis
     """The concrete paths in ``obj`` of what differs from ``recorded`` at ``path`` (every
     match when nothing was recorded); None when they cannot be told: a field gone, a list
     of matches that grew or shrank, a difference inside a list."""
-    expr = _compiled(path)
+    expr = compiled(path)
     matches = [(_steps(m), m.value) for m in expr.find(obj)]
     if not matches or any(steps is None for steps, _ in matches):
         return None
     if recorded is _ABSENT:
         return [steps for steps, _ in matches if steps is not None]
-    if _many(expr):
+    if many(expr):
         if not isinstance(recorded, list) or len(recorded) != len(matches):
             return None
         pairs = [(steps, r, v) for (steps, v), r in zip(matches, recorded, strict=True) if not same_json(r, v)]
@@ -346,7 +267,7 @@ def _owns(node: Any, steps: Sequence[Step], value: Any) -> bool:
             continue
         try:
             named = json.loads(key[2:])
-        except ValueError:
+        except (ValueError, RecursionError):  # a key someone wrote nested too deeply: nobody's
             continue
         if key[:2] == "v:" and same_json(named, element):
             return _owns(child, rest, element)
@@ -532,6 +453,9 @@ class Finding:
     status: Status
     detail: str = ""
     fields: list[FieldDrift] = field(default_factory=list)
+    # The member answered with the object, but it could not be read or compared (nested
+    # deeper than the client decodes): not seen, and nobody can vouch for the resource.
+    unreadable: bool = False
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -577,13 +501,16 @@ class Verdict:
 
 def verdict(findings: Sequence[Finding], expectations: Sequence[Expectation], members: Sequence[str]) -> Verdict:
     """Confirmed drift wherever a cluster showed it; a resource whose clusters were observed
-    on fewer than a majority of those it is watched on is one nobody can vouch for."""
+    on fewer than a majority of those it is watched on is one nobody can vouch for, and so
+    is one that a member answered with an object that could not be read: whoever can edit
+    the object could otherwise hide a hand change behind a majority that matches."""
     drifted = [f for f in findings if f.status in (Status.DRIFTED, Status.GONE)]
     unobservable = [f for f in findings if f.status is Status.UNOBSERVABLE]
     unsure = []
     for exp in expectations:
         on = watched_on(exp, members)
-        seen = [f for f in findings if f.ref == exp.ref and f.status is not Status.UNOBSERVABLE]
-        if len(seen) < quorum_size(len(on)):
+        mine = [f for f in findings if f.ref == exp.ref]
+        seen = [f for f in mine if f.status is not Status.UNOBSERVABLE]
+        if len(seen) < quorum_size(len(on)) or any(f.unreadable for f in mine):
             unsure.append(exp.ref.label)
     return Verdict(drifted, unobservable, unsure)

@@ -400,6 +400,11 @@ class _Run:
                 await self.opts.before_start(self.c)
             except CoordinatorError as err:
                 refusal = err
+            except Exception as err:  # a bug in the check: never a reason to keep the lock
+                log.warning("the check before the command failed", exc_info=True)
+                refusal = CoordinatorError(
+                    f"The check before the command failed unexpectedly ({type(err).__name__}: {err})."
+                )
             finally:
                 self.acquire_scope = None
         if scope.cancelled_caught and self.interrupted is None:

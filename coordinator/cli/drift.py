@@ -158,7 +158,8 @@ def record(
     """
     from coordinator.cli.state import write_doc, write_text
     from coordinator.drift import record as record_drift
-    from coordinator.expectations import parse_field, parse_resource
+    from coordinator.expectations import parse_resource
+    from coordinator.fieldpaths import parse_field
     from coordinator.rbac import validate_namespace
 
     c = _coordinator(ctx)

@@ -11,15 +11,16 @@ import pytest
 from coordinator.errors import UsageError
 from coordinator.expectations import (
     STATE_KEY,
+    Finding,
     ResourceRef,
     Status,
     compare,
     expectation_from,
     last_change,
     read_expectations,
-    same_json,
     verdict,
 )
+from coordinator.fieldpaths import parse_field, same_json
 
 WIDGET = ResourceRef("example.com/v1", "Widget", "w1", "payments")
 MEMBERS = ["eu-1", "eu-2", "eu-3"]
@@ -152,3 +153,42 @@ def test_a_seen_minority_never_passes_for_a_majority() -> None:
 def test_a_record_naming_no_namespace_cluster_or_name_is_refused(item: dict[str, Any]) -> None:
     with pytest.raises(UsageError, match="cannot be read"):
         read_expectations(_record(item), "payments")
+
+
+# -- the second attack round
+
+
+def test_an_object_a_member_answered_but_could_not_be_read_leaves_nobody_to_vouch() -> None:
+    """Nested deeper than the client decodes (a managedFields entry 1100 levels deep is
+    accepted by the API server), a hand-edited object was unobservable on one member of
+    three and the check passed with the two others (exit 0, the step ran)."""
+    [exp] = read_expectations(_record({"resource": "example.com/v1/Widget/w1", "fields": []}), "payments")
+    seen = [compare(c, exp, widget({})) for c in ("eu-2", "eu-3")]
+    hidden = Finding("eu-1", exp.ref, Status.UNOBSERVABLE, "answered, cannot be read", unreadable=True)
+    assert verdict([*seen, hidden], [exp], MEMBERS).unsure == [WIDGET.label]
+    plain = Finding("eu-1", exp.ref, Status.UNOBSERVABLE, "unreachable")
+    assert verdict([*seen, plain], [exp], MEMBERS).unsure == []  # a majority seen, nothing odd
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".spec.replicas * 0",
+        ".spec.`len`",
+        ".metadata.`parent`",
+        '.spec.template.spec.containers[?(@.name =~ "(")].image',
+    ],
+)
+def test_a_field_outside_kubectls_jsonpath_is_refused(path: str) -> None:
+    with pytest.raises(UsageError, match="only kubectl's JSONPath"):
+        parse_field(path)
+    item = {"resource": "example.com/v1/Widget/w1", "fields": [{"path": path, "value": 1}]}
+    with pytest.raises(UsageError, match="cannot be read"):
+        read_expectations(_record(item), "payments")
+
+
+def test_a_managed_fields_key_nested_too_deeply_is_nobodys_and_no_crash() -> None:
+    deep = "v:" + "[" * 3000 + "]" * 3000
+    fields = [entry("mallory", "2026-12-06T22:00:00Z", {"f:spec": {"f:items": {deep: {}}}})]
+    change = last_change(widget({"items": ["a"]}, fields), ".spec.items[0]", "b")
+    assert change is not None and not change.exact

@@ -20,13 +20,12 @@ from coordinator.expectations import (
     compare,
     expectation_from,
     last_change,
-    parse_field,
     parse_resource,
     read_expectations,
     record_document,
-    value_at,
     verdict,
 )
+from coordinator.fieldpaths import parse_field, value_at
 
 MEMBERS = ["eu-1", "eu-2", "eu-3"]
 

@@ -388,3 +388,20 @@ def test_interrupts_at_random_moments_never_leave_leases_held_by_nobody(dep3: En
 
 async def _holders(env: Env) -> list[str | None]:
     return [await holder_on(env, i) for i in (1, 2, 3)]
+
+
+def test_a_bug_in_the_check_before_the_command_gives_the_lock_back(dep3: Env) -> None:
+    """Found by an outside attack on drift: a check that failed with anything but the
+    tool's own errors (a regular expression the record carried, a key nested too deeply)
+    ended `lock run --check-drift` with exit 1 and the lock held until its TTL ran out."""
+    patch = (
+        "import coordinator.drift\n"
+        "async def broken(c, deployment):\n"
+        "    raise RuntimeError('a bug in the check')\n"
+        "coordinator.drift.check = broken\n"
+    )
+    done = _patched_cli(dep3, patch, "lock", "run", DEP, "--ttl", "60s", "--check-drift", "--", "sh", "-c", "exit 0")
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "failed unexpectedly (RuntimeError: a bug in the check)" in done.stderr, done.stderr
+    assert "was not run; released it again" in done.stderr, done.stderr
+    assert anyio.run(lambda: _holders(dep3)) == [None, None, None]
