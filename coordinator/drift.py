@@ -16,14 +16,16 @@ lock, fenced like any other write.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from coordinator.clusters import outcome_of
 from coordinator.errors import CoordinatorError, DriftError, IdentityMismatchError, NoQuorumError, UsageError
 from coordinator.expectations import (
+    CLUSTER,
     DEFAULT_FIELDS,
     FALLBACK_FIELDS,
+    NAMESPACED,
     STATE_KEY,
     Expectation,
     Finding,
@@ -57,6 +59,7 @@ class Read:
     unobservable: str = ""
     unserved: bool = False  # the server serves no such kind: unobservable, and nothing to record
     unreadable: bool = False  # it answered with the object, in a form that cannot be read
+    namespaced: bool | None = None  # how the server serves the kind (from discovery)
 
 
 def _paths(ref: ResourceRef, plural: str, namespaced: bool) -> str:
@@ -90,8 +93,14 @@ async def _read(client: KubeClient, ref: ResourceRef, cache: dict[str, Any]) -> 
         if isinstance(served, str):
             return Read(unobservable=served, unserved=True)
         plural, namespaced = served
+        if ref.scope is not None and (ref.scope == NAMESPACED) != namespaced:
+            # Recorded under one scope, served under the other now (a CRD made again
+            # with another scope): the object read there would be another object.
+            now = "namespaced" if namespaced else "cluster-scoped"
+            why = f"the server now serves {ref.kind} {now}; it was recorded {ref.scope.lower()}"
+            return Read(unobservable=why, unreadable=True)
         try:
-            return Read(obj=(await client.request("GET", _paths(ref, plural, namespaced))).body)
+            return Read(obj=(await client.request("GET", _paths(ref, plural, namespaced))).body, namespaced=namespaced)
         except KubeError as err:
             if err.kind != NOT_FOUND:
                 raise
@@ -262,8 +271,10 @@ async def record(
     missing: dict[tuple[str, str], list[str]] = {}
     recorded = []
     read_objects: list[dict[str, Any]] = []
+    mixed: list[str] = []
     for ref in refs:
         objects = {}
+        scopes: set[bool] = set()
         for cluster in [ref.cluster] if ref.cluster else dep.clusters:
             answer = answers.get(cluster)
             read = answer.value.get(ref) if answer is not None and answer.ok and answer.value else None
@@ -276,7 +287,11 @@ async def record(
                 unseen.setdefault((ref.label, read.unobservable), []).append(cluster)
             else:
                 objects[cluster] = read.obj
-        recorded.append(expectation_from(ref, fields_for(ref, fields), objects))
+                scopes |= {read.namespaced} if read.namespaced is not None else set()
+        if len(scopes) > 1:
+            mixed.append(ref.label)
+        scope = (NAMESPACED if scopes.pop() else CLUSTER) if len(scopes) == 1 else None
+        recorded.append(expectation_from(replace(ref, scope=scope), fields_for(ref, fields), objects))
         read_objects.append(objects)
 
     def listed(found: dict[tuple[str, str], list[str]]) -> str:
@@ -288,6 +303,11 @@ async def record(
         raise UsageError(
             f"Not found: {listed(missing)}. A record names what exists: create it first, or watch it on the "
             "members that have it with --cluster. Nothing was recorded."
+        )
+    if mixed:
+        raise UsageError(
+            f"The members serve {', '.join(mixed)} in different scopes (namespaced on some, cluster-scoped on "
+            "others): they hold different objects under that name. Nothing was recorded."
         )
     if unseen:
         raise NoQuorumError(

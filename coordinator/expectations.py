@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -83,6 +83,9 @@ RESOURCE_FORMS = (
 )
 
 
+NAMESPACED, CLUSTER = "Namespaced", "Cluster"
+
+
 @dataclass(frozen=True, order=True)
 class ResourceRef:
     """One watched resource: API version, kind, name, namespace (None for cluster-scoped
@@ -94,6 +97,9 @@ class ResourceRef:
     name: str
     namespace: str
     cluster: str | None = None
+    # How the members served the kind when it was recorded: NAMESPACED or CLUSTER (None in
+    # a record written by hand). Not part of the resource's identity.
+    scope: str | None = field(default=None, compare=False)
 
     @property
     def group(self) -> str:
@@ -341,6 +347,8 @@ class Expectation:
         doc: dict[str, Any] = {"resource": self.ref.resource, "namespace": self.ref.namespace}
         if self.ref.cluster:
             doc["cluster"] = self.ref.cluster
+        if self.ref.scope:
+            doc["scope"] = self.ref.scope
         doc["fields"] = [f.to_doc() for f in self.fields]
         return doc
 
@@ -366,12 +374,16 @@ def read_expectations(data: Mapping[str, Any] | None, namespace: str) -> list[Ex
             raise _bad_record(f"resource {i + 1} has no 'resource' text")
         try:
             ref = parse_resource(item["resource"], str(item.get("namespace") or namespace), item.get("cluster"))
+            if item.get("scope") not in (None, NAMESPACED, CLUSTER):
+                raise UsageError(f"'scope' must be {NAMESPACED} or {CLUSTER}")
+            ref = replace(ref, scope=item.get("scope"))
             fields = []
             for f in item.get("fields") or []:
                 clusters = f.get("clusters") or {}
                 if not isinstance(clusters, dict):
                     raise UsageError("'clusters' must be a mapping")
-                fields.append(FieldRecord(parse_field(str(f["path"])), f.get("value"), dict(clusters)))
+                # the value is required: a field without one would match a field gone missing
+                fields.append(FieldRecord(parse_field(str(f["path"])), f["value"], dict(clusters)))
         except (UsageError, KeyError, TypeError, AttributeError) as err:
             why = err.message if isinstance(err, UsageError) else f"missing or malformed {err}"
             raise _bad_record(f"resource {i + 1} ({item['resource']}): {why}") from None

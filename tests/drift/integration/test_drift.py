@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -355,3 +356,52 @@ def test_a_version_no_longer_served_after_discovery_is_unobservable_never_gone(d
             await client.close()
 
     anyio.run(go)
+
+
+THINGS = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: things.drift.example.com}}
+spec:
+  group: drift.example.com
+  scope: {scope}
+  names: {{plural: things, singular: thing, kind: Thing}}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}
+"""
+
+
+@integration
+def test_a_kind_made_again_in_another_scope_is_never_a_match(dep3: Env) -> None:
+    """Found by an outside attack: on one member the namespaced kind was deleted (its
+    objects with it) and made again cluster-scoped, with an object of the same name and
+    spec. Discovery led the check to that other object: a match (exit 0). The record notes
+    the scope the members served; another scope now is no match, and nobody can vouch."""
+    thing = "apiVersion: drift.example.com/v1\nkind: Thing\nmetadata: {name: t1}\nspec: {size: 3}\n"
+    for i in (1, 2, 3):
+        kube(dep3, i, "apply", "-f", "-", stdin=THINGS.format(scope="Namespaced"))
+        kube(dep3, i, "wait", "--for", "condition=Established", "crd/things.drift.example.com", "--timeout", "60s")
+        kube(dep3, i, "apply", "-f", "-", stdin=thing)
+    record(dep3, "drift.example.com/v1/Thing/t1", "--field", ".spec")
+    state = json.loads(ok(dep3.cli("-o", "json", "state", "get", "web", "drift", env=UNHURRIED)))
+    assert [r.get("scope") for r in state["resources"] if r["resource"].endswith("/Thing/t1")] == ["Namespaced"]
+
+    kube(dep3, 3, "delete", "crd", "things.drift.example.com", "--wait=true")
+    kube(dep3, 3, "apply", "-f", "-", stdin=THINGS.format(scope="Cluster"))
+    kube(dep3, 3, "wait", "--for", "condition=Established", "crd/things.drift.example.com", "--timeout", "60s")
+    # kubectl's discovery cache still has the kind namespaced: made with a plain request
+    admin, deadline = dep3.sandbox.admin(3), time.monotonic() + 60
+    body = {"apiVersion": "drift.example.com/v1", "kind": "Thing", "metadata": {"name": "t1"}, "spec": {"size": 3}}
+    while admin.request("POST", "/apis/drift.example.com/v1/things", body).status not in (201, 409):
+        assert time.monotonic() < deadline, "the cluster-scoped kind was never served"
+        time.sleep(0.3)
+    proc = dep3.cli("-o", "json", "drift", "web", env=UNHURRIED)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    [c3] = [f for f in report["findings"] if f["cluster"] == "c3" and f["resource"].endswith("/Thing/t1")]
+    assert c3["status"] == "unobservable" and "now serves Thing cluster-scoped" in c3["detail"], c3
+    assert any("Thing" in label for label in report["unsure"]), report
+    kube(dep3, 3, "delete", "crd", "things.drift.example.com", "--wait=true")
