@@ -23,7 +23,7 @@ from coordinator.cli.lockview import (
     status_text,
     wait_reporter,
 )
-from coordinator.cli.output import app_of, dump_document, emit, run, say, table
+from coordinator.cli.output import app_of, dump_document, emit, note, run, say, table
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
@@ -640,6 +640,12 @@ def _drift_gate(deployment: str) -> Any:
         from coordinator.drift import check
 
         report = await check(c, deployment)
+        if not report.expectations:
+            # Asked to check, with nothing recorded to check against: passes, but says so.
+            note(
+                f"coordinator: --check-drift: nothing is watched for drift in {deployment} (record resources "
+                f"with `coordinator drift record {deployment} KIND/NAME ...`); the command runs."
+            )
         if (problem := report.problem()) is not None:
             raise problem
 

@@ -123,6 +123,9 @@ def test_a_hand_edit_is_drifted_with_its_field_manager_and_recording_again_clear
 @integration
 def test_a_deleted_resource_is_gone_and_check_drift_stops_a_lock_run(dep3: Env, tmp_path: Path) -> None:
     deploy_app(dep3)
+    # Nothing recorded yet: the command runs, and the check says there was nothing to check.
+    first = dep3.cli("lock", "run", "web", "--check-drift", "--", "true", env=UNHURRIED)
+    assert first.returncode == 0 and "nothing is watched for drift in web" in first.stderr, first.stderr
     record(dep3, "deployment/api", "configmap/api-settings")
     kube(dep3, 3, "delete", "configmap", "api-settings")
     found = check(dep3, expect=DRIFT_EXIT)
