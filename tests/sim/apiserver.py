@@ -50,7 +50,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from functools import lru_cache
 from typing import Any
@@ -78,6 +78,7 @@ from sim.objects import (
     clone,
     field_selector,
     label_selector,
+    whole_second,
 )
 
 Clock = Callable[[], datetime]
@@ -99,12 +100,12 @@ class Change:
 
 def http_date(when: datetime) -> str:
     """The ``Date`` header for the server's time ``when`` (whole seconds)."""
-    return _http_date(when.replace(microsecond=0))
+    return _http_date(whole_second(when))  # every answer carries one: a second's share it
 
 
 @lru_cache(maxsize=64)
-def _http_date(second: datetime) -> str:
-    return format_datetime(second, usegmt=True)
+def _http_date(second: int) -> str:
+    return format_datetime(datetime.fromtimestamp(second, UTC), usegmt=True)
 
 
 class Store:
