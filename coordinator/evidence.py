@@ -45,14 +45,19 @@ def owners(obj: dict[str, Any], path: Sequence[str]) -> tuple[str, ...]:
     """The field managers that own the field at ``path`` of ``obj`` per its managedFields,
     e.g. ``("metadata", "annotations", "coordinator.io/fencing-token")`` or
     ``("spec", "holderIdentity")``."""
-    found: list[str] = []
     entries = (obj.get("metadata") or {}).get("managedFields") if isinstance(obj, dict) else None
-    for entry in entries if isinstance(entries, list) else []:
+    if not isinstance(entries, list) or not entries:
+        return ()
+    keys = [_fields_key(part) for part in path]  # once, not once per entry
+    found: list[str] = []
+    for entry in entries:
         if not isinstance(entry, dict):
             continue
         node: Any = entry.get("fieldsV1")
-        for part in path:
-            node = node.get(_fields_key(part)) if isinstance(node, dict) else None
+        for key in keys:
+            if not isinstance(node, dict):
+                break
+            node = node.get(key)
         if isinstance(node, dict):
             found.append(str(entry.get("manager") or ""))
     return tuple(dict.fromkeys(found))

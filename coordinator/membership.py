@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any, Final
 
 from coordinator.evidence import NO_WRITERS, RECORD_GONE
@@ -67,12 +68,16 @@ class Membership:
     @classmethod
     def parse(cls, raw: Any) -> Membership | None:
         """From the annotation text (or a decoded JSON document); None if unreadable."""
-        doc = raw
         if isinstance(raw, str):
-            try:
-                doc = json.loads(raw)
-            except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
-                return None  # garbage, or nested past the recursion limit: unreadable
+            # Every read of a lease or state object parses its annotation, which changes
+            # only with the member set: a text is parsed once (a Membership is immutable).
+            # Only texts of an annotation's size are remembered, so that text from the
+            # clusters cannot make the cache large.
+            return _parsed_text(raw) if len(raw) <= _REMEMBERED_TEXT else _parsed_text.__wrapped__(raw)
+        return cls._from_document(raw)
+
+    @classmethod
+    def _from_document(cls, doc: Any) -> Membership | None:
         if not isinstance(doc, dict):
             return None
         epoch, members = doc.get("epoch"), doc.get("members")
@@ -102,6 +107,18 @@ class Membership:
     @property
     def quorum(self) -> int:
         return len(self.members) // 2 + 1
+
+
+_REMEMBERED_TEXT = 4096
+
+
+@lru_cache(maxsize=64)
+def _parsed_text(raw: str) -> Membership | None:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
+        return None  # garbage, or nested past the recursion limit: unreadable
+    return Membership._from_document(doc)
 
 
 def is_ours(manager: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any, assert_never
 
 from coordinator import cas, clock
@@ -102,6 +103,23 @@ def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored
     raw = (obj.get("data") or {}).get("envelope.json")
     if not isinstance(raw, str):
         return None
+    token = (
+        _envelope_token(raw, secret) if len(raw) <= _REMEMBERED_ENVELOPE else _envelope_token.__wrapped__(raw, secret)
+    )
+    if token is None:
+        return None
+    return max(token, token_floor(obj)), set_on_state(obj)
+
+
+# Every acquisition reads the state objects for their tokens, and an envelope changes only
+# with a state write: an envelope's token is read once per text (the text is all it
+# depends on). Only envelopes up to this size are remembered, so that the cache stays small.
+_REMEMBERED_ENVELOPE = 64 * 1024
+
+
+@lru_cache(maxsize=32)
+def _envelope_token(raw: str, secret: bool) -> int | None:
+    """The fencing token an envelope's text records; None when it is unreadable."""
     try:
         text = base64.b64decode(raw).decode() if secret else raw
         doc = json.loads(text)
@@ -110,7 +128,7 @@ def envelope_evidence(obj: dict[str, Any], *, secret: bool) -> tuple[int, Stored
     token = doc.get("token") if isinstance(doc, dict) else None
     if not isinstance(token, int) or token < 0:
         return None
-    return max(token, token_floor(obj)), set_on_state(obj)
+    return token
 
 
 def kept_set_speaks(lease_set: Stored, kept: Stored, ours: Membership) -> Membership | None:
