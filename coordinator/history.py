@@ -305,9 +305,10 @@ def merge_for_write(
     lock ids. ``have_clean``: ``have`` was cleaned already (:func:`stored`)."""
     mine: list[dict[str, Any]] = [dict(e) for e in have] if have_clean else _cleaned(have)
     latest = _latest(now)
-    kept = _merge_clean([[e for e in mine if _when(e) <= latest], _cleaned(events)])
+    dated = [(_when(e), e) for e in mine]
+    kept = _merge_clean([[e for when, e in dated if when <= latest], _cleaned(events)])
     keys = {(e["lock_id"], e["event"]) for e in kept}
-    later = _merge_clean([[e for e in mine if _when(e) > latest]])
+    later = _merge_clean([[e for when, e in dated if when > latest]])
     ahead = [e for e in later if (e["lock_id"], e["event"]) not in keys]
     return sorted(kept + ahead, key=_order)
 
@@ -335,19 +336,28 @@ def _cleaned(raw: Iterable[Any]) -> list[dict[str, Any]]:
 
 def _merge_clean(copies: Iterable[Iterable[dict[str, Any]]], *, limit: int = LIMIT) -> list[dict[str, Any]]:
     """:func:`merge` of copies whose events are clean already (cleaning changes none)."""
-    chosen: dict[tuple[str, str], dict[str, Any]] = {}
+    # Each event's time is read once and carried beside it (the comparisons and the
+    # sort below would otherwise read it again and again).
+    chosen: dict[tuple[str, str], tuple[datetime, dict[str, Any]]] = {}
     for copy in copies:
         for e in copy:
             key = (e["lock_id"], e["event"])
+            when = _when(e)
             have = chosen.get(key)
-            if have is None or (_when(e), _dump(e)) < (_when(have), _dump(have)):
-                chosen[key] = e
-    events = sorted(chosen.values(), key=_order)
+            if have is None or (when, _dump(e)) < (have[0], _dump(have[1])):
+                chosen[key] = (when, e)
+    dated = sorted(chosen.values(), key=_dated_order)
     first_seen: dict[str, datetime] = {}
-    for e in events:
-        first_seen.setdefault(e["lock_id"], _when(e))
+    for when, e in dated:
+        first_seen.setdefault(e["lock_id"], when)
     kept = set(sorted(first_seen, key=lambda lid: (first_seen[lid], lid))[-limit:]) if limit > 0 else set()
-    return [e for e in events if e["lock_id"] in kept]
+    return [e for _, e in dated if e["lock_id"] in kept]
+
+
+def _dated_order(dated: tuple[datetime, Mapping[str, Any]]) -> tuple[datetime, int, str]:
+    """:func:`_order` of an event carried with its time."""
+    when, e = dated
+    return (when, EVENTS.index(e["event"]), e["lock_id"])
 
 
 def _dump(e: Mapping[str, Any]) -> str:
