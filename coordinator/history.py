@@ -227,8 +227,16 @@ def clean(raw: Any) -> dict[str, Any] | None:
     token = raw.get("token")
     if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
         token = None
-    text = {key: raw[key] for key in _TEXT_FIELDS if isinstance(raw.get(key), str)}
-    return event(kind, lock_id, at=when[0], token=token, **text)
+    # What event(kind, lock_id, at=..., token=..., **the string fields) makes, built in
+    # place: every read of a copy cleans each of its hundreds of events.
+    found: dict[str, Any] = {"lock_id": lock_id, "event": kind, "at": when[0]}
+    if token is not None:
+        found["token"] = token
+    for key in _TEXT_FIELDS:
+        value = raw.get(key)
+        if value and isinstance(value, str):
+            found[key] = value[:MAX_TEXT]
+    return found
 
 
 def written_by_us(obj: Mapping[str, Any]) -> bool:
