@@ -359,6 +359,11 @@ class ApiServer:
             raise ApiError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BYTES}")
         query = dict(request.query)
         where = route(request.path)
+        if isinstance(where, Route):  # first: nearly every request is one on objects
+            if query.get("watch") in ("true", "1"):
+                raise bad_request("a watch is answered through the transport's watch, not send")
+            handler = Handler(self, where.kind, where.namespace, where.name, query, request)
+            return handler.run(where.sub)
         if where == "version":
             if request.method != "GET":
                 raise method_not_allowed()
@@ -369,12 +374,7 @@ class ApiServer:
             review = json_body(request) or {}
             review = review if isinstance(review, dict) else {}
             return 201, {**review, "status": {"allowed": True}}
-        if not isinstance(where, Route):
-            raise no_such_resource()
-        if query.get("watch") in ("true", "1"):
-            raise bad_request("a watch is answered through the transport's watch, not send")
-        handler = Handler(self, where.kind, where.namespace, where.name, query, request)
-        return handler.run(where.sub)
+        raise no_such_resource()
 
     # ---------------------------------------------------------------- watch
 
