@@ -59,6 +59,7 @@ import anyio
 
 from coordinator.kube.kubeconfig import Endpoint
 from coordinator.kube.transport import Request, TransportError
+from sim import fields
 from sim.handlers import (
     Handler,
     Key,
@@ -125,6 +126,8 @@ class Store:
         self.watches: set[_Watch] = set()
         # id(object) -> (the object, its JSON), for the objects stored now.
         self._encoded: dict[int, tuple[JSON, bytes]] = {}
+        # id(object) -> (the object, its managedFields read), made when first asked for.
+        self._entries: dict[int, tuple[JSON, tuple[fields.Entry, ...]]] = {}
 
     def get(self, key: Key) -> JSON | None:
         """A copy of the object, to change and write back."""
@@ -140,10 +143,22 @@ class Store:
         found = self._encoded.get(id(obj))
         return found[1] if found is not None and found[0] is obj else None
 
+    def entries(self, obj: JSON) -> list[fields.Entry]:
+        """``fields.read_entries(obj)``, read once per stored object (every update of an
+        object reads the managedFields it holds). Copies: the caller may change them."""
+        found = self._entries.get(id(obj))
+        if found is None or found[0] is not obj:
+            read = tuple(fields.read_entries(obj))
+            if self.encoded(obj) is None:  # not stored now: not remembered
+                return list(read)
+            found = self._entries[id(obj)] = (obj, read)
+        return [fields.Entry(e.manager, e.operation, e.api_version, e.fields, e.time) for e in found[1]]
+
     def _replace(self, key: Key, stored: JSON | None, encoded: bytes | None = None) -> JSON | None:
         prev = self.objects.pop(key, None)
         if prev is not None:
             del self._encoded[id(prev)]
+            self._entries.pop(id(prev), None)
         if stored is not None:
             self.objects[key] = stored
             self._encoded[id(stored)] = (stored, json.dumps(stored).encode() if encoded is None else encoded)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 Path = tuple[str, ...]
@@ -250,6 +251,17 @@ def _remove(container: Any, path: Path) -> None:
 def encode(fields: Iterable[Path]) -> JSON:
     """A field set as fieldsV1: a tree of elements in order, ``"."`` (first) marking a
     member that also has members below it."""
+    # Every write encodes each entry of the object again, mostly the same sets: a set's
+    # tree is made once, and each caller gets its own copy of it.
+    return _copy_tree(_encoded(fields if isinstance(fields, frozenset) else frozenset(fields)))
+
+
+def _copy_tree(tree: JSON) -> JSON:
+    return {element: _copy_tree(child) for element, child in tree.items()}
+
+
+@lru_cache(maxsize=1024)
+def _encoded(fields: FieldSet) -> JSON:
     # A trie of the paths (each node: its children, and whether it is a member itself),
     # written out with every node's children in sorted order.
     root: tuple[dict[str, Any], list[bool]] = ({}, [False])

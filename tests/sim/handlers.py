@@ -261,7 +261,13 @@ class Handler:
             )
         if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
             raise _conflict(self.kind, self.name)
-        given = fields.read_entries(obj) if meta.get("managedFields") else fields.read_entries(cur)
+        # The entries the body brings, or else the object's; a body that brings back the
+        # managedFields it read (as writers do) brings the object's.
+        given = (
+            fields.read_entries(obj)
+            if meta.get("managedFields") and meta["managedFields"] != old_meta.get("managedFields")
+            else self.store.entries(cur)
+        )
         for stamp in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
             if stamp in old_meta:
                 meta[stamp] = old_meta[stamp]
