@@ -11,5 +11,6 @@
 # Environment: COORDINATOR_CACHE (cache root), GO (go binary to use).
 set -euo pipefail
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=SCRIPTDIR/lib/go-tool.sh
 source "${script_dir}/lib/go-tool.sh"
 build_go_tool kindcheck "${script_dir}/kindcheck" sigs.k8s.io/kind . kindcheck "" go.mod go.sum main.go

@@ -10,6 +10,7 @@
 # Environment: COORDINATOR_CACHE (cache root), GO (go binary to use).
 set -euo pipefail
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=SCRIPTDIR/lib/go-tool.sh
 source "${script_dir}/lib/go-tool.sh"
 build_go_tool krewvalidate "${script_dir}/controlplane/krewvalidate" sigs.k8s.io/krew \
     sigs.k8s.io/krew/cmd/validate-krew-manifest validate-krew-manifest ""

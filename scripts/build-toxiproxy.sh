@@ -9,6 +9,7 @@
 # Environment: COORDINATOR_CACHE (cache root), GO (go binary to use).
 set -euo pipefail
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=SCRIPTDIR/lib/go-tool.sh
 source "${script_dir}/lib/go-tool.sh"
 module="github.com/Shopify/toxiproxy/v2"
 version="$(awk -v mod="${module}" '$1 == mod { print $2; exit }' "${script_dir}/controlplane/toxiproxy/go.mod")"

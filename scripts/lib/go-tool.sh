@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the scripts that build one Go program into the cache (build-toxiproxy.sh,
 # build-kindcheck.sh, build-krewvalidate.sh). Source it, then call build_go_tool:
 #
@@ -57,6 +58,7 @@ build_go_tool() {
     # half-written binary, and an interrupted build leaves nothing behind.
     local tmp
     tmp="$(mktemp "${out_dir}/.${binary_name}.XXXXXX")"
+    # shellcheck disable=SC2064  # expanded now on purpose: tmp is local to this function
     trap "rm -f '${tmp}'" EXIT
     local start=${SECONDS}
     "${go_bin}" build -C "${module_dir}" -trimpath -ldflags "-s -w ${ldflags}" -o "${tmp}" "${package}"

@@ -360,7 +360,7 @@ def test_kind_down_disconnects_and_deletes_everything_and_can_run_again(tmp_path
     shutil.which("shellcheck") is None, reason="shellcheck is not installed (scripts/setup.sh installs it)"
 )
 def test_scripts_pass_shellcheck() -> None:
-    scripts = sorted((ROOT / "scripts").glob("*.sh"))
+    scripts = sorted([*(ROOT / "scripts").glob("*.sh"), *(ROOT / "scripts" / "lib").glob("*.sh")])
     assert KIND_UP in scripts and KIND_DOWN in scripts
     # -x follows `source scripts/setup.sh`, so the sourced file is checked in context too.
     done = subprocess.run(
