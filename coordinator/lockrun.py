@@ -393,7 +393,9 @@ class _Run:
         ends is a refusal, so that the command never starts on a lock about to lapse."""
         assert self.opts.before_start is not None
         refusal: CoordinatorError | None = None
-        budget = max(held.expires_in() - self.opts.grace_s, 1.0)
+        # The lead the renewals will keep (lock/renew.py: --grace, at most a third of the TTL).
+        lead = max(0.0, min(self.opts.grace_s, held.ttl_s / 3))
+        budget = max(held.expires_in() - lead, 0.0)
         with anyio.CancelScope(deadline=anyio.current_time() + budget) as scope:
             self.acquire_scope = scope
             try:
