@@ -91,8 +91,8 @@ def test_a_max_ttl_note_under_the_coordinator_field_manager_does_not_keep_a_dead
     '--field-manager=coordinator lease coordinator-lock-web -p \'{"spec":{"leaseDurationSeconds":1}}\'` '
     "on every member: a write under the coordinator field manager is taken as coordinator's, so the "
     "duration is believed and bob takes the live lock in ~9s. No field of the lease ties a duration to "
-    "the holder's own write; closing it needs the holder to note its TTL in the same write (lock.py "
-    "_lease_body), and contenders to believe a duration only where that note agrees",
+    "the holder's own write; closing it needs the holder to note its TTL in the same write "
+    "(EngineCore.lease_body in lock/core.py), and contenders to believe a duration only where that note agrees",
 )
 def test_a_duration_edit_under_the_coordinator_field_manager_does_not_expire_a_live_lock(
     sandbox3: Any, tmp_path: Path
