@@ -231,14 +231,7 @@ def role(namespace: str, deployment: str, *, storage: Storage = "configmap") -> 
 def role_binding(namespace: str, deployment: str, subject: Subject, *, storage: Storage = "configmap") -> Manifest:
     """Binds :func:`role` of ``deployment`` to ``subject`` in ``namespace``."""
     validate_namespace(namespace)
-    name = role_name(validate_deployment(deployment), storage)
-    return {
-        "apiVersion": RBAC_API_VERSION,
-        "kind": "RoleBinding",
-        "metadata": _metadata(f"{name}:{_subject_part(subject)}", namespace),
-        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "Role", "name": name},
-        "subjects": [subject.to_manifest()],
-    }
+    return _binding("Role", role_name(validate_deployment(deployment), storage), subject, namespace)
 
 
 def rule_note(rule: Manifest) -> str:
@@ -274,14 +267,7 @@ def cluster_role(namespace: str) -> Manifest:
 
 def cluster_role_binding(namespace: str, subject: Subject) -> Manifest:
     """Binds :func:`cluster_role` for ``namespace`` to ``subject``."""
-    name = cluster_role_name(namespace)
-    return {
-        "apiVersion": RBAC_API_VERSION,
-        "kind": "ClusterRoleBinding",
-        "metadata": _metadata(f"{name}:{_subject_part(subject)}"),
-        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "ClusterRole", "name": name},
-        "subjects": [subject.to_manifest()],
-    }
+    return _binding("ClusterRole", cluster_role_name(namespace), subject)
 
 
 def namespace_creator_cluster_role() -> Manifest:
@@ -296,17 +282,7 @@ def namespace_creator_cluster_role() -> Manifest:
 
 def namespace_creator_binding(subject: Subject) -> Manifest:
     """Binds :func:`namespace_creator_cluster_role` to ``subject``."""
-    return {
-        "apiVersion": RBAC_API_VERSION,
-        "kind": "ClusterRoleBinding",
-        "metadata": _metadata(f"{NAMESPACE_CREATOR_ROLE}:{_subject_part(subject)}"),
-        "roleRef": {
-            "apiGroup": RBAC_API_GROUP,
-            "kind": "ClusterRole",
-            "name": NAMESPACE_CREATOR_ROLE,
-        },
-        "subjects": [subject.to_manifest()],
-    }
+    return _binding("ClusterRole", NAMESPACE_CREATOR_ROLE, subject)
 
 
 def lease_lister_cluster_role() -> Manifest:
@@ -326,13 +302,7 @@ def lease_lister_cluster_role() -> Manifest:
 
 def lease_lister_binding(subject: Subject) -> Manifest:
     """Binds :func:`lease_lister_cluster_role` to ``subject``."""
-    return {
-        "apiVersion": RBAC_API_VERSION,
-        "kind": "ClusterRoleBinding",
-        "metadata": _metadata(f"{LEASE_LISTER_ROLE}:{_subject_part(subject)}"),
-        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "ClusterRole", "name": LEASE_LISTER_ROLE},
-        "subjects": [subject.to_manifest()],
-    }
+    return _binding("ClusterRole", LEASE_LISTER_ROLE, subject)
 
 
 # Built-in kinds whose resource name is not the plural derived from the kind.
@@ -395,28 +365,8 @@ def cluster_scoped(ref: ResourceRef) -> bool:
 def drift_cluster_role(refs: Sequence[ResourceRef]) -> Manifest | None:
     """The ``ClusterRole`` that lets a subject read the watched resources of built-in
     cluster-scoped kinds (a StorageClass, a CRD), by name; None when there are none."""
-    rules = _drift_rules([r for r in refs if cluster_scoped(r)])
-    if not rules:
-        return None
-    digest = hashlib.sha256(repr(rules).encode()).hexdigest()[:10]
-    return {
-        "apiVersion": RBAC_API_VERSION,
-        "kind": "ClusterRole",
-        "metadata": _metadata(f"{DRIFT_ROLE}:{digest}"),
-        "rules": rules,
-    }
-
-
-def drift_cluster_binding(role_manifest: Manifest, subject: Subject) -> Manifest:
-    """Binds :func:`drift_cluster_role`'s ClusterRole to ``subject``."""
-    name = role_manifest["metadata"]["name"]
-    return {
-        "apiVersion": RBAC_API_VERSION,
-        "kind": "ClusterRoleBinding",
-        "metadata": _metadata(f"{name}:{_subject_part(subject)}"),
-        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "ClusterRole", "name": name},
-        "subjects": [subject.to_manifest()],
-    }
+    scoped = [r for r in refs if cluster_scoped(r)]
+    return _reads("ClusterRole", scoped) if scoped else None
 
 
 def drift_role(namespace: str, refs: Sequence[ResourceRef]) -> Manifest:
@@ -424,24 +374,36 @@ def drift_role(namespace: str, refs: Sequence[ResourceRef]) -> Manifest:
     one rule per API group and resource. Its name carries a digest of the rules, so that
     granting another set of resources never takes these away from whoever has them."""
     validate_namespace(namespace)
-    rules = _drift_rules([r for r in refs if not cluster_scoped(r)])
+    return _reads("Role", [r for r in refs if not cluster_scoped(r)], namespace)
+
+
+def _reads(kind: str, refs: Sequence[ResourceRef], namespace: str | None = None) -> Manifest:
+    """A drift Role or ClusterRole (``kind``) of :func:`_drift_rules`, named by their digest."""
+    rules = _drift_rules(refs)
     digest = hashlib.sha256(repr(rules).encode()).hexdigest()[:10]
     return {
         "apiVersion": RBAC_API_VERSION,
-        "kind": "Role",
+        "kind": kind,
         "metadata": _metadata(f"{DRIFT_ROLE}:{digest}", namespace),
         "rules": rules,
     }
 
 
 def drift_binding(role_manifest: Manifest, subject: Subject) -> Manifest:
-    """Binds :func:`drift_role`'s Role to ``subject``."""
-    name = role_manifest["metadata"]["name"]
+    """Binds a drift Role or ClusterRole (:func:`drift_role`, :func:`drift_cluster_role`) to
+    ``subject``."""
+    meta = role_manifest["metadata"]
+    return _binding(role_manifest["kind"], meta["name"], subject, meta.get("namespace"))
+
+
+def _binding(role_kind: str, name: str, subject: Subject, namespace: str | None = None) -> Manifest:
+    """A RoleBinding (or ClusterRoleBinding, for ``role_kind`` ClusterRole) of the role
+    ``name`` to ``subject``, named after both."""
     return {
         "apiVersion": RBAC_API_VERSION,
-        "kind": "RoleBinding",
-        "metadata": _metadata(f"{name}:{_subject_part(subject)}", role_manifest["metadata"]["namespace"]),
-        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": "Role", "name": name},
+        "kind": f"{role_kind}Binding",
+        "metadata": _metadata(f"{name}:{_subject_part(subject)}", namespace),
+        "roleRef": {"apiGroup": RBAC_API_GROUP, "kind": role_kind, "name": name},
         "subjects": [subject.to_manifest()],
     }
 
@@ -471,7 +433,7 @@ def manifests(
     objects += [drift_binding(reads, subject)] if reads else []
     objects += [cluster_role(namespace), cluster_role_binding(namespace, subject)]
     if cluster_reads:
-        objects += [cluster_reads, drift_cluster_binding(cluster_reads, subject)]
+        objects += [cluster_reads, drift_binding(cluster_reads, subject)]
     if create_namespace:
         objects += [namespace_creator_cluster_role(), namespace_creator_binding(subject)]
     if fleet:
