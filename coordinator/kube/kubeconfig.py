@@ -179,10 +179,11 @@ _EMBEDDED_TLS = (
 )
 
 
-def _active_entries(given: Any, context: str) -> dict[str, Any]:
-    """The cluster and user entries (their dicts, inside ``given``) that a loader of
+def _active_nodes(given: Any, context: str) -> dict[str, Any]:
+    """The cluster and user entries (the loader's nodes, inside ``given``) that a loader of
     ``given`` uses for ``context``, found as its ``set_active_context`` finds them; an
-    entry that cannot be found is left out (the loader then says what is wrong)."""
+    entry that cannot be found, or is no mapping, is left out (the loader then says what
+    is wrong)."""
     found: dict[str, Any] = {}
     with contextlib.suppress(Exception):
         body = given["contexts"].get_with_name(context)["context"]
@@ -191,19 +192,7 @@ def _active_entries(given: Any, context: str) -> dict[str, Any]:
             if user:
                 found["user"] = user["user"]
         found["cluster"] = given["clusters"].get_with_name(body["cluster"])["cluster"]
-    return {k: v.value for k, v in found.items() if isinstance(getattr(v, "value", None), dict)}
-
-
-def _exec_entry(given: Any, context: str) -> Any:
-    """The ``exec`` entry of the user ``context`` names in ``given`` (as the loader holds
-    it), or None."""
-    with contextlib.suppress(Exception):
-        body = given["contexts"].get_with_name(context)["context"]
-        if body.safe_get("user") and given.safe_get("users"):
-            user = given["users"].get_with_name(body["user"], safe=True)
-            if user and user["user"].safe_get("exec"):
-                return user["user"]["exec"]
-    return None
+    return {k: v for k, v in found.items() if isinstance(getattr(v, "value", None), dict)}
 
 
 def _take_embedded_tls(entries: dict[str, Any]) -> dict[str, str | bytes]:
@@ -350,7 +339,8 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
     # only at exit. What it still writes itself, an exec plugin's client certificate and
     # key, goes to a private directory made for this load (only when the user runs an
     # exec plugin) and is read back and removed before this returns.
-    entries = _active_entries(given, endpoint.context)
+    nodes = _active_nodes(given, endpoint.context)
+    entries = {k: v.value for k, v in nodes.items()}
     embedded = _take_embedded_tls(entries)
     spill = _spill_directory(entries.get("user"))
     try:
@@ -366,7 +356,9 @@ async def load_client_configuration(endpoint: Endpoint) -> Any:
     finally:
         if spill:
             _remove_spill(spill)
-    exec_config = _exec_entry(given, endpoint.context)
+    user = nodes.get("user")
+    # The loader's node, not the plain mapping: the plugin runner reads it as the loader does.
+    exec_config = user["exec"] if user is not None and user.safe_get("exec") else None
     if exec_config is not None and (cfg.api_key or {}).get("BearerToken"):
         # A token the plugin gives again when it expires or is revoked (a client
         # certificate it gave is taken once: the connection is built on it).
