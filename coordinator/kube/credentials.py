@@ -75,8 +75,9 @@ class TokenFile:
 class ExecToken:
     """The bearer token of a kubeconfig user's exec plugin, got again by running the
     plugin when the server refused it, or when the expirationTimestamp the plugin gave
-    with it is near. (The client library runs the plugin once, when the kubeconfig is
-    loaded.) A plugin that fails then leaves the token it gave before in use, and is not
+    with it on such a run is near. (The client library runs the plugin once, when the
+    kubeconfig is loaded, and keeps that token's expiry to itself: the first token is
+    got again on its first 401.) A plugin that fails then leaves the token it gave before in use, and is not
     run again for ``REFUSED_AGAIN_AFTER_S``; the requests say what the server thinks of
     that token."""
 
