@@ -18,12 +18,15 @@ import ssl
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from coord_fixtures import UNHURRIED, Env
+
+from coordinator.kube.resources import lease_path, parse_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -151,9 +154,22 @@ def test_a_lock_run_holds_through_a_rotated_and_revoked_exec_token(dep3: Env, tm
                 f"cluster {i} still takes the revoked token",
             )
             assert _status_with(second[i], sandbox.server(i)) == 200
-        # Two validity periods on: without a new token every renewal since the revocation
-        # was refused, and the lock would be lost within one.
-        time.sleep(2 * TTL_S)
+        # Without a new token every renewal since the revocation is refused, and the lock
+        # is lost within one validity period: wait until a majority's leases were renewed
+        # (renewTime, this machine's clock) more than one TTL after every member refused
+        # the old token, which only renewals made with the new one can do.
+        revoked_at = datetime.now(UTC)
+
+        def renewed_past_one_ttl() -> bool:
+            assert run.poll() is None, run.communicate()
+            late = 0
+            for i in (1, 2, 3):
+                lease = sandbox.admin(i).get(lease_path(namespace, f"coordinator-lock-{dep3.deployment}"))
+                renewed = parse_time(((lease or {}).get("spec") or {}).get("renewTime"))
+                late += renewed is not None and (renewed - revoked_at).total_seconds() > TTL_S
+            return late >= 2
+
+        _until(renewed_past_one_ttl, "no majority renewed more than one TTL after the revocation", timeout=120)
         assert run.poll() is None, run.communicate()
         status = dep3.cli("-o", "json", "lock", "status", dep3.deployment, env=env)
         assert status.returncode == 0, status.stderr
