@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,9 @@ def test_a_holder_edited_by_another_client_is_neither_free_nor_ours(dep3: Env) -
     renewed = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
     assert renewed.returncode != 0, renewed.stderr
     # It lapses by coordinator's own last write: alice's TTL plus margin, not the maximum TTL.
-    waited = _acquire(dep3, "bob", "--ttl", "10s", "--wait", "60s")
+    # (No server skew allowed: the sandbox has one API server a member, and the wait is not
+    # what this test is about; a maximum TTL would still be 10 minutes past the wait.)
+    waited = _acquire(dep3, "bob", "--ttl", "10s", "--wait", "60s", "--max-server-skew", "0s")
     assert waited.returncode == 0, waited.stderr
     assert _lease(dep3, 1)["spec"]["holderIdentity"].endswith(json.loads(waited.stdout)["lock_id"])
 
@@ -120,12 +123,14 @@ def test_a_holder_set_to_another_lock_id_by_another_client_is_not_ours(dep3: Env
 
 
 def test_a_planted_vanished_mark_does_not_keep_a_dead_holders_lock(dep3: Env) -> None:
-    # The deployment's maximum TTL is the default 10 minutes; alice's lock is 5 s.
-    alice = _acquire(dep3, "alice", "--ttl", "5s")
+    # The deployment's maximum TTL is the default 10 minutes; alice's lock is 3 s. (bob
+    # allows no server skew: her lease lapses 3 s + 2 s after her take, where a tombstone
+    # would hold for the 10 minutes.)
+    alice = _acquire(dep3, "alice", "--ttl", "3s")
     assert alice.returncode == 0, alice.stderr
     for i in (1, 2, 3):
         _annotate(dep3, i, "coordinator.io/vanished", "2026-12-01T00:00:00Z")
-    bob = _acquire(dep3, "bob", "--ttl", "10s", "--wait", "40s")
+    bob = _acquire(dep3, "bob", "--ttl", "10s", "--wait", "40s", "--max-server-skew", "0s")
     assert bob.returncode == 0, bob.stdout + bob.stderr
     assert "deleted" not in bob.stderr
 
@@ -155,7 +160,8 @@ def test_a_planted_claim_does_not_reserve_the_next_turn(dep3: Env) -> None:
 def test_a_uid_note_written_by_another_client_does_not_vouch_for_a_copy(sandbox3: Any, tmp_path: Path) -> None:
     # Tokens 1 and 2 granted; on every member another client deletes the Lease, creates it
     # again with token 0 and the member set copied, then writes its new uid as the uid note.
-    env = make_env(sandbox3, tmp_path, max_ttl_s=8)
+    # (A maximum TTL of 5 s, and no server skew for the wait: a copy blocks that long.)
+    env = make_env(sandbox3, tmp_path, max_ttl_s=5)
     for holder in ("first", "second"):
         assert env.cli("lock", "acquire", "web", "--ttl", "5s", "--holder", holder).returncode == 0
         assert env.cli("lock", "release", "web", "--holder", holder).returncode == 0
@@ -189,7 +195,7 @@ def test_a_uid_note_written_by_another_client_does_not_vouch_for_a_copy(sandbox3
 
     for i in (1, 2, 3):
         anyio.run(recreate, i)
-    third = _acquire(env, "third", "--ttl", "5s", "--wait", "40s")
+    third = _acquire(env, "third", "--ttl", "5s", "--wait", "40s", "--max-server-skew", "0s")
     assert _token(third) > 2, third.stdout
 
 
@@ -334,16 +340,16 @@ def test_a_holder_field_with_no_recorded_writer_naming_a_waiter_lets_no_one_in(
 def test_a_token_or_mark_with_no_recorded_writer_is_no_bound_and_no_tombstone(
     sandbox3: Any, tmp_path: Path, how: str
 ) -> None:
-    dep3 = make_env(sandbox3, tmp_path, max_ttl_s=20)
+    dep3 = make_env(sandbox3, tmp_path, max_ttl_s=8)
     first = _token(_acquire(dep3, "first", "--ttl", "5s"))
     for i in (1, 2, 3):
         _hidden_patch(dep3, i, "lease", LEASE, {"metadata": {"annotations": {
             "coordinator.io/fencing-token": "9223372036854775807", "coordinator.io/vanished": "2026-12-01T00:00:00Z",
         }}}, how)  # fmt: skip
-    # first's lock lapses (by its own TTL; stripped, by observation of the 20 s maximum),
-    # the mark makes no tombstone of it, and the next token is not pushed past 2^63 by
-    # numbers nobody is recorded writing
-    second = _acquire(dep3, "second", "--ttl", "5s", "--wait", "60s")
+    # first's lock lapses (by its own TTL; stripped, by observation of the 8 s maximum; no
+    # server skew allowed), the mark makes no tombstone of it, and the next token is not
+    # pushed past 2^63 by numbers nobody is recorded writing
+    second = _acquire(dep3, "second", "--ttl", "5s", "--wait", "60s", "--max-server-skew", "0s")
     token = _token(second)
     assert first < token < 1000, token
 
@@ -355,7 +361,8 @@ def test_after_managed_fields_are_stripped_coordinator_writes_are_evidence_again
     assert _acquire(env, "alice", "--ttl", "5s").returncode == 0
     for i in (1, 2, 3):
         _k(env, i, "patch", "lease", LEASE, "--type=merge", "-p", '{"metadata":{"managedFields":[{}]}}')
-    bob = _acquire(env, "bob", "--ttl", "10s", "--wait", "60s")
+    # (stripped: lapsed once bob watched it unchanged for the maximum TTL; no server skew)
+    bob = _acquire(env, "bob", "--ttl", "10s", "--wait", "60s", "--max-server-skew", "0s")
     assert bob.returncode == 0, bob.stderr
     lock_id = json.loads(bob.stdout)["lock_id"]
     for i in (1, 2, 3):
@@ -384,6 +391,14 @@ def _cap(env: Env, index: int) -> list[str]:
     return [str(e.get("manager")) for e in _lease(env, index)["metadata"].get("managedFields") or []]
 
 
+def _cap_all(env: Env) -> dict[int, list[str]]:
+    """:func:`_cap` on every member, the members side by side (each lease's 11 edits still
+    one after the other, in order). The managers left on each."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        capped = {i: pool.submit(_cap, env, i) for i in (1, 2, 3)}
+        return {i: future.result() for i, future in capped.items()}
+
+
 def test_fields_the_server_merged_into_ancient_changes_have_no_known_writer(sandbox3: Any, tmp_path: Path) -> None:
     from coordinator.evidence import Writer, writer
 
@@ -391,8 +406,7 @@ def test_fields_the_server_merged_into_ancient_changes_have_no_known_writer(sand
     env = make_env(sandbox3, tmp_path, max_ttl_s=10)
     alice = _acquire(env, "alice", "--ttl", "5s")
     assert alice.returncode == 0, alice.stderr
-    for i in (1, 2, 3):
-        managers = _cap(env, i)
+    for i, managers in _cap_all(env).items():
         assert "ancient-changes" in managers and "coordinator" not in managers, managers
         # Nobody can tell who wrote the holder field now: not coordinator, and not another
         # client either (nobody edited it).
@@ -405,8 +419,9 @@ def test_fields_the_server_merged_into_ancient_changes_have_no_known_writer(sand
     refused = _acquire(env, "bob", "--ttl", "5s")
     assert refused.returncode == 3, refused.stderr
     assert "record of who wrote" in refused.stderr and "another client edited" not in refused.stderr, refused.stderr
-    # The lock lapses as a stripped one does: by local observation of the maximum TTL.
-    bob = _acquire(env, "bob", "--ttl", "5s", "--wait", "60s")
+    # The lock lapses as a stripped one does: by local observation of the maximum TTL
+    # (plus margin; no server skew allowed for the wait).
+    bob = _acquire(env, "bob", "--ttl", "5s", "--wait", "60s", "--max-server-skew", "0s")
     assert bob.returncode == 0, bob.stderr
     assert _token(bob) > _token(alice)
 
@@ -417,8 +432,8 @@ def test_a_live_lock_whose_records_the_server_merged_is_lost_at_its_next_renewal
     # (the safe direction), and nobody else gets it before a maximum TTL either.
     alice = _acquire(dep3, "alice", "--ttl", "60s")
     lock_id = json.loads(alice.stdout)["lock_id"]
-    for i in (1, 2, 3):
-        assert "ancient-changes" in _cap(dep3, i)
+    for managers in _cap_all(dep3).values():
+        assert "ancient-changes" in managers
     renewed = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
     assert renewed.returncode != 0, renewed.stdout + renewed.stderr
     assert _acquire(dep3, "bob", "--ttl", "10s").returncode == 3

@@ -129,7 +129,9 @@ def test_a_change_killed_after_renewing_during_the_copy_still_leaves_the_joint_s
     assert killed.returncode == -9, killed.stderr
     assert record(dep5).joint == ["c1", "c2", "c3", "c4"]
     stored = {i: stored_on(dep5, i) for i in (1, 2, 3, 4)}
-    b = acquire(stale, "bob", "--ttl", "10s", "--wait", "20s", "--max-server-skew", "0s")
+    # Refused, bob waits out his --wait. Were the old record to pass, he would take the lock
+    # once the killed run's leases (3 s TTL) lapsed: 3 s + 2 s after its last renewal.
+    b = acquire(stale, "bob", "--ttl", "10s", "--wait", "12s", "--max-server-skew", "0s")
     assert b.returncode == 5, (b.returncode, {i: s and (s.epoch, s.joint is not None) for i, s in stored.items()})
     succeeded(dep5.cli("deployment", "add-cluster", DEP, "c4", "--wait", "30s"))
 
