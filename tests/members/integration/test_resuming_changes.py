@@ -9,6 +9,7 @@ Found in the fifth adversary round (docs/regressions.md). Everything runs on the
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -155,7 +156,9 @@ def test_a_stale_joint_record_does_not_finish_a_change_after_the_members_moved_o
         # A's plain engine (joint record, epoch 2) meets c3's epoch-3 commit: refused
         plain = acquire(a, "a0", "--ttl", "8s")
         # the tombstones that a first look at c1, c2 writes block for the maximum TTL (10s)
-        rerun = a.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "8s", "--wait", "40s")
+        # plus the lapse margin (about 7 s): the old bug took the lock about 20 s in, under
+        # load; the refused rerun waits out its whole --wait, so it is no longer than needed
+        rerun = a.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "8s", "--wait", "30s")
         held_a = acquire(a, "a", "--ttl", "8s", "--wait", "20s")
         read = a.cli("-o", "json", "state", "get", DEP)
         b_alive = holding.poll() is None
@@ -220,7 +223,8 @@ def test_a_stale_joint_record_does_not_finish_on_the_set_from_before_it_noted_on
         for i in (1, 2):
             _wipe(a, i)
         _wipe(a, 3, state=False)
-        rerun = a.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "8s", "--wait", "40s")
+        # as above: the tombstones of the first look lapse about 18 s in (the old bug took the lock then)
+        rerun = a.cli("deployment", "remove-cluster", DEP, "c3", "--ttl", "8s", "--wait", "30s")
         held_a = acquire(a, "a", "--ttl", "8s", "--wait", "20s")
         read = a.cli("-o", "json", "state", "get", DEP)
         b_alive = holding.poll() is None
@@ -321,6 +325,24 @@ def test_a_rerun_killed_again_after_every_lease_was_deleted_is_finished_by_a_thi
     assert later["fencing_token"] > max(first, second, token or 0), (later, first, second, token)
 
 
+def _until_lease_writes_refused(env: Env, index: int, policy: str, *, refused: bool) -> None:
+    """Wait until cluster ``index``'s API server refuses (or, ``refused=False``, no longer
+    refuses) creating the deployment's lease for ``policy``: a server-side dry run of that
+    create, which goes through admission and writes nothing."""
+    from faults.kubectl import kubectl
+
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": LEASE, "namespace": env.namespace}}  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        probe = kubectl(env.kubeconfig, index, env.namespace, "create", "--dry-run=server", "-f", "-",
+                        stdin=json.dumps(lease))  # fmt: skip
+        if ("lease frozen" in probe.stderr) == refused:
+            return
+        assert time.monotonic() < deadline, f"policy {policy} never {'took effect' if refused else 'went away'}"
+        time.sleep(0.5)
+
+
 def test_a_rerun_after_every_lease_was_deleted_with_lease_writes_refused_on_a_member(dep5: Env, tmp_path: Path) -> None:
     """HELD. The intended case with a ValidatingAdmissionPolicy on c2 refusing every write
     of the deployment's lease during the rerun (c2 is needed by both groups' majorities,
@@ -341,7 +363,7 @@ def test_a_rerun_after_every_lease_was_deleted_with_lease_writes_refused_on_a_me
     add_policy(dep5.sandbox.admin(2), name, expr, "lease frozen", operations=("CREATE", "UPDATE"),
                api_group="coordination.k8s.io", resource="leases", exist_ok=False)  # fmt: skip
     try:
-        time.sleep(3)  # a policy takes a moment to be in force
+        _until_lease_writes_refused(dep5, 2, name, refused=True)  # a policy takes a moment to be in force
         refused = dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "30s")
         assert refused.returncode != 0, refused.stdout
         from helpers.members import lease_on
@@ -352,7 +374,7 @@ def test_a_rerun_after_every_lease_was_deleted_with_lease_writes_refused_on_a_me
         assert _show(dep5)["change_in_progress"] == {"to": ["c1", "c2"]}
     finally:
         remove_policy(dep5.sandbox.admin(2), name)
-    time.sleep(3)
+    _until_lease_writes_refused(dep5, 2, name, refused=False)
     done = succeeded(dep5.cli("deployment", "remove-cluster", DEP, "c4", "--ttl", "8s", "--wait", "40s"))
     token = _report_token(done)
     assert token is None or token > first, (first, token)
