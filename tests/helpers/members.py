@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from coord_fixtures import Env, make_env
+from coord_fixtures import UNHURRIED, Env, make_env
 from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl
 
@@ -92,14 +92,16 @@ def record(env: Env) -> Any:
 
 def pay(env: Env, *members: str, max_ttl: str | None = None, environ: dict[str, str] | None = None) -> None:
     """Deployment `pay` on ``members``, with release=1.2.0 written on all of them
-    (``environ``: more environment for every command, e.g. a longer request timeout)."""
+    (``environ``: more environment for every command; by default the suite's unhurried
+    request timeout, since nothing is paused yet and every member must take each step)."""
+    environ = UNHURRIED if environ is None else environ
     args = [a for m in members for a in ("--cluster", m)]
     if max_ttl:
         args += ["--max-ttl", max_ttl]
     succeeded(env.cli("deployment", "create", DEP, "-n", env.namespace, *args, env=environ))
-    lock = json_doc(
-        succeeded(env.cli("-o", "json", "lock", "acquire", DEP, "--holder", "w", "--ttl", "30s", env=environ))
-    )
+    ttl = max_ttl or "30s"
+    took = env.cli("-o", "json", "lock", "acquire", DEP, "--holder", "w", "--ttl", ttl, env=environ)
+    lock = json_doc(succeeded(took))
     succeeded(env.cli("state", "set", DEP, "release=1.2.0", "--lock-id", lock["lock_id"], env=environ))
     succeeded(env.cli("lock", "release", DEP, "--holder", "w", env=environ))
 
@@ -180,11 +182,7 @@ def holders(a: subprocess.CompletedProcess[str], b: subprocess.CompletedProcess[
 
 def pay_short(env: Env, *members: str, max_ttl: str = "8s") -> None:
     """`pay` for a deployment whose maximum TTL is short (tombstones lapse quickly)."""
-    args = [a for m in members for a in ("--cluster", m)]
-    succeeded(env.cli("deployment", "create", DEP, "-n", env.namespace, *args, "--max-ttl", max_ttl))
-    lock = json_doc(succeeded(env.cli("-o", "json", "lock", "acquire", DEP, "--holder", "w", "--ttl", max_ttl)))
-    succeeded(env.cli("state", "set", DEP, "release=1.2.0", "--lock-id", lock["lock_id"]))
-    succeeded(env.cli("lock", "release", DEP, "--holder", "w"))
+    pay(env, *members, max_ttl=max_ttl)
 
 
 def stored_set(env: Env, index: int, deployment: str = "pay") -> Membership:
