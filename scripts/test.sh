@@ -9,10 +9,10 @@
 # integration tests wait on real API servers (TTLs, timeouts, watches) rather than compute
 # (with two workers the two cores sat 65-85 % idle through the integration half), and each
 # worker starts sandboxes of its own (about 0.8 GB of kube-apiservers a worker). Measured
-# from a fresh clone: two workers 31 min, three 22 min; four 18 min, but with load peaks
-# (load average 12) in which tests that give an API server 3 s to answer failed now and then.
-# Work stealing: handed out in fixed shares, the last 20 minutes of a run went to one worker
-# while the other had finished.
+# from a fresh clone of 1,700 tests: three workers 26-29 min, four 25.5 min at a load
+# average of 13-14, in which tests that give an API server 3 s to answer fail now and
+# then (CONTRIBUTING.md: where the time goes). Work stealing: handed out in fixed shares,
+# the last 20 minutes of a run went to one worker while the other had finished.
 #
 # Set-up, each step skipped when already done: Debian's faketime (clock-skew tests),
 # a virtualenv in .venv with the package and its test extras, and the Go builds of
