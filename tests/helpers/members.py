@@ -138,6 +138,10 @@ def replica(env: Env, index: int) -> dict[str, Any] | None:
     return dict(json.loads(obj["data"]["envelope.json"]))
 
 
+# A state object the freeze policy covers, created (dry run only) to see whether it is in force.
+_STATE_PROBE = ("configmap", "vap-probe", "--from-literal=a=b")
+
+
 def refuse_state_data(env: Env, indices: tuple[int, ...]) -> list[tuple[int, str]]:
     """A ValidatingAdmissionPolicy on each of ``indices`` that refuses creating the state
     object and changing its data (annotation-only updates pass: promises, token floors)."""
@@ -150,11 +154,7 @@ def refuse_state_data(env: Env, indices: tuple[int, ...]) -> list[tuple[int, str
         add_policy(env.sandbox.admin(i), name, expr, "state data frozen", exist_ok=False)
         made.append((i, name))
     for i in indices:
-        deadline = time.monotonic() + 30
-        while kubectl_on(env, i, "create", "configmap", "vap-probe", "--from-literal=a=b",
-                       "--dry-run=server").returncode == 0:  # fmt: skip
-            assert time.monotonic() < deadline, "the policy never took effect"
-            time.sleep(0.5)
+        until_admission(env, i, _STATE_PROBE, refused=True)
     return made
 
 
@@ -163,11 +163,24 @@ def drop_policies(env: Env, made: list[tuple[int, str]]) -> None:
     for i, name in made:
         remove_policy(env.sandbox.admin(i), name)
     for i, _ in made:
-        deadline = time.monotonic() + 30
-        while kubectl_on(env, i, "create", "configmap", "vap-probe", "--from-literal=a=b",
-                       "--dry-run=server").returncode != 0:  # fmt: skip
-            assert time.monotonic() < deadline, "the policy never went away"
-            time.sleep(0.5)
+        until_admission(env, i, _STATE_PROBE, refused=False)
+
+
+def until_admission(
+    env: Env, index: int, create: tuple[str, ...], *, refused: bool, message: str | None = None,
+    stdin: str | None = None,
+) -> None:  # fmt: skip
+    """Wait until cluster ``index``'s API server refuses (``refused``) or admits a
+    server-side dry run of ``kubectl create CREATE`` (with ``stdin``), which goes through
+    admission and writes nothing: an admission policy is in force, or gone, a moment after
+    it was made or deleted. With ``message``, only a refusal that says it counts."""
+    deadline = time.monotonic() + 30
+    while True:
+        probe = kubectl(env.kubeconfig, index, env.namespace, "create", *create, "--dry-run=server", stdin=stdin)
+        if (probe.returncode != 0 and (message is None or message in probe.stderr)) == refused:
+            return
+        assert time.monotonic() < deadline, f"the policy never {'took effect' if refused else 'went away'}"
+        time.sleep(0.5)
 
 
 def holders(a: subprocess.CompletedProcess[str], b: subprocess.CompletedProcess[str]) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -16,6 +18,8 @@ from faults.kubectl import kubectl as run_kubectl
 from coordinator.kube.client import KubeError
 from coordinator.kube.resources import configmaps_path, lease_path
 from coordinator.lease import lock_id_of
+
+T = TypeVar("T")
 
 # The lease of deployment `web` on every member.
 LEASE = "coordinator-lock-web"
@@ -45,9 +49,19 @@ def holder_on(env: Env, index: int) -> str | None:
     return None if obj is None else lock_id_of(obj["spec"].get("holderIdentity"))
 
 
-def acquire(env: Env, holder: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`lock acquire web` as ``holder``, JSON output."""
-    return env.cli("-o", "json", "lock", "acquire", "web", "--holder", holder, *args)
+def acquire(
+    env: Env, holder: str, *args: str, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`lock acquire web` as ``holder``, JSON output (``environ``: more environment)."""
+    return env.cli("-o", "json", "lock", "acquire", "web", "--holder", holder, *args, env=environ)
+
+
+def on_each(call: Callable[[int], T], members: tuple[int, ...] = (1, 2, 3)) -> list[T]:
+    """``call(i)`` on every member at once, its results in member order: for edits of one
+    member each that nothing else runs beside, so their order says nothing (a call that
+    raises fails the test)."""
+    with ThreadPoolExecutor(max_workers=len(members)) as pool:
+        return list(pool.map(call, members))
 
 
 def doc(proc: subprocess.CompletedProcess[str]) -> Any:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import anyio
 import pytest
 from coord_fixtures import Env, make_env
 from faults.kubectl import kubectl
+from helpers.web import on_each
 
 from coordinator.kube.resources import configmaps_path, lease_path, leases_path
 
@@ -391,14 +391,6 @@ def _cap(env: Env, index: int) -> list[str]:
     return [str(e.get("manager")) for e in _lease(env, index)["metadata"].get("managedFields") or []]
 
 
-def _cap_all(env: Env) -> dict[int, list[str]]:
-    """:func:`_cap` on every member, the members side by side (each lease's 11 edits still
-    one after the other, in order). The managers left on each."""
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        capped = {i: pool.submit(_cap, env, i) for i in (1, 2, 3)}
-        return {i: future.result() for i, future in capped.items()}
-
-
 def test_fields_the_server_merged_into_ancient_changes_have_no_known_writer(sandbox3: Any, tmp_path: Path) -> None:
     from coordinator.evidence import Writer, writer
 
@@ -406,7 +398,8 @@ def test_fields_the_server_merged_into_ancient_changes_have_no_known_writer(sand
     env = make_env(sandbox3, tmp_path, max_ttl_s=10)
     alice = _acquire(env, "alice", "--ttl", "5s")
     assert alice.returncode == 0, alice.stderr
-    for i, managers in _cap_all(env).items():
+    # (the members side by side; each lease's 11 edits still one after the other)
+    for i, managers in enumerate(on_each(lambda i: _cap(env, i)), start=1):
         assert "ancient-changes" in managers and "coordinator" not in managers, managers
         # Nobody can tell who wrote the holder field now: not coordinator, and not another
         # client either (nobody edited it).
@@ -432,7 +425,7 @@ def test_a_live_lock_whose_records_the_server_merged_is_lost_at_its_next_renewal
     # (the safe direction), and nobody else gets it before a maximum TTL either.
     alice = _acquire(dep3, "alice", "--ttl", "60s")
     lock_id = json.loads(alice.stdout)["lock_id"]
-    for managers in _cap_all(dep3).values():
+    for managers in on_each(lambda i: _cap(dep3, i)):
         assert "ancient-changes" in managers
     renewed = dep3.cli("lock", "renew", "web", "--lock-id", lock_id)
     assert renewed.returncode != 0, renewed.stdout + renewed.stderr

@@ -92,8 +92,7 @@ def test_a_stripped_lease_of_a_gone_holder_is_taken_only_by_a_long_enough_wait(s
     assert all(holder_on(short, i) == doc(a)["lock_id"] for i in (1, 2, 3))
     # Taken on every member: each must answer (a read that timed out under load would start
     # that member's watch over, and the take would go on with the other two).
-    b = short.cli("-o", "json", "lock", "acquire", "web", "--holder", "bob", "--max-server-skew", "0s",
-                  "--wait", "30s", env=UNHURRIED)  # fmt: skip
+    b = acquire(short, "bob", "--max-server-skew", "0s", "--wait", "30s", environ=UNHURRIED)
     assert b.returncode == 0, b.stderr
     assert all(holder_on(short, i) == doc(b)["lock_id"] for i in (1, 2, 3))
 

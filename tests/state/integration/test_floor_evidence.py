@@ -9,15 +9,13 @@ Found in the seventh adversary round (docs/regressions.md). Everything runs on t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from coord_fixtures import Env, make_env
-from helpers.web import FLOOR, LEASE, STATE, acquire, doc, kubectl
+from helpers.web import FLOOR, LEASE, STATE, acquire, doc, kubectl, on_each
 
 from coordinator.errors import CoordinatorError
 from coordinator.kube.client import KubeClient, KubeError
@@ -68,13 +66,6 @@ def operator(env: Env, index: int, kind: str, *edits: str) -> None:
     """What docs/design.md tells an operator to do to put a floor back: annotate under the
     coordinator field manager (a floor another client wrote does not speak)."""
     kubectl(env, index, "annotate", "--overwrite", "--field-manager=coordinator", kind, STATE, *edits)
-
-
-def on_each(edit: Callable[[int], object]) -> None:
-    """``edit(i)`` on the three members at once: edits of one member each, that nothing
-    else runs beside, so their order says nothing (a failed one fails the test)."""
-    with ThreadPoolExecutor() as pool:
-        list(pool.map(edit, (1, 2, 3)))
 
 
 def delete_all_leases(env: Env) -> None:

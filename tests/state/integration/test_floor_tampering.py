@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from coord_fixtures import UNHURRIED, Env, make_env
 from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl as run_kubectl
 from helpers.rbac import connect, grant, mint_user, stdout_ok, user_env
-from helpers.web import FLOOR, LEASE, STATE, acquire, doc, holder_on, kubectl
+from helpers.web import FLOOR, LEASE, STATE, acquire, doc, holder_on, kubectl, on_each
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 
@@ -44,13 +42,6 @@ def state_obj(env: Env, index: int) -> dict[str, Any] | None:
 def floor_on(env: Env, index: int) -> str | None:
     obj = state_obj(env, index)
     return None if obj is None else (obj["metadata"].get("annotations") or {}).get(FLOOR)
-
-
-def on_each(edit: Callable[[int], object]) -> None:
-    """``edit(i)`` on the three members at once: edits of one member each, that nothing
-    else runs beside, so their order says nothing (a failed one fails the test)."""
-    with ThreadPoolExecutor() as pool:
-        list(pool.map(edit, (1, 2, 3)))
 
 
 def delete_all_leases(env: Env) -> None:
