@@ -77,9 +77,9 @@ class ExecToken:
     plugin when the server refused it, or when the expirationTimestamp the plugin gave
     with it on such a run is near. (The client library runs the plugin once, when the
     kubeconfig is loaded, and keeps that token's expiry to itself: the first token is
-    got again on its first 401.) A plugin that fails then leaves the token it gave before in use, and is not
-    run again for ``REFUSED_AGAIN_AFTER_S``; the requests say what the server thinks of
-    that token."""
+    got again on its first 401.) A plugin that fails then leaves the token it gave before
+    in use, and is not run again for ``REFUSED_AGAIN_AFTER_S``; the requests say what the
+    server thinks of that token."""
 
     def __init__(self, exec_config: Any) -> None:
         self.exec_config = exec_config  # the user's ``exec`` entry, as the loader reads it
