@@ -62,12 +62,21 @@ class Writes:
             )
         return rec.lock_id
 
-    def _holder_token(self, seen: Mapping[str, Observed], lock_id: str) -> int:
+    def _holder_token(self, seen: Mapping[str, Observed], lock_id: str, unheard: list[str]) -> int:
         held_on = [
             k
             for k, o in seen.items()
             if o.lease is not None and o.lease.lock_id == lock_id and o.lease.expired() is not True
         ]
+        if len(held_on) < self.replicas.q and len(held_on) + len(unheard) >= self.replicas.q:
+            # A member that did not answer may hold the lock: this is not knowing, not
+            # "not held" (the holder's lock may well be intact, and retrying is right).
+            raise NoQuorumError(
+                f"Cannot confirm that lock id {lock_id} holds deployment {self.replicas.dep.name!r} on a "
+                f"majority: it holds {len(held_on)} of {self.replicas.n} ({', '.join(held_on) or 'none'}) among "
+                f"the clusters that answered, and {', '.join(unheard)} did not answer (it may hold there too). "
+                "Nothing was written. Retry when they are reachable."
+            )
         if len(held_on) < self.replicas.q:
             raise StateConflictError(
                 f"Lock id {lock_id} does not hold deployment {self.replicas.dep.name!r} on a majority "
@@ -124,7 +133,7 @@ class Writes:
         self.replicas.refuse_other_members(results)
         seen = {k: r.value for k, r in results.items() if r.ok and r.value}
         reps = {k: o.replica for k, o in seen.items()}
-        token = self._holder_token(seen, lock_id) if _token is None else _token
+        token = self._holder_token(seen, lock_id, self.replicas.unheard(results)) if _token is None else _token
         choice, evidence = self.replicas.judge(results)
         overwrite: set[str] = set()
         current = choice.winner.envelope if choice.winner else None

@@ -278,7 +278,7 @@ def _no_fencing(stack: ExitStack) -> None:
     from coordinator import register
     from coordinator.state import writes
 
-    def holder_token(self: Any, seen: Any, lock_id: str) -> int:
+    def holder_token(self: Any, seen: Any, lock_id: str, unheard: Any) -> int:
         tokens = [o.lease.token for o in seen.values() if o.lease is not None]
         return max(tokens, default=0)
 

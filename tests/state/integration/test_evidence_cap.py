@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
-from coord_fixtures import Env
+from coord_fixtures import UNHURRIED, Env
 from faults.kubectl import kubectl
 
 from coordinator.errors import NoQuorumError
@@ -65,7 +65,8 @@ def _data(env: Env, index: int) -> Any:
 
 
 def _lock(env: Env) -> None:
-    proc = env.cli("-o", "json", "lock", "acquire", "web", "--ttl", "180s")
+    # Unhurried: the tests pause members after this, and each needs the lock on all three.
+    proc = env.cli("-o", "json", "lock", "acquire", "web", "--ttl", "180s", env=UNHURRIED)
     assert proc.returncode == 0, proc.stderr
 
 
