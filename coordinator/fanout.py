@@ -58,6 +58,14 @@ def outcomes(results: Mapping[str, ClusterResult[Any]]) -> dict[str, str]:
 
 Results = Mapping[str, ClusterResult[T]]
 
+
+def silent_wait(timeout: float) -> float:
+    """How long a fan-out waits for a cluster that gave no answer earlier in this
+    command, once every other cluster has answered: a quarter of the deadline, at least
+    a second (a server back from a pause answers in milliseconds), at most the deadline."""
+    return min(timeout, max(1.0, timeout / 4))
+
+
 # How a cluster absent from a decided fan-out's results is reported: it may well have
 # answered, later; nobody waited to see.
 NOT_WAITED_FOR = "not waited for: the attempt was already decided"
@@ -133,9 +141,15 @@ async def fan_out(
     ``silent``: the clusters known to have left a request unanswered earlier in this
     command (a :class:`~coordinator.clusters.ClusterSet` keeps them). They are asked all
     the same, and their answers count while the question is open; but once it is
-    decided the grace does not wait for them. This call adds the clusters it gave up on
-    that never answered it (reached ``timeout`` with a request unanswered, or dropped
-    after the decision without a single answer), and takes out those that answered.
+    decided the grace does not wait for them, and once every other cluster has answered
+    they get :func:`silent_wait` more, not the whole ``timeout`` again: one member down
+    costs a command one deadline, not one per step. A silent cluster still unanswered
+    then is reported unreachable, like one that reached its deadline (its operation is
+    dropped as a straggler: a write it sent may land, as after any timeout). This call
+    adds the clusters it gave up on that never answered it (reached ``timeout`` with a
+    request unanswered, or dropped without a single answer), and takes out those that
+    answered. With no cluster outside ``silent`` there is nothing to measure them
+    against, and each gets the whole ``timeout``.
 
     ``finish_on_cancel``: for operations that write. When the caller is cancelled while
     it waits (Ctrl-C), a write already sent lands on the server all the same, and
@@ -212,12 +226,52 @@ async def fan_out(
             if len(results) == len(names) or (until is not None and until(results)):
                 decided.set()
 
+    # Silent clusters get a shorter wait only beside at least one that is not.
+    short = silent is not None and not set(names) <= silent and bool(silent & set(names))
+    gave_up: dict[str, ClusterResult[T]] = {}
+
+    async def wait_decided() -> None:
+        if not short:
+            await decided.wait()
+            return
+        async with anyio.create_task_group() as waits:
+
+            async def cap() -> None:
+                await waited_for.wait()
+                await anyio.sleep(silent_wait(timeout))
+                waits.cancel_scope.cancel()
+
+            check_waited_for()
+            waits.start_soon(cap)
+            await decided.wait()
+            waits.cancel_scope.cancel()
+        if not decided.is_set():
+            wait = silent_wait(timeout)
+            for name in names:
+                if name in results:
+                    continue
+                traffic = traffics.get(name)
+                answered = traffic is not None and traffic.answered > 0
+                gave_up[name] = ClusterResult(
+                    name,
+                    Outcome.UNREACHABLE,
+                    detail=(
+                        f"answered, then gave no answer to a later request within {wait:g}s of the others' answers"
+                        if answered
+                        else f"no answer within {wait:g}s of the others' answers, after none within the "
+                        f"{timeout:g}s deadline earlier in this command"
+                    ),
+                    elapsed_s=clock.monotonic() - begun,
+                )
+                if answered and silent is not None:
+                    silent.discard(name)
+
     async with anyio.create_task_group() as local:
         owner = background if background is not None else local
         for name in names:
             owner.start_soon(run_one, name)
         try:
-            await decided.wait()
+            await wait_decided()
             check_waited_for()
             if not waited_for.is_set():
                 # The grace is a wait like the one above: a cancellation landing in it
@@ -240,4 +294,6 @@ async def fan_out(
             for name, scope in scopes.items():
                 if name not in results:
                     scope.cancel()
-    return dict(results)
+    for name, result in gave_up.items():
+        log.info("cluster outcome", cluster=name, outcome=str(result.outcome), detail=result.detail)
+    return dict(results) | gave_up

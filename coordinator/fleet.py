@@ -162,7 +162,7 @@ async def list_leases(clusters: ClusterSet, names: list[str]) -> dict[str, Clust
             return ClusterResult(name, outcome_of(err), detail=err.detail)
         return ClusterResult(name, Outcome.OK, _views(name, resp.body.get("items"), resp.server_time))
 
-    return await fan_out(names, one, timeout=clusters.timeout)
+    return await fan_out(names, one, timeout=clusters.timeout, silent=clusters.silent)
 
 
 def _key(view: LeaseView) -> tuple[str, str]:

@@ -560,7 +560,9 @@ class HistoryStore:
     async def append(self, events: list[dict[str, Any]], *, timeout: float) -> dict[str, ClusterResult[int]]:
         """Add ``events`` to every member's copy; per-cluster outcomes, never raises for a
         cluster's failure."""
-        return await fan_out(self.members, lambda c: self._append_one(c, events), timeout=timeout)
+        return await fan_out(
+            self.members, lambda c: self._append_one(c, events), timeout=timeout, silent=self.clusters.silent
+        )
 
     async def record(self, events: list[dict[str, Any]], *, timeout: float) -> None:
         """Best effort: :meth:`append`, any failure logged as a warning. It waits until a
@@ -617,7 +619,7 @@ class HistoryStore:
             copies[cluster] = decode(obj, now=server_now)
             return ClusterResult(cluster, Outcome.OK, len(copies[cluster]))
 
-        results = await fan_out(self.members, one, timeout=timeout)
+        results = await fan_out(self.members, one, timeout=timeout, silent=self.clusters.silent)
         return _merge_clean(copies.values()), results
 
     async def create_empty(self, cluster: str) -> ClusterResult[str]:

@@ -307,7 +307,7 @@ async def _until_new_set_takeable(
     others = [m for m in new if m not in seed]
     new_set = Majorities([new])
     while others and not lost.is_set():
-        results = await fan_out(others, one, timeout=joint.timeout)
+        results = await fan_out(others, one, timeout=joint.timeout, silent=joint.clusters.silent)
         takeable = [*seed, *(k for k, r in results.items() if r.ok and r.value)]
         left = deadline - anyio.current_time()
         if new_set.reached(takeable) or left <= 0:
@@ -438,7 +438,7 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
     def allowed(cluster: str, value: Stored) -> bool:
         return of_this_change_on(value, views.get(cluster)) and value in allow
 
-    results = await fan_out(seed, one, timeout=engine.timeout)
+    results = await fan_out(seed, one, timeout=engine.timeout, silent=engine.clusters.silent)
     engine.core.raise_on_mismatch(results)  # type: ignore[arg-type]
     names = {m.identity: m.name for m in engine.clusters.config.clusters.values()}
     foreign: dict[str, Stored] = {

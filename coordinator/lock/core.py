@@ -585,7 +585,7 @@ class EngineCore:
                 return failed(cluster, err)  # type: ignore[return-value]
             return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "read"))
 
-        return await fan_out(self.members, on_cluster, timeout=self.timeout)
+        return await fan_out(self.members, on_cluster, timeout=self.timeout, silent=self.clusters.silent)
 
     def follow_record(self, stored: Iterable[Membership]) -> bool:
         """Take up this machine's record again when it moved on to a configuration that the

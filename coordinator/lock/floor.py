@@ -278,7 +278,12 @@ class TokenFloor:
         member's state object; the results per member. A member change calls it once
         the new set is committed: the leases are not the only place that set lives, so
         deleting every lease cannot leave the members unable to confirm it."""
-        return await fan_out(self.core.members, lambda c: self._raise_floor(c, token), timeout=self.core.timeout)
+        return await fan_out(
+            self.core.members,
+            lambda c: self._raise_floor(c, token),
+            timeout=self.core.timeout,
+            silent=self.core.clusters.silent,
+        )
 
     async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
         collection, path = state_paths(self.core.dep.namespace, self.core.dep.name, self.core.dep.storage)

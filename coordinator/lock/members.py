@@ -57,7 +57,7 @@ class Members:
                     return failed(cluster, err2)  # type: ignore[return-value]
                 return ClusterResult(cluster, Outcome.OK, ClusterLease(view, "exists"), detail="lease exists")
 
-        results = await fan_out(self.core.members, one, timeout=self.core.timeout)
+        results = await fan_out(self.core.members, one, timeout=self.core.timeout, silent=self.core.clusters.silent)
         stored = {k: self.core.stored_membership(r.value.view) for k, r in results.items() if r.value and r.value.view}
         verdict = self.core.check_members(stored)
         if verdict.verdict is Verdict.CONFLICT:
@@ -180,7 +180,7 @@ class Members:
 
             return await self.core.cas(cluster, view, decide)
 
-        results = await fan_out(self.core.members, one, timeout=self.core.timeout)
+        results = await fan_out(self.core.members, one, timeout=self.core.timeout, silent=self.core.clusters.silent)
         self.core.raise_on_mismatch(results)
         taken = [k for k, r in results.items() if r.value is not None and r.value.action == "another member set"]
         if taken:

@@ -70,7 +70,10 @@ class Release:
         self, clusters: list[str], lock_id: str, into: dict[str, ClusterResult[ClusterLease]]
     ) -> None:
         released = await fan_out(
-            clusters, lambda c: self.release_one(c, lock_id, keep_claim=True), timeout=self.core.timeout
+            clusters,
+            lambda c: self.release_one(c, lock_id, keep_claim=True),
+            timeout=self.core.timeout,
+            silent=self.core.clusters.silent,
         )
         for name, r in released.items():
             prev = into.get(name)
@@ -103,13 +106,23 @@ class Release:
         lock possibly held there until the TTL, so it raises NoQuorumError (4). When this
         machine's record moved on to a member set the leases store (a change made under
         this lock), the release goes to the members it names now too."""
-        results = await fan_out(self.core.members, lambda c: self.release_one(c, lock_id), timeout=self.core.timeout)
+        results = await fan_out(
+            self.core.members,
+            lambda c: self.release_one(c, lock_id),
+            timeout=self.core.timeout,
+            silent=self.core.clusters.silent,
+        )
         self.core.raise_on_mismatch(results)
         moved = [m for r in results.values() if r.value and (m := self.core.other_set(r.value.view)) is not None]
         if moved and self.core.follow_record(moved):
             more = [c for c in self.core.members if c not in results or not results[c].ok]
             if more:
-                results |= await fan_out(more, lambda c: self.release_one(c, lock_id), timeout=self.core.timeout)
+                results |= await fan_out(
+                    more,
+                    lambda c: self.release_one(c, lock_id),
+                    timeout=self.core.timeout,
+                    silent=self.core.clusters.silent,
+                )
                 self.core.raise_on_mismatch(results)
             results = {c: r for c, r in results.items() if c in self.core.members}
         ours = [k for k, r in results.items() if r.ok and r.extra.get("ours")]
@@ -215,7 +228,9 @@ class Release:
 
             return await self.core.cas(cluster, view, decide)
 
-        results = await fan_out(self.core.members, on_cluster, timeout=self.core.timeout)
+        results = await fan_out(
+            self.core.members, on_cluster, timeout=self.core.timeout, silent=self.core.clusters.silent
+        )
         self.core.raise_on_mismatch(results)
         # The command says what it broke; the log line is for -v (the history records it too).
         log.info("lock break", deployment=self.core.dep.name, by=by, clusters={k: r.detail for k, r in results.items()})

@@ -117,6 +117,7 @@ class Renew:
             self.core.members,
             on_cluster,
             timeout=self.core.timeout,
+            silent=self.core.clusters.silent,
             until=lambda rs: (
                 bool(lost)
                 or self.core.majorities.impossible(gone)

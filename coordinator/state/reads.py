@@ -69,6 +69,7 @@ class Reads:
                 choice.stale,
                 lambda c: self.replicas.cas(reps[c], stamp, Kind.REPAIR, text),
                 timeout=self.replicas.clusters.timeout,
+                silent=self.replicas.clusters.silent,
             )
             report.repaired = sorted(k for k, r in repaired.items() if r.ok)
             current += len(report.repaired)

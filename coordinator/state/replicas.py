@@ -183,7 +183,13 @@ class Replicas:
         def enough(rs: Any) -> bool:
             return sum(1 for r in rs.values() if r.ok) >= self.q
 
-        results = await fan_out(self.members, one, timeout=self.clusters.timeout, until=enough if early else None)
+        results = await fan_out(
+            self.members,
+            one,
+            timeout=self.clusters.timeout,
+            until=enough if early else None,
+            silent=self.clusters.silent,
+        )
         bad = {k: r for k, r in results.items() if r.outcome is Outcome.IDENTITY_MISMATCH}
         if bad:
             raise IdentityMismatchError(

@@ -185,6 +185,7 @@ class Sync:
             list(targets),
             lambda c: self.replicas.cas(reps[c], stamp, targets[c], text),
             timeout=self.replicas.clusters.timeout,
+            silent=self.replicas.clusters.silent,
         )
         repaired = sorted(k for k, r in fixed.items() if r.ok)
         return {

@@ -166,16 +166,16 @@ def test_clocks_beyond_their_bounds_are_caught_and_within_them_pass() -> None:
 # scripts/simulate.py --seed 1000 --seconds SECONDS --plant NAME --until-found` that passes
 # without the bug), replayed: the bug is found again, by the check that catches it, and the
 # same run without the bug passes. 60 virtual seconds where that finds it, else 120;
-# `no-skew-margin` needs the full 300 (no seed of 1000-1139 fails in 120). docs/simulator.md
+# `no-skew-margin` needs the full 300 (no seed of 1000-1042 fails in 120). docs/simulator.md
 # has the full-length search for every plant.
 FOUND = {
     "creation-timestamp": (1002, 60.0, "critical sections overlap"),
     "equal-token-taken": (1000, 120.0, "was reused"),
     "missing-free": (1000, 60.0, "token went down"),
     "namespace-not-made": (1005, 60.0, "store no member set"),
-    "no-skew-margin": (1008, 300.0, "critical sections overlap"),
+    "no-skew-margin": (1026, 300.0, "critical sections overlap"),
     "no-token-floor": (1000, 120.0, "was reused"),
-    "renew-retakes": (1093, 60.0, "a break did not stick"),
+    "renew-retakes": (1094, 60.0, "a break did not stick"),
     "sync-over-promise": (1028, 120.0, "linearizab"),
     "unconfirmed-take": (1055, 120.0, "critical sections overlap"),
 }

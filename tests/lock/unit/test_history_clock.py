@@ -24,6 +24,7 @@ class _HistoryClusters:
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.silent: set[str] = set()
 
     async def check_identity(self, name: str) -> None:
         return None
