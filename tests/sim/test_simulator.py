@@ -166,7 +166,7 @@ def test_clocks_beyond_their_bounds_are_caught_and_within_them_pass() -> None:
 # scripts/simulate.py --seed 1000 --seconds SECONDS --plant NAME --until-found` that passes
 # without the bug), replayed: the bug is found again, by the check that catches it, and the
 # same run without the bug passes. 60 virtual seconds where that finds it, else 120;
-# `no-skew-margin` needs the full 300 (no seed of 1000-1042 fails in 120). docs/simulator.md
+# `no-skew-margin` needs the full 300 (no seed of 1000-1201 fails in 120). docs/simulator.md
 # has the full-length search for every plant.
 FOUND = {
     "creation-timestamp": (1002, 60.0, "critical sections overlap"),
