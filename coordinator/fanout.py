@@ -112,6 +112,18 @@ class _Traffic:
             extra={ANSWERED: True},
         )
 
+    def given_up(self, cluster: str, wait: float, timeout: float) -> ClusterResult[Any]:
+        """A cluster silent earlier in the command, still unanswered ``wait`` seconds after
+        the others' answers (see fan_out's ``silent``)."""
+        if self.answered:
+            detail = f"answered, then gave no answer to a later request within {wait:g}s of the others' answers"
+        else:
+            detail = (
+                f"no answer within {wait:g}s of the others' answers, after none within the {timeout:g}s "
+                "deadline earlier in this command"
+            )
+        return ClusterResult(cluster, Outcome.UNREACHABLE, detail=detail, elapsed_s=clock.monotonic() - self.started)
+
 
 async def fan_out(
     clusters: Iterable[str],
@@ -227,43 +239,32 @@ async def fan_out(
                 decided.set()
 
     # Silent clusters get a shorter wait only beside at least one that is not.
-    short = silent is not None and not set(names) <= silent and bool(silent & set(names))
+    asked_silent = set(names) & silent if silent is not None else set()
+    short = bool(asked_silent) and len(asked_silent) < len(names)
     gave_up: dict[str, ClusterResult[T]] = {}
 
     async def wait_decided() -> None:
         if not short:
             await decided.wait()
             return
+        wait = silent_wait(timeout)
         async with anyio.create_task_group() as waits:
 
             async def cap() -> None:
                 await waited_for.wait()
-                await anyio.sleep(silent_wait(timeout))
+                await anyio.sleep(wait)
                 waits.cancel_scope.cancel()
 
-            check_waited_for()
             waits.start_soon(cap)
             await decided.wait()
             waits.cancel_scope.cancel()
-        if not decided.is_set():
-            wait = silent_wait(timeout)
-            for name in names:
-                if name in results:
-                    continue
-                traffic = traffics.get(name)
-                answered = traffic is not None and traffic.answered > 0
-                gave_up[name] = ClusterResult(
-                    name,
-                    Outcome.UNREACHABLE,
-                    detail=(
-                        f"answered, then gave no answer to a later request within {wait:g}s of the others' answers"
-                        if answered
-                        else f"no answer within {wait:g}s of the others' answers, after none within the "
-                        f"{timeout:g}s deadline earlier in this command"
-                    ),
-                    elapsed_s=clock.monotonic() - begun,
-                )
-                if answered and silent is not None:
+        if decided.is_set():
+            return
+        for name in names:
+            if name not in results:
+                traffic = traffics.get(name) or _Traffic(begun)
+                gave_up[name] = traffic.given_up(name, wait, timeout)
+                if traffic.answered and silent is not None:
                     silent.discard(name)
 
     async with anyio.create_task_group() as local:

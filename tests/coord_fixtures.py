@@ -61,11 +61,7 @@ def _every_server_runs(sandbox: Any) -> bool:
         record = require_record(Layout.of(sandbox.dir))
     except Exception:  # not a sandbox (or gone): keep the suite's deadline
         return False
-    for c in record.clusters:
-        servers = [c.etcd, c.proxy, *c.apiserver_processes()] if c.ha else [c.etcd, c.apiserver]
-        if any(component_state(server) != "running" for server in servers):
-            return False
-    return True
+    return all(component_state(server) == "running" for c in record.clusters for server in c.servers())
 
 
 @dataclass

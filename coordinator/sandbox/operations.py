@@ -418,13 +418,7 @@ def heal(dir: Path | str | None = None, *, timeout: float = 120.0) -> list[int]:
     record = require_record(layout)
     touched: list[int] = []
     for c in record.clusters:
-        if c.ha:
-            if {component_state(s) for s in [c.etcd, c.proxy, *c.apiserver_processes()]} != {"running"}:
-                touched.append(c.index)
-                start(layout.root, c.index, timeout=timeout)
-            continue
-        states = {component_state(c.etcd), component_state(c.apiserver)}
-        if states != {"running"}:
+        if {component_state(s) for s in c.servers()} != {"running"}:
             touched.append(c.index)
             start(layout.root, c.index, timeout=timeout)
     return touched

@@ -86,6 +86,11 @@ class ClusterRecord(BaseModel):
             return [b.process for b in self.backends]
         return [self.apiserver]
 
+    def servers(self) -> list[ServerProcess | None]:
+        """Every server the cluster runs: etcd, the front proxy of an HA cluster, and
+        every kube-apiserver (None: never started)."""
+        return [self.etcd, *([self.proxy] if self.ha else []), *self.apiserver_processes()]
+
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"

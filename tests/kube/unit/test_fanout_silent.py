@@ -11,7 +11,12 @@ from coordinator.kube.client import request_events
 from coordinator.outcome import Outcome
 
 
-def _operation(answers_after: dict[str, float]) -> object:
+def _fan_out(
+    names: list[str], answers_after: dict[str, float], *, timeout: float, silent: set[str]
+) -> dict[str, ClusterResult[str]]:
+    """fan_out over ``names``, each answering its one request after ``answers_after``
+    seconds (at once if not named)."""
+
     async def operation(name: str) -> ClusterResult[str]:
         tell = request_events.get()
         assert tell is not None
@@ -20,7 +25,10 @@ def _operation(answers_after: dict[str, float]) -> object:
         tell("answered")
         return ClusterResult(name, Outcome.OK, name)
 
-    return operation
+    async def go() -> dict[str, ClusterResult[str]]:
+        return await fan_out(names, operation, timeout=timeout, silent=silent)
+
+    return anyio.run(go)
 
 
 def test_the_silent_wait_is_a_quarter_of_the_deadline_at_least_a_second_at_most_the_deadline() -> None:
@@ -32,13 +40,8 @@ def test_the_silent_wait_is_a_quarter_of_the_deadline_at_least_a_second_at_most_
 
 def test_a_cluster_silent_earlier_is_given_up_on_after_the_short_wait() -> None:
     silent = {"c2"}
-
-    async def go() -> dict[str, ClusterResult[str]]:
-        # c2 never answers; with the whole deadline the detail would say 8s.
-        op = _operation({"c2": 3600})
-        return await fan_out(["c1", "c2", "c3"], op, timeout=8, silent=silent)  # type: ignore[arg-type]
-
-    out = anyio.run(go)
+    # c2 never answers; with the whole deadline the detail would say 8s.
+    out = _fan_out(["c1", "c2", "c3"], {"c2": 3600}, timeout=8, silent=silent)
     assert out["c1"].ok and out["c3"].ok
     assert out["c2"].outcome is Outcome.UNREACHABLE
     assert out["c2"].detail == (
@@ -49,34 +52,19 @@ def test_a_cluster_silent_earlier_is_given_up_on_after_the_short_wait() -> None:
 
 def test_a_silent_cluster_that_answers_in_the_short_wait_counts_and_is_silent_no_more() -> None:
     silent = {"c2"}
-
-    async def go() -> dict[str, ClusterResult[str]]:
-        op = _operation({"c2": 0.05})
-        return await fan_out(["c1", "c2", "c3"], op, timeout=60, silent=silent)  # type: ignore[arg-type]
-
-    out = anyio.run(go)
+    out = _fan_out(["c1", "c2", "c3"], {"c2": 0.05}, timeout=60, silent=silent)
     assert all(r.ok for r in out.values()), out
     assert silent == set()
 
 
 def test_a_cluster_that_is_not_silent_gets_the_whole_deadline() -> None:
-    async def go() -> dict[str, ClusterResult[str]]:
-        op = _operation({"c2": 2.5})
-        return await fan_out(["c1", "c2", "c3"], op, timeout=4, silent={"c3"})  # type: ignore[arg-type]
-
     # c2 answers after 2.5 s, past the 1 s a silent cluster would get: it is waited for.
-    out = anyio.run(go)
+    out = _fan_out(["c1", "c2", "c3"], {"c2": 2.5}, timeout=4, silent={"c3"})
     assert out["c2"].ok, out
 
 
 def test_with_every_cluster_silent_each_gets_the_whole_deadline() -> None:
-    silent = {"c1", "c2"}
-
-    async def go() -> dict[str, ClusterResult[str]]:
-        op = _operation({"c1": 3600, "c2": 3600})
-        return await fan_out(["c1", "c2"], op, timeout=0.3, silent=silent)  # type: ignore[arg-type]
-
-    out = anyio.run(go)
+    out = _fan_out(["c1", "c2"], {"c1": 3600, "c2": 3600}, timeout=0.3, silent={"c1", "c2"})
     assert {k: r.detail for k, r in out.items()} == {"c1": "no answer within 0.3s", "c2": "no answer within 0.3s"}
 
 
