@@ -16,6 +16,7 @@ import pytest
 from helpers.throttle import throttled  # noqa: F401
 
 from coordinator.kube.resources import configmaps_path, lease_path
+from coordinator.lease import lock_id_of
 
 integration = pytest.mark.integration
 
@@ -96,18 +97,24 @@ def test_a_throttled_probe_never_takes_a_lapsed_lease(busy: Any) -> None:
 
     env = busy.env
     took = _json_ok(env.cli("-o", "json", "lock", "acquire", "web", "--ttl", "3s", env={"COORDINATOR_HOLDER": "alice"}))
+
+    def alices(i: int) -> bool:
+        lease = env.sandbox.admin(i).get(lease_path(env.namespace, "coordinator-lock-web"))
+        return bool(lock_id_of(lease["spec"].get("holderIdentity")) == took["lock_id"])
+
+    # A won acquisition does not wait for a straggling member: under load one of the three
+    # may never have carried Alice's lease. The two throttled members are two that do.
+    held = [i for i in (1, 2, 3) if alices(i)]
+    assert len(held) >= 2, held
+    chosen = held[:2]
     time.sleep(12)  # 3 s TTL + 2 s + 5 s skew margin, and some
-    for i in (1, 2):
+    for i in chosen:
         busy.throttle_writes(i, "coordinator-lock-web", retry_after=30, times=None)
     proc = env.cli("--timeout", "3s", "-o", "json", "lock", "acquire", "web", env={"COORDINATOR_HOLDER": "bob"})
     assert proc.returncode == 4, proc.stdout + proc.stderr
     outcomes = outcomes_of(proc)
-    assert outcomes["u1"] == outcomes["u2"] == "throttled", outcomes
-    for i in (1, 2):
-        lease = env.sandbox.admin(i).get(lease_path(env.namespace, "coordinator-lock-web"))
-        assert lease["spec"].get("holderIdentity", "").startswith(took["lock_id"]) or took["lock_id"] in json.dumps(
-            lease["spec"]
-        ), lease["spec"]
+    assert [outcomes[f"u{i}"] for i in chosen] == ["throttled", "throttled"], outcomes
+    assert all(alices(i) for i in chosen), chosen
 
 
 def _json_ok(proc: subprocess.CompletedProcess[str]) -> Any:
