@@ -888,12 +888,25 @@ def apply_breaks(
     was invoked are still overlaps, and sections that entered after it completed are
     untouched; only the window of the break itself is given up. Fencing must still
     refuse the broken holder's later writes: that is judged on the register.
+
+    A section may carry ``held_from``: when a majority of the leases first carried its
+    lock, as the servers held them (the simulator knows it). A section that entered after
+    a break completed, whose lock was so held before the break completed, counts as
+    entered at ``held_from``: its acquisition and the break were concurrent, the take may
+    be ordered before the break, and the break then ended it. From ``held_from`` to the
+    break it is judged like any section (another holder inside then is an overlap). An
+    acquisition that never held a majority at one instant has no ``held_from`` and no
+    such excuse.
     """
     spans = sorted((float(a), float(b)) for a, b in breaks)
     out: list[dict[str, Any]] = []
     for record in sections:
         s = dict(record)
         enter = float(s["enter"])
+        held_from = float(s.get("held_from", enter))
+        if held_from < enter and any(held_from < completed <= enter for _, completed in spans):
+            enter = held_from
+            s["enter"] = held_from
         exit_ = _INFINITY if s.get("exit") is None else float(s["exit"])
         for invoked, completed in spans:
             if enter < completed and exit_ > invoked:

@@ -124,6 +124,8 @@ class Store:
         self.keep = keep
         self.compacted = 0  # changes at or below this revision are forgotten
         self.watches: set[_Watch] = set()
+        # Told every change as it is made (the simulator's record of who held which lease).
+        self.observers: list[Callable[[Change], None]] = []
         # id(object) -> (the object, its JSON), for the objects stored now.
         self._encoded: dict[int, tuple[JSON, bytes]] = {}
         # id(object) -> (the object, its managedFields read), made when first asked for.
@@ -192,6 +194,8 @@ class Store:
         self.history.append(change)
         while len(self.history) > self.keep:
             self.compacted = self.history.popleft().revision
+        for observe in self.observers:
+            observe(change)
         for watch in list(self.watches):
             watch.offer(change)
 

@@ -361,7 +361,7 @@ _plant("no-skew-margin", "the lapse margin without --max-server-skew (HA servers
 _plant("no-token-floor", "an acquisition that does not record its token on the state objects", "fd4277a",
        _no_token_floor, kinds=("delete-lease-all",))  # fmt: skip
 _plant("unconfirmed-take", "an acquisition that counts its takes without reading them again", "142a105",
-       _unconfirmed_take, kinds=("break-holder",))  # fmt: skip
+       _unconfirmed_take, kinds=("break-holder", "delay"), clusters=5, faults=4.0)  # fmt: skip
 _plant("sync-over-promise", "`state sync` overwriting a newer promise", "3fc3182",
        _sync_over_newer_promise, kinds=("foreign-write", "cut-minority"),
        fields=("coordinator.io/state-promise",), readers=3)  # fmt: skip

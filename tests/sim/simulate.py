@@ -275,6 +275,45 @@ def server_time() -> datetime:
 # ------------------------------------------------------------------ the run
 
 
+class LeaseTruth:
+    """When each lock id first held a majority of the clusters' leases, read from the
+    stores as they change: what the servers held, not what any contender said.
+
+    An acquisition that returns after an operator's break may have held its majority
+    before the break cleared it (its command still finishing): the break is then ordered
+    after the take, and the check gives the section up from the break on
+    (:func:`faults.checkers.apply_breaks`, ``held_from``). An attempt that never held a
+    majority at one instant gets no such excuse. Counted against every cluster of the
+    world (a majority of members and spares alike), and only leases whose holder a
+    coordinator manager owns, so the excuse is never wider than the members' truth."""
+
+    def __init__(self, world: World) -> None:
+        from coordinator.quorum import quorum_size
+        from sim.contenders import _lease_key
+
+        self.key = _lease_key()
+        self.needed = quorum_size(len(world.clusters))
+        self.holding: dict[str, str | None] = {}
+        self.held_from: dict[str, float] = {}
+        for name, cluster in world.clusters.items():
+            cluster.store.observers.append(lambda change, name=name: self._changed(name, change))
+
+    def _changed(self, cluster: str, change: Any) -> None:
+        from coordinator.lease import lock_id_of
+        from sim.contenders import _holder_owned_by_coordinator
+
+        if change.key != self.key:
+            return
+        obj = change.obj
+        holder = None
+        if change.type != "DELETED" and _holder_owned_by_coordinator(obj):
+            holder = lock_id_of((obj.get("spec") or {}).get("holderIdentity")) or None
+        self.holding[cluster] = holder
+        if holder is not None and holder not in self.held_from:
+            if sum(1 for held in self.holding.values() if held == holder) >= self.needed:
+                self.held_from[holder] = now()
+
+
 @dataclass
 class Sim:
     """What one run shares: the world, the network, the history, the contenders' state."""
@@ -296,6 +335,7 @@ class Sim:
     entered: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # lock id -> (process, mode, t)
     faults: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    truth: LeaseTruth | None = None
 
     @property
     def members(self) -> list[str]:
@@ -485,7 +525,7 @@ async def _run_in(opts: Options, schedule: list[Any], workdir: Path) -> Result:
             cluster.servers[1].offset = timedelta(seconds=skew)
     net = Network(random.Random(f"{opts.seed}:network"))
     config = await _setup(world, workdir, names, names[: opts.clusters])
-    sim = Sim(opts, world, net, Recorder(), config, workdir)
+    sim = Sim(opts, world, net, Recorder(), config, workdir, truth=LeaseTruth(world))
     injector = Injector(sim, schedule)
     players = contenders(sim)
     with _recording_renewals(sim.renewals):
@@ -621,6 +661,12 @@ def _judge(sim: Sim, schedule: list[Any]) -> Result:
         for s in rec.sections
         if s.exit is not None
     ]
+    if sim.truth is not None:
+        lock_ids = {(process, t): lock_id for lock_id, (process, _, t) in sim.entered.items()}
+        for s in recorded:
+            lock_id = lock_ids.get((s["process"], s["enter"]))
+            if lock_id is not None and lock_id in sim.truth.held_from:
+                s["held_from"] = sim.truth.held_from[lock_id]
     sections = apply_breaks(recorded, rec.breaks)
     ops = list(rec.ops.values())
     checks = [

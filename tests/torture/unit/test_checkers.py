@@ -527,6 +527,23 @@ def test_a_holder_entering_during_a_break_is_left_out_of_the_token_order_only() 
     assert check_mutual_exclusion(after).kinds == ["token-not-rising"]
 
 
+def test_a_lock_held_by_a_majority_before_the_break_completed_counts_as_entered_then() -> None:
+    # c's take held a majority at 5.2, during the break (5.0-5.5); its command returned at
+    # 5.6, and d took the lock at 6. The break may be ordered after c's take: c is cut.
+    held = [{**sec("c", 3, 5.6, 9), "held_from": 5.2}, sec("d", 4, 6, 8)]
+    assert check_mutual_exclusion(apply_breaks(held, [(5.0, 5.5)])).ok
+    # Without that evidence, or with a majority first held after the break completed
+    # (an attempt whose takes straddled it), c entered after the break and overlaps d.
+    assert check_mutual_exclusion(apply_breaks([sec("c", 3, 5.6, 9), sec("d", 4, 6, 8)], [(5.0, 5.5)])).kinds == [
+        "overlap"
+    ]
+    late = [{**sec("c", 3, 5.6, 9), "held_from": 5.55}, sec("d", 4, 6, 8)]
+    assert check_mutual_exclusion(apply_breaks(late, [(5.0, 5.5)])).kinds == ["overlap"]
+    # c counts as inside from 5.2 to the break: e, inside until 5.25, overlaps it.
+    before = [{**sec("c", 3, 5.6, 9), "held_from": 5.2}, sec("e", 2, 4, 5.25)]
+    assert check_mutual_exclusion(apply_breaks(before, [(5.3, 5.5)])).kinds == ["overlap"]
+
+
 def test_a_process_tree_lasts_until_its_last_mark() -> None:
     marks = [
         "100 token 7",
