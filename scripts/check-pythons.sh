@@ -7,8 +7,8 @@
 #   scripts/check-pythons.sh -k lease        # extra arguments go to pytest
 #
 # Each version gets a virtualenv of its own under ~/.cache/coordinator/venvs/py3.X with the
-# package's requirements, its test and sandbox extras and its build backend, at
-# constraints/dev.txt's versions.
+# package's requirements, its test extra, the sandbox's requirements (sandbox/) and its
+# build backend, at constraints/dev.txt's versions.
 # It holds no code of the checkout (the tests import coordinator from the checkout, through
 # PYTHONPATH), so every clone on the machine can use it; it is made again when what it was
 # made from changes: the requirements in pyproject.toml, constraints/dev.txt or the
@@ -50,15 +50,18 @@ find_python() {
     return 1
 }
 
-# What the package needs with its test and sandbox extras, and the build backend (the unit
-# tests ask setuptools which packages the wheel holds), as pyproject.toml says.
+# What the package needs with its test extra, what the sandbox needs besides coordinator
+# (sandbox/pyproject.toml), and the build backend (the unit tests ask setuptools which
+# packages the wheel holds), as the pyproject.toml files say.
 requirements() {
     "$1" - <<'EOF'
 import tomllib
 
 pyproject = tomllib.load(open("pyproject.toml", "rb"))
 project, extras = pyproject["project"], pyproject["project"]["optional-dependencies"]
-print("\n".join([*project["dependencies"], *extras["test"], *extras["sandbox"], *pyproject["build-system"]["requires"]]))
+sandbox = [d for d in tomllib.load(open("sandbox/pyproject.toml", "rb"))["project"]["dependencies"]
+           if not d.startswith("coordinator")]
+print("\n".join([*project["dependencies"], *extras["test"], *sandbox, *pyproject["build-system"]["requires"]]))
 EOF
 }
 
@@ -106,7 +109,7 @@ for version in "${versions[@]}"; do
     echo "== unit tests on $("${venv}/bin/python" --version) (${python})"
     # The checkout's bytecode for this version, once (PYTHONDONTWRITEBYTECODE may be set).
     "${venv}/bin/python" -m compileall -q coordinator tests >/dev/null
-    PATH="${venv}/bin:${PATH}" PYTHONPATH="${root}${PYTHONPATH:+:${PYTHONPATH}}" "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
+    PATH="${venv}/bin:${PATH}" PYTHONPATH="${root}:${root}/sandbox${PYTHONPATH:+:${PYTHONPATH}}" "${venv}/bin/python" -m pytest -q -p no:cacheprovider \
         -m unit -n "${COORDINATOR_TEST_WORKERS:-2}" --dist worksteal tests "$@" || status=$?
     exec 9>&-
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The package as users get it: build the sdist and the wheel (with `python -m build`, the
 # wheel from the sdist, as a release is made), check that the wheel holds the coordinator
-# package and nothing of the test suite, install it into a fresh virtualenv and run
-# `coordinator --version` there.
+# package and nothing of the test suite or the sandbox, install it into a fresh virtualenv
+# and run `coordinator --version` there (and `coordinator sandbox`, which must say what to
+# install).
 #
 #   scripts/check-wheel.sh         # in a temporary folder, removed at the end
 #   scripts/check-wheel.sh DIR     # leaves DIR/dist and DIR/venv (tests/project/integration/test_wheel.py
@@ -74,6 +75,8 @@ with zipfile.ZipFile(wheel) as whl:
             problems.append(f"{name}: outside the coordinator package")
         elif TOOLS & set(name.split("/")[:-1]):
             problems.append(f"{name}: a test tool's folder")
+        elif "sandbox" in name.lower():
+            problems.append(f"{name}: sandbox code (a distribution of its own, sandbox/)")
         if name.endswith(".py"):
             for node in ast.walk(ast.parse(whl.read(name), name)):
                 if isinstance(node, ast.Import):
@@ -92,12 +95,14 @@ with zipfile.ZipFile(wheel) as whl:
         dist = req.split(";")[0].split("<")[0].split(">")[0].split("=")[0].split("[")[0].strip().lower()
         if "extra ==" not in req and dist.replace("-", "_") in TOOLS | {"pytest_xdist", "ruff", "mypy"}:
             problems.append(f"Requires-Dist {req!r}: a test tool every user would install")
+        if dist in ("cryptography", "coordinator-sandbox"):
+            problems.append(f"Requires-Dist {req!r}: the sandbox's, not coordinator's")
     entry_points = whl.read(info + "entry_points.txt").decode()
     if "coordinator = coordinator.cli:main" not in entry_points:
         problems.append("the console script coordinator = coordinator.cli:main is missing")
 if problems:
     sys.exit("check-wheel: the wheel is not what users should get:\n  " + "\n  ".join(problems))
-print(f"{len(names)} files, all under coordinator/ and its dist-info; no test tools")
+print(f"{len(names)} files, all under coordinator/ and its dist-info; no test tools, no sandbox")
 EOF
 
 echo "== a fresh virtualenv with the wheel and its requirements"
@@ -118,6 +123,15 @@ fi
 plugin=$(env -u PYTHONPATH "${venv}/bin/kubectl-coordinator" --version)
 if [[ "${plugin}" != "${shown}" ]]; then
     echo "check-wheel: kubectl-coordinator --version said '${plugin}', not '${shown}'" >&2
+    exit 1
+fi
+# Without the sandbox distribution, `coordinator sandbox` says what to install and exits 2.
+set +e
+missing=$(env -u PYTHONPATH "${venv}/bin/coordinator" sandbox status 2>&1)
+code=$?
+set -e
+if [[ ${code} -ne 2 || "${missing}" != *"pip install ./sandbox"* ]]; then
+    echo "check-wheel: coordinator sandbox status exited ${code} without the sandbox installed: ${missing}" >&2
     exit 1
 fi
 origin=$(env -u PYTHONPATH "${venv}/bin/python" -c 'import coordinator; print(coordinator.__file__)')

@@ -46,11 +46,12 @@ if [[ ! -x "${VENV}/bin/python" ]]; then
 fi
 stamp="${VENV}/.coordinator-installed"
 # The dev tools' versions are pinned in constraints/dev.txt: every run checks with the same ones.
-if [[ ! -f "${stamp}" || pyproject.toml -nt "${stamp}" || constraints/dev.txt -nt "${stamp}" ]]; then
-    say "installing coordinator with its test, sandbox, benchmark and docs extras (versions from constraints/dev.txt)"
+if [[ ! -f "${stamp}" || pyproject.toml -nt "${stamp}" || sandbox/pyproject.toml -nt "${stamp}" ||
+      constraints/dev.txt -nt "${stamp}" ]]; then
+    say "installing coordinator with its test, benchmark and docs extras, and the sandbox (sandbox/) beside it (versions from constraints/dev.txt)"
     log="${VENV}/pip-install.log"
     if ! { "${VENV}/bin/python" -m pip install --upgrade pip -c constraints/dev.txt &&
-           "${VENV}/bin/python" -m pip install -e ".[test,sandbox,bench,docs]" -c constraints/dev.txt; } >"${log}" 2>&1; then
+           "${VENV}/bin/python" -m pip install -e ".[test,bench,docs]" -e ./sandbox -c constraints/dev.txt; } >"${log}" 2>&1; then
         tail -n 30 "${log}" >&2
         say "pip install failed; the whole log is in ${log}"
         exit 1

@@ -32,9 +32,9 @@ source scripts/setup.sh
 began=${SECONDS}
 if [ "$#" -eq 0 ]; then
     echo "== ruff check"
-    "${VENV}/bin/ruff" check coordinator tests scripts
+    "${VENV}/bin/ruff" check coordinator sandbox tests scripts
     echo "== ruff format --check"
-    "${VENV}/bin/ruff" format --check coordinator tests scripts
+    "${VENV}/bin/ruff" format --check coordinator sandbox tests scripts
     echo "== mypy"
     "${VENV}/bin/mypy"
     echo "== lint-imports (the layer contracts in pyproject.toml)"

@@ -1,7 +1,7 @@
 """Shared fixtures: real local control planes (etcd + kube-apiserver) for integration tests.
 
 ``sandbox3`` / ``sandbox5``
-    A session-wide :class:`coordinator.sandbox.Sandbox` of 3 / 5 clusters, each in a
+    A session-wide :class:`coordinator_sandbox.Sandbox` of 3 / 5 clusters, each in a
     temporary directory, started the first time a test asks for it and stopped at the
     end of the session (also on Ctrl-C) with no process left behind. Useful attributes:
     ``kubeconfig``, ``contexts`` (``sandbox-1`` …), ``restricted_contexts``,
@@ -38,9 +38,9 @@ from types import FrameType
 import cliserver
 import pytest
 
-from coordinator import sandbox as sb
+import coordinator_sandbox as sb
 from coordinator.errors import UsageError
-from coordinator.sandbox import process as sb_process
+from coordinator_sandbox import process as sb_process
 
 _PR_SET_CHILD_SUBREAPER = 36
 

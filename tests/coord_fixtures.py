@@ -54,8 +54,8 @@ CALM_TIMEOUT = "10s"
 def _every_server_runs(sandbox: Any) -> bool:
     """Whether every etcd, kube-apiserver and front proxy of ``sandbox`` runs (none
     paused, stopped or killed), as `sandbox status` judges them."""
-    from coordinator.sandbox.records import Layout, require_record
-    from coordinator.sandbox.servers import component_state
+    from coordinator_sandbox.records import Layout, require_record
+    from coordinator_sandbox.servers import component_state
 
     try:
         record = require_record(Layout.of(sandbox.dir))

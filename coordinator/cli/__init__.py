@@ -1,7 +1,9 @@
 """The ``coordinator`` command line: parse, call the API, print, exit.
 
 Command groups are imported lazily (only the group a command needs is imported), so
-``coordinator lock status`` does not pay for the sandbox or state code.
+``coordinator lock status`` does not pay for the state code. Other distributions add
+command groups through the ``coordinator.commands`` entry point: the sandbox
+(``coordinator sandbox``) is one, installed from the repository's ``sandbox/`` folder.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "drift": ("coordinator.cli.drift", "drift"),
     "lock": ("coordinator.cli.lock", "lock"),
     "state": ("coordinator.cli.state", "state"),
-    "sandbox": ("coordinator.cli.sandbox", "sandbox"),
     "rbac": ("coordinator.cli.rbac", "rbac"),
     "completion": ("coordinator.cli.completion", "completion"),
 }
@@ -45,6 +46,44 @@ _SUMMARIES = {
 
 # Set on a top-level group once its parameters that name deployments or clusters complete.
 _COMPLETING = "_coordinator_completing"
+
+# Command groups other distributions add (name -> "module:attribute").
+PLUGINS = "coordinator.commands"
+
+# Groups known by name whose distribution is not installed: what to install.
+_INSTALL = {
+    "sandbox": (
+        "the coordinator-sandbox distribution (local control planes, kept out of coordinator "
+        "itself); in a checkout of coordinator: `pip install ./sandbox`"
+    ),
+}
+
+
+def _plugins() -> dict[str, Any]:
+    """The installed ``coordinator.commands`` entry points, by name."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=PLUGINS) if ep.name not in _COMMANDS}
+
+
+def _plugin(name: str) -> click.Command | None:
+    """The command group ``name`` from an installed distribution; a clear error where it is
+    known but not installed or cannot be imported; None for a name nobody provides."""
+    from coordinator.errors import UsageError
+
+    found = _plugins().get(name)
+    if found is None:
+        if name in _INSTALL:
+            raise UsageError(f"`coordinator {name}` is not installed here. It comes with {_INSTALL[name]}.")
+        return None
+    try:
+        command = found.load()
+    except ImportError as err:
+        install = f" It comes with {_INSTALL[name]}." if name in _INSTALL else ""
+        raise UsageError(f"`coordinator {name}` cannot be loaded ({err}).{install}") from err
+    if not isinstance(command, click.Command):
+        raise UsageError(f"The entry point {found.value!r} for `coordinator {name}` is not a click command.")
+    return command
 
 
 class StdoutClosed(Exception):
@@ -77,14 +116,17 @@ class LazyGroup(Suggesting, click.Group):
             raise
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(_COMMANDS)
+        return sorted({*_COMMANDS, *_plugins()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = _COMMANDS.get(cmd_name)
         if target is None:
-            return None
-        module = importlib.import_module(target[0])
-        command: click.Command = getattr(module, target[1])
+            found = _plugin(cmd_name)
+            if found is None:
+                return None
+            command = found
+        else:
+            command = getattr(importlib.import_module(target[0]), target[1])
         if not getattr(command, _COMPLETING, False):
             from coordinator.cli.completion import attach
 

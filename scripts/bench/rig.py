@@ -152,7 +152,7 @@ def rig(n: int, *, sandbox_dir: Path | None = None) -> Iterator[Rig]:
     """Start everything; stop everything on the way out, whatever happens."""
     from faults.toxiproxy import ToxiproxyServer
 
-    from coordinator import sandbox as sb
+    import coordinator_sandbox as sb
 
     root = Path(tempfile.mkdtemp(prefix="coordinator-bench-"))
     sandbox: Any = None

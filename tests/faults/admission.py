@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from coordinator.sandbox.adminclient import AdminClient
+    from coordinator_sandbox.adminclient import AdminClient
 
 VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 VAP_BINDING = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"

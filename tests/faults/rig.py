@@ -27,7 +27,7 @@ from faults.kinds import FAULT_KINDS, MEMBER_FAULTS
 from faults.recorder import Recorder
 
 if TYPE_CHECKING:
-    from coordinator.sandbox import Sandbox
+    from coordinator_sandbox import Sandbox
     from faults.toxiproxy import Proxy, ToxiproxyServer
 
 
@@ -119,7 +119,7 @@ class Rig:
         self.namespace = "torture-" + secrets.token_hex(3)
 
     def start(self) -> None:
-        from coordinator import sandbox as sb
+        import coordinator_sandbox as sb
         from faults.toxiproxy import ToxiproxyServer
 
         sandbox_dir = self.workdir / "sandbox"

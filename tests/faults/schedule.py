@@ -37,7 +37,7 @@ from faults.tree import TREE_SCRIPT, TREE_TICK_S, alive
 
 if TYPE_CHECKING:
     from coordinator.membership import Membership
-    from coordinator.sandbox import Sandbox
+    from coordinator_sandbox import Sandbox
     from faults.toxiproxy import Proxy
 
 
@@ -534,7 +534,7 @@ class Faults:
         """The record's member set, and every member's Lease and state object, read now."""
         from coordinator.config import ConfigStore
         from coordinator.membership import Membership
-        from coordinator.sandbox.adminclient import AdminRequestError
+        from coordinator_sandbox.adminclient import AdminRequestError
 
         cfg = ConfigStore(self.rig.config).load()
         rec = cfg.deployments[DEPLOYMENT]

@@ -20,7 +20,7 @@ from coord_fixtures import Env
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
 from coordinator.kube.resources import configmaps_path
-from coordinator.sandbox import pki
+from coordinator_sandbox import pki
 from helpers.rbac import connect, grant, mint_user, stdout_ok, user_env
 
 # The API Priority and Fairness API group's path.

@@ -296,7 +296,13 @@ class LeaseTruth:
         self.holding: dict[str, str | None] = {}
         self.held_from: dict[str, float] = {}
         for name, cluster in world.clusters.items():
-            cluster.store.observers.append(lambda change, name=name: self._changed(name, change))
+            cluster.store.observers.append(self._observer(name))
+
+    def _observer(self, cluster: str) -> Callable[[Any], None]:
+        def observe(change: Any) -> None:
+            self._changed(cluster, change)
+
+        return observe
 
     def _changed(self, cluster: str, change: Any) -> None:
         from coordinator.lease import lock_id_of
@@ -656,7 +662,7 @@ def _broken_renewed(sim: Sim) -> list[Violation]:
 
 def _judge(sim: Sim, schedule: list[Any]) -> Result:
     rec = sim.recorder
-    recorded = [
+    recorded: list[dict[str, Any]] = [
         {"process": s.process, "mode": s.mode, "token": s.token, "enter": s.enter, "exit": s.exit, "how": s.how}
         for s in rec.sections
         if s.exit is not None

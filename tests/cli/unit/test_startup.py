@@ -46,7 +46,7 @@ NOT_FOR_STATUS = (
     "coordinator.lock.floor",
     "coordinator.state",
     "coordinator.register",
-    "coordinator.sandbox",
+    "coordinator_sandbox",
 )
 
 _STATUS_PATH = """

@@ -207,7 +207,7 @@ def test_an_api_server_paused_at_the_commit_of_a_finishing_run(dep5: Env, tmp_pa
 
 @pytest.fixture(scope="module")
 def ha() -> Any:
-    from coordinator import sandbox as sb
+    import coordinator_sandbox as sb
 
     directory = Path(tempfile.mkdtemp(prefix="sandbox-ha-adv6-"))
     handle = sb.Sandbox(directory)

@@ -17,9 +17,9 @@ import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from coordinator import sandbox as sb
+import coordinator_sandbox as sb
 from coordinator.errors import UsageError
-from coordinator.sandbox import process
+from coordinator_sandbox import process
 
 pytestmark = pytest.mark.integration
 

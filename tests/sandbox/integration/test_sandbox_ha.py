@@ -5,7 +5,7 @@ The lock judges expiry by server stamps: our last write's managedFields time aga
 probe write's, and where the two come from different API servers of one cluster their
 clocks may differ by up to ``--max-server-skew`` (5 s by default). A skewed server is
 modelled by the proxy: kube-apiserver 1's ``Date``, and the stamps it writes, are shown
-shifted to every reader (see coordinator/sandbox/frontproxy.py).
+shifted to every reader (see sandbox/coordinator_sandbox/frontproxy.py).
 
 Every integration test shares one sandbox of 3 clusters × 2 kube-apiservers; the skew
 is changed between tests with ``set_date_offset``.
@@ -28,10 +28,10 @@ import pytest
 from coord_fixtures import Env, make_env
 from faults.checkers import CheckResult, CriticalSection, check_mutual_exclusion
 
-from coordinator import sandbox as sb
+import coordinator_sandbox as sb
 from coordinator.api import Coordinator
 from coordinator.errors import CoordinatorError
-from coordinator.sandbox.frontproxy import StampLedger, shift_stamp
+from coordinator_sandbox.frontproxy import StampLedger, shift_stamp
 
 # The lock's expiry rule: a lease of someone else lapses when probe stamp − our last
 # write > TTL + 1 % + 2 s + max-server-skew (5 s by default).

@@ -63,7 +63,7 @@ def test_the_config_folder_is_private_under_umask_000(tmp_path: Path) -> None:
 
 # Broke before: under umask 000 the sandbox's parent folders were made 0777 (mkdir parents=True).
 def test_the_sandbox_folders_are_private_under_umask_000(tmp_path: Path) -> None:
-    from coordinator.sandbox.records import Layout, locked
+    from coordinator_sandbox.records import Layout, locked
 
     root = tmp_path / "a" / "b" / "sb"
     old = os.umask(0)

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordinator.errors import UsageError
-from coordinator.sandbox import process
-from coordinator.sandbox.process import ProcessRef
-from coordinator.sandbox.records import DownReport, Layout, SandboxRecord, load_record, locked
-from coordinator.sandbox.servers import Progress, SandboxError, processes_of, proxy_markers, python_names
+from coordinator_sandbox import process
+from coordinator_sandbox.process import ProcessRef
+from coordinator_sandbox.records import DownReport, Layout, SandboxRecord, load_record, locked
+from coordinator_sandbox.servers import Progress, SandboxError, processes_of, proxy_markers, python_names
 
 
 def _all_refs(layout: Layout, record: SandboxRecord | None) -> tuple[list[ProcessRef], list[ProcessRef]]:

@@ -121,7 +121,7 @@ def up_command(
     Kubernetes front proxies do); `sandbox status` shows how many requests each
     kube-apiserver served.
     """
-    from coordinator import sandbox as sb
+    import coordinator_sandbox as sb
     from coordinator.durations import parse_duration
 
     wait = (
@@ -181,7 +181,7 @@ def status_command(ctx: click.Context, dir_: Path | None) -> None:
     --apiservers 2: every kube-apiserver, and through the front proxy).
     Exit status: 0 all up, 4 some cluster is not up, 2 no sandbox in the directory.
     """
-    from coordinator import sandbox as sb
+    import coordinator_sandbox as sb
 
     report = sb.status(dir_)
 
@@ -247,7 +247,7 @@ def down_command(ctx: click.Context, dir_: Path | None, grace: str) -> None:
     SIGTERM first, SIGKILL after the grace period; the logs are kept. Stopping a
     sandbox that is not running is not an error.
     """
-    from coordinator import sandbox as sb
+    import coordinator_sandbox as sb
     from coordinator.durations import parse_duration
 
     report = sb.down(dir_, grace=parse_duration(grace, what="--grace"))
@@ -278,7 +278,7 @@ def _simple(name: str, summary: str, example: str, past: str, *, per_apiserver: 
     """Register one `sandbox NAME I` command acting on cluster I's API server."""
 
     def command(ctx: click.Context, index: int, dir_: Path | None, apiserver: int | None = None) -> None:
-        from coordinator import sandbox as sb
+        import coordinator_sandbox as sb
 
         action = getattr(sb, name)
         if apiserver is None:

@@ -2,7 +2,7 @@
 
 A cluster is one etcd and one kube-apiserver, or (HA, ``sandbox up --apiservers N``) N
 kube-apiservers on the one etcd, each on a port of its own, behind the front proxy
-(:mod:`coordinator.sandbox.frontproxy`, a Python process) on the cluster's address,
+(:mod:`coordinator_sandbox.frontproxy`, a Python process) on the cluster's address,
 ``apiserver_port``; the kubeconfig points at the proxy.
 
 Each program is recorded with its exact arguments, so a later command (in another
@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Literal
 
 from coordinator.errors import CoordinatorError, ExitCode
-from coordinator.sandbox import frontproxy, pki, process
-from coordinator.sandbox.adminclient import AdminRequestError
-from coordinator.sandbox.binaries import Binaries
-from coordinator.sandbox.credentials import ETCD_CA, ETCD_CLIENT, ETCD_SERVER, admin_client, etcd_tls
-from coordinator.sandbox.records import (
+from coordinator_sandbox import frontproxy, pki, process
+from coordinator_sandbox.adminclient import AdminRequestError
+from coordinator_sandbox.binaries import Binaries
+from coordinator_sandbox.credentials import ETCD_CA, ETCD_CLIENT, ETCD_SERVER, admin_client, etcd_tls
+from coordinator_sandbox.records import (
     ClusterRecord,
     ComponentState,
     Layout,
@@ -170,8 +170,8 @@ def backend_args(bins: Binaries, layout: Layout, c: ClusterRecord, j: int) -> li
 
 
 def proxy_args(layout: Layout, c: ClusterRecord) -> list[str]:
-    # Not `-m coordinator.sandbox.frontproxy`: the package imports that module first.
-    entry = "from coordinator.sandbox.frontproxy import main; raise SystemExit(main())"
+    # Not `-m coordinator_sandbox.frontproxy`: the package imports that module first.
+    entry = "from coordinator_sandbox.frontproxy import main; raise SystemExit(main())"
     return [sys.executable, "-c", entry, f"--proxy-config={layout.proxy_config(c.index)}"]
 
 

@@ -16,17 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.errors import UsageError
-from coordinator.sandbox import process
-from coordinator.sandbox.binaries import ETCD_VERSION, KUBE_VERSION, Binaries, find_binaries
-from coordinator.sandbox.credentials import (
+from coordinator_sandbox import process
+from coordinator_sandbox.binaries import ETCD_VERSION, KUBE_VERSION, Binaries, find_binaries
+from coordinator_sandbox.credentials import (
     RESTRICTED_NAMESPACE,
     grant_restricted,
     make_front_proxy_pki,
     make_pki,
     write_kubeconfig,
 )
-from coordinator.sandbox.handle import Sandbox
-from coordinator.sandbox.records import (
+from coordinator_sandbox.handle import Sandbox
+from coordinator_sandbox.records import (
     BackendRecord,
     ClusterRecord,
     Layout,
@@ -35,7 +35,7 @@ from coordinator.sandbox.records import (
     locked,
     save_record,
 )
-from coordinator.sandbox.servers import (
+from coordinator_sandbox.servers import (
     Kind,
     Progress,
     SandboxError,
@@ -47,7 +47,7 @@ from coordinator.sandbox.servers import (
     spawn_proxy,
     tail,
 )
-from coordinator.sandbox.shutdown import clear_leftovers, stop_all
+from coordinator_sandbox.shutdown import clear_leftovers, stop_all
 
 MAX_CLUSTERS = 15
 MAX_APISERVERS = 3
@@ -251,7 +251,7 @@ def up(
     on its one etcd, behind a front proxy on the cluster's address that sends every
     request to one of them, picked at random. ``date_offset`` (seconds, may be
     negative) makes kube-apiserver ``skewed_apiserver`` of every cluster answer as if
-    its clock were that far off (see :mod:`coordinator.sandbox.frontproxy` for what is
+    its clock were that far off (see :mod:`coordinator_sandbox.frontproxy` for what is
     shifted).
 
     ``audit`` makes every kube-apiserver log each write of a Lease (with the object it

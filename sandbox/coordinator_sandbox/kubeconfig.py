@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from coordinator.sandbox.pki import write_private
+from coordinator_sandbox.pki import write_private
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordinator.errors import UsageError
-from coordinator.sandbox import frontproxy, process
-from coordinator.sandbox.credentials import admin_client
-from coordinator.sandbox.records import (
+from coordinator_sandbox import frontproxy, process
+from coordinator_sandbox.credentials import admin_client
+from coordinator_sandbox.records import (
     BackendStatus,
     ClusterRecord,
     ClusterStatus,
@@ -31,7 +31,7 @@ from coordinator.sandbox.records import (
     require_record,
     save_record,
 )
-from coordinator.sandbox.servers import (
+from coordinator_sandbox.servers import (
     SandboxError,
     apiserver_ready,
     component_state,

@@ -8,7 +8,7 @@ authenticates: exactly the situation the identity check must catch.
 
 With ``apiservers=2`` (``sandbox up --apiservers 2``) each cluster is highly available:
 two kube-apiservers on its etcd behind a front proxy on the cluster's address
-(:mod:`coordinator.sandbox.frontproxy`), one of which may answer with shifted times.
+(:mod:`coordinator_sandbox.frontproxy`), one of which may answer with shifted times.
 
     sb = up(3, "/tmp/sb")          # contexts sandbox-1..3 in /tmp/sb/kubeconfig
     sb.pause(1); sb.resume(1)      # cluster 1 accepts connections but never answers
@@ -30,8 +30,8 @@ offset), ``handle`` (:class:`Sandbox`), and ``frontproxy``, the HA clusters' pro
 This package does not import the lock and state engine, nor the Kubernetes client.
 """
 
-from coordinator.sandbox.adminclient import AdminClient, AdminRequestError
-from coordinator.sandbox.binaries import (
+from coordinator_sandbox.adminclient import AdminClient, AdminRequestError
+from coordinator_sandbox.binaries import (
     BUILD_SCRIPT,
     ETCD_VERSION,
     KUBE_VERSION,
@@ -39,10 +39,10 @@ from coordinator.sandbox.binaries import (
     default_bin_dir,
     find_binaries,
 )
-from coordinator.sandbox.credentials import RESTRICTED_NAMESPACE, RESTRICTED_USER, mint_kubeconfig
-from coordinator.sandbox.handle import Sandbox
-from coordinator.sandbox.operations import heal, kill, pause, resume, set_date_offset, start, status
-from coordinator.sandbox.records import (
+from coordinator_sandbox.credentials import RESTRICTED_NAMESPACE, RESTRICTED_USER, mint_kubeconfig
+from coordinator_sandbox.handle import Sandbox
+from coordinator_sandbox.operations import heal, kill, pause, resume, set_date_offset, start, status
+from coordinator_sandbox.records import (
     BackendStatus,
     ClusterStatus,
     DownReport,
@@ -50,9 +50,9 @@ from coordinator.sandbox.records import (
     UserKubeconfig,
     default_dir,
 )
-from coordinator.sandbox.servers import SandboxError
-from coordinator.sandbox.shutdown import down
-from coordinator.sandbox.startup import up
+from coordinator_sandbox.servers import SandboxError
+from coordinator_sandbox.shutdown import down
+from coordinator_sandbox.startup import up
 
 __all__ = [
     "BUILD_SCRIPT",

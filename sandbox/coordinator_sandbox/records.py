@@ -33,8 +33,8 @@ from pydantic import BaseModel, ValidationError
 
 from coordinator.errors import UsageError
 from coordinator.files import FILE_MODE, private_folder
-from coordinator.sandbox.pki import write_private
-from coordinator.sandbox.process import ProcessRef
+from coordinator_sandbox.pki import write_private
+from coordinator_sandbox.process import ProcessRef
 
 STATE_FILE = "sandbox.json"
 
@@ -108,7 +108,7 @@ class SandboxRecord(BaseModel):
     clusters: list[ClusterRecord]
     # kube-apiservers per cluster; with more than one, a front proxy spreads requests
     # over them and one of them (``skewed_apiserver``, 1-based) may answer with times
-    # shifted by ``date_offset_s`` (see coordinator/sandbox/frontproxy.py).
+    # shifted by ``date_offset_s`` (see sandbox/coordinator_sandbox/frontproxy.py).
     apiservers: int = 1
     skewed_apiserver: int = 0
     date_offset_s: float = 0.0

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.errors import UsageError
-from coordinator.sandbox import frontproxy
-from coordinator.sandbox.adminclient import AdminClient
-from coordinator.sandbox.credentials import admin_client, mint_kubeconfig, read_token
-from coordinator.sandbox.operations import (
+from coordinator_sandbox import frontproxy
+from coordinator_sandbox.adminclient import AdminClient
+from coordinator_sandbox.credentials import admin_client, mint_kubeconfig, read_token
+from coordinator_sandbox.operations import (
     chosen_backends,
     heal,
     kill,
@@ -20,7 +20,7 @@ from coordinator.sandbox.operations import (
     start,
     status,
 )
-from coordinator.sandbox.records import (
+from coordinator_sandbox.records import (
     DownReport,
     Layout,
     SandboxRecord,
@@ -29,8 +29,8 @@ from coordinator.sandbox.records import (
     cluster_of,
     require_record,
 )
-from coordinator.sandbox.servers import processes_of
-from coordinator.sandbox.shutdown import down
+from coordinator_sandbox.servers import processes_of
+from coordinator_sandbox.shutdown import down
 
 
 class Sandbox:
@@ -123,7 +123,7 @@ class Sandbox:
 
     def proxy_stats(self, index: int) -> dict[str, Any]:
         """What cluster ``index``'s front proxy counted: requests per kube-apiserver,
-        stamps shifted (see :mod:`coordinator.sandbox.frontproxy`)."""
+        stamps shifted (see :mod:`coordinator_sandbox.frontproxy`)."""
         c = cluster_of(self.record, index)
         if not c.ha:
             raise UsageError(f"Cluster {index} has one kube-apiserver and no front proxy.")

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from coordinator.errors import UsageError
-from coordinator.sandbox import frontproxy, kubeconfig, pki
-from coordinator.sandbox.adminclient import AdminClient
-from coordinator.sandbox.records import (
+from coordinator_sandbox import frontproxy, kubeconfig, pki
+from coordinator_sandbox.adminclient import AdminClient
+from coordinator_sandbox.records import (
     ClusterRecord,
     Layout,
     SandboxRecord,

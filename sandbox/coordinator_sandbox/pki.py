@@ -10,9 +10,10 @@ what identity-mismatch tests need.
 Every certificate starts being valid two days in the past, so that processes run under
 ``faketime`` with a clock minutes (or hours) off still accept them.
 
-The certificates are made with ``cryptography``, which only the sandbox needs: it is the
-``sandbox`` extra (``pip install 'coordinator[sandbox]'``), and without it importing the
-sandbox fails with a :class:`~coordinator.errors.UsageError` that says so. (trustme, made
+The certificates are made with ``cryptography``, which only the sandbox needs: a
+dependency of the coordinator-sandbox distribution, not of coordinator. Where it cannot be
+imported, importing the sandbox fails with a :class:`~coordinator.errors.UsageError`
+that says so. (trustme, made
 for test CAs, does not fit: a leaf gets one organization, where a client certificate needs
 one per RBAC group, and every leaf is a client and server certificate at once.)
 """
@@ -36,8 +37,8 @@ try:
 except ImportError as err:
     raise UsageError(
         "The sandbox makes its certificates with the Python package 'cryptography', which cannot be "
-        f"imported here ({err}). It is an optional part of coordinator: install it with "
-        "`pip install 'coordinator[sandbox]'` (in a checkout: `pip install -e '.[sandbox]'`). "
+        f"imported here ({err}). It comes with the coordinator-sandbox distribution: install that "
+        "again (in a checkout of coordinator: `pip install ./sandbox`). "
         "Everything but `coordinator sandbox` works without it."
     ) from err
 
