@@ -10,7 +10,7 @@ from typing import Any
 # Targets of the rows added in round two (``--target ID=VALUE`` overrides one, e.g. to
 # see a row fail): B10 connections per cluster; B8, B9 ratios; B3' median and p99 in
 # seconds; B4' ratio and peak RSS in MB; B11 RSS growth in MB and worst lag in seconds;
-# B7 the growth exponent of state latency with size (round one's row).
+# B7 the growth exponent of state latency with size (round one's row); B12 below.
 TARGETS: dict[str, float] = {
     "B10": 1,
     "B8": 1.5,
@@ -22,6 +22,11 @@ TARGETS: dict[str, float] = {
     "B11rss": 5,
     "B11lag": 0.5,
     "B7": 1.1,
+    # B12 (in-memory servers): the spread of requests per cluster across sizes, client CPU
+    # seconds per extra cluster, and the fleet view's client CPU seconds over 500 x 50
+    "B12requests": 0.5,
+    "B12cpu": 0.005,
+    "B12fleet": 2.0,
 }
 
 
