@@ -37,6 +37,8 @@ class Tree:
     def __init__(self) -> None:
         self.marker = "lockrun-mark-" + secrets.token_hex(6)
         self.last_alive = 0.0  # wall-clock time the tree was last seen alive
+        self.scans = 0  # how many times the follower looked
+        self.errors: list[str] = []  # what a look raised
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,10 +102,19 @@ class Tree:
                 # Stamped before the scan: a process seen alive was alive at some moment
                 # after this, so the stamp never claims a later life than the real one.
                 before = time.time()
-                if self.processes():
-                    self.last_alive = before
+                try:
+                    if self.processes():
+                        self.last_alive = before
+                except Exception as err:  # kept for the assertion's message; the loop goes on
+                    self.errors.append(repr(err))
+                self.scans += 1
                 time.sleep(0.02)
 
+        # One look now, before the background's first: on a loaded machine a look over
+        # every process can take seconds, and the tree may be gone by the time it ends.
+        before = time.time()
+        if self.processes():
+            self.last_alive = before
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
         return self
@@ -244,5 +255,5 @@ def took_after_tree(env: Any, tree: Tree, contender: subprocess.Popen[str], time
     tree.stop_following()
     tree.assert_gone()
     taken = _acquired_at(env, json.loads(out)["lock_id"])
-    assert tree.last_alive > 0
+    assert tree.last_alive > 0, f"the tree was never seen alive in {tree.scans} looks; errors: {tree.errors[:3]}"
     assert taken > tree.last_alive, f"the contender took the lock {tree.last_alive - taken:.3f}s before the tree died"

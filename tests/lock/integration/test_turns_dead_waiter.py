@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from coord_fixtures import COMMIT_TIMEOUT_S
 from helpers.cli import StreamReader
 
 from coordinator.api import Coordinator
@@ -248,7 +249,9 @@ def test_claims_written_during_a_release_do_not_make_it_fail(dep3: Any, monkeypa
         return view
 
     async def scenario() -> tuple[Any, str | None, list[str]]:
-        async with dep3.api() as c:
+        # Six raced rounds on one member (each a claim over a connection of its own) in one
+        # release: more than the suite's 3 s on a machine running a second suite.
+        async with dep3.api(timeout=COMMIT_TIMEOUT_S) as c:
             held = await c.acquire("web", ttl=HOLD_TTL, holder="holder")
             lock["id"] = held.lock_id
             monkeypatch.setattr(EngineCore, "read", read_then_claim)

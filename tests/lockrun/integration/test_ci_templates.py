@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent  # .venv/bin: coordinator, for a job that does not install it
-WAIT_S = 180  # for a condition; never a pause
+WAIT_S = 600  # for a condition, never a pause: a job's pip install beside another full run took over 180 s
 
 
 def _until(what: str, check: Any, jobs: Any = (), timeout: float = WAIT_S) -> None:
