@@ -74,7 +74,7 @@ class Tree:
                 continue
         return False
 
-    def wait_started(self, timeout: float = 40) -> None:
+    def wait_started(self, timeout: float = 120) -> None:  # a condition: a second suite beside this one took > 40 s
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.grandchild_alive() and len(self.processes()) >= 4:
