@@ -3,16 +3,15 @@
 #
 #   scripts/test.sh              # everything (unit + integration on real control planes)
 #   scripts/test.sh -k lock      # extra arguments go to pytest
-#   scripts/test.sh -n 0         # one process (the default is three workers, see below)
+#   scripts/test.sh -n 0         # one process (the default is four workers, see below)
 #
-# Three pytest workers (pytest-xdist) by default, COORDINATOR_TEST_WORKERS to change it: most
-# integration tests wait on real API servers (TTLs, timeouts, watches) rather than compute
-# (with two workers the two cores sat 65-85 % idle through the integration half), and each
-# worker starts sandboxes of its own (about 0.8 GB of kube-apiservers a worker). Measured
-# from a fresh clone of 1,700 tests: three workers 26-29 min, four 25.5 min at a load
-# average of 13-14, in which tests that give an API server 3 s to answer fail now and
-# then (CONTRIBUTING.md: where the time goes). Work stealing: handed out in fixed shares,
-# the last 20 minutes of a run went to one worker while the other had finished.
+# Four pytest workers (pytest-xdist) by default, COORDINATOR_TEST_WORKERS to change it: most
+# integration tests wait on real API servers (TTLs, timeouts, watches) rather than compute,
+# and each worker starts sandboxes of its own (about 0.8 GB of kube-apiservers a worker).
+# Measured from fresh clones of the same commit (1,714 tests, quiet machine, 2026-12-07):
+# three workers 23 min 16 s with the two cores 62 % busy, four 20 min 22 s at 73 %
+# (CONTRIBUTING.md: where the time goes). Work stealing: handed out in fixed shares, the
+# last 20 minutes of a run went to one worker while the other had finished.
 #
 # Set-up, each step skipped when already done: Debian's faketime (clock-skew tests),
 # a virtualenv in .venv with the package and its test extras, and the Go builds of
@@ -47,7 +46,7 @@ if [ "$#" -eq 0 ]; then
     echo "== pytest (unit, simulator, integration)"
 fi
 status=0
-"${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-3}" --dist worksteal \
+"${VENV}/bin/python" -m pytest -q -p no:cacheprovider -n "${COORDINATOR_TEST_WORKERS:-4}" --dist worksteal \
     --durations=30 "$@" || status=$?
 if [ "$#" -eq 0 ] && [ -n "${COORDINATOR_CHECK_PYTHONS:-}" ]; then
     echo "== the unit half on Python 3.12 and 3.13 (scripts/check-pythons.sh)"
