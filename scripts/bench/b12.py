@@ -25,13 +25,16 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from sim.apiserver import ApiServer, World
 
 from bench.report import TARGETS, Report, Row
 from bench.stats import median
+
+if TYPE_CHECKING:
+    from coordinator.api import Coordinator
 
 NAMESPACE = "apps"
 
@@ -88,6 +91,13 @@ def _requests(world: World) -> int:
     return sum(s.requests for c in world.clusters.values() for s in c.servers)
 
 
+def _fresh(world: World, config: str) -> Coordinator:
+    """A command's own `Coordinator`, as the CLI makes one, on the in-memory servers."""
+    from coordinator.api import Coordinator
+
+    return Coordinator.from_config(config, transport_factory=world.transport_factory, lease_events=False)
+
+
 async def _measured(world: World, servers: _ServerClock, body: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
     """(client CPU seconds, requests per cluster) of one command. What the process held
     before (the servers' objects above all) is frozen out of the garbage collector's
@@ -104,31 +114,27 @@ async def _measured(world: World, servers: _ServerClock, body: Callable[[], Awai
 
 
 async def _per_command(world: World, config: str, servers: _ServerClock, reps: int) -> dict[str, dict[str, float]]:
-    from coordinator.api import Coordinator
     from coordinator.cli.lockview import claim_document
     from coordinator.fleet import fleet_document, survey
-
-    def fresh() -> Coordinator:
-        return Coordinator.from_config(config, transport_factory=world.transport_factory, lease_events=False)
 
     samples: dict[str, list[tuple[float, float]]] = {"acquire": [], "fleet": []}
     for i in range(reps + 1):  # the first of each is a warm-up
         held: list[Any] = []
 
         async def acquire(held: list[Any] = held, holder: str = f"bench-{i}") -> None:
-            async with fresh() as c:
+            async with _fresh(world, config) as c:
                 held.append(await c.acquire("web", ttl=60, holder=holder))
 
         took = await _measured(world, servers, acquire)
         assert held and held[0].acquired, held
 
         async def fleet() -> None:
-            async with fresh() as c:
+            async with _fresh(world, config) as c:
                 view = await survey(c.config, c.clusters, c.max_server_skew_s)
                 fleet_document(view, claim_document)
 
         looked = await _measured(world, servers, fleet)
-        async with fresh() as c:
+        async with _fresh(world, config) as c:
             await c.release("web", lock_id=held[0].lock_id)
         if i:
             samples["acquire"].append(took)
@@ -141,12 +147,11 @@ async def _per_command(world: World, config: str, servers: _ServerClock, reps: i
 
 async def _big_fleet(world: World, config: str, servers: _ServerClock, deployments: int) -> dict[str, float]:
     """The fleet view over ``deployments`` deployments on every cluster of ``world``."""
-    from coordinator.api import Coordinator
     from coordinator.cli.lockview import claim_document
     from coordinator.fleet import fleet_document, survey
     from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name
 
-    async with Coordinator.from_config(config, transport_factory=world.transport_factory, lease_events=False) as c:
+    async with _fresh(world, config) as c:
         held = await c.acquire("held", ttl=600, holder="bench")
         assert held.acquired
     rng = random.Random(500)
@@ -161,7 +166,7 @@ async def _big_fleet(world: World, config: str, servers: _ServerClock, deploymen
             meta["labels"] = {**meta.get("labels", {}), LABEL_DEPLOYMENT: dep}
             meta["uid"] = f"{rng.getrandbits(128):032x}"
             store.put(("leases", NAMESPACE, meta["name"]), source)
-    async with Coordinator.from_config(config, transport_factory=world.transport_factory, lease_events=False) as c:
+    async with _fresh(world, config) as c:
         record = c.config.deployments["held"]
         for dep in names:
             c.config.deployments[dep] = record.model_copy(update={"name": dep})

@@ -94,27 +94,29 @@ class Tree:
         left = self.processes()
         assert not left, f"processes of the child's tree still alive: {left}"
 
+    def _look(self) -> None:
+        """Stamp ``last_alive`` if any process of the tree is alive. Stamped before the
+        scan: a process seen alive was alive at some moment after this, so the stamp never
+        claims a later life than the real one."""
+        before = time.time()
+        self.scans += 1
+        if self.processes():
+            self.last_alive = before
+
     def follow(self) -> Tree:
         """Record, in the background, the last time any process of the tree was alive."""
 
         def loop() -> None:
             while not self._stop.is_set():
-                # Stamped before the scan: a process seen alive was alive at some moment
-                # after this, so the stamp never claims a later life than the real one.
-                before = time.time()
                 try:
-                    if self.processes():
-                        self.last_alive = before
+                    self._look()
                 except Exception as err:  # kept for the assertion's message; the loop goes on
                     self.errors.append(repr(err))
-                self.scans += 1
                 time.sleep(0.02)
 
         # One look now, before the background's first: on a loaded machine a look over
         # every process can take seconds, and the tree may be gone by the time it ends.
-        before = time.time()
-        if self.processes():
-            self.last_alive = before
+        self._look()
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
         return self

@@ -60,6 +60,7 @@ anything the product's documented exit codes do not allow as a problem.
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import random
 import tempfile
@@ -296,13 +297,7 @@ class LeaseTruth:
         self.holding: dict[str, str | None] = {}
         self.held_from: dict[str, float] = {}
         for name, cluster in world.clusters.items():
-            cluster.store.observers.append(self._observer(name))
-
-    def _observer(self, cluster: str) -> Callable[[Any], None]:
-        def observe(change: Any) -> None:
-            self._changed(cluster, change)
-
-        return observe
+            cluster.store.observers.append(functools.partial(self._changed, name))
 
     def _changed(self, cluster: str, change: Any) -> None:
         from coordinator.lease import lock_id_of
@@ -341,7 +336,10 @@ class Sim:
     entered: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # lock id -> (process, mode, t)
     faults: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
-    truth: LeaseTruth | None = None
+    truth: LeaseTruth = field(init=False)  # told every change of the world's stores
+
+    def __post_init__(self) -> None:
+        self.truth = LeaseTruth(self.world)
 
     @property
     def members(self) -> list[str]:
@@ -531,7 +529,7 @@ async def _run_in(opts: Options, schedule: list[Any], workdir: Path) -> Result:
             cluster.servers[1].offset = timedelta(seconds=skew)
     net = Network(random.Random(f"{opts.seed}:network"))
     config = await _setup(world, workdir, names, names[: opts.clusters])
-    sim = Sim(opts, world, net, Recorder(), config, workdir, truth=LeaseTruth(world))
+    sim = Sim(opts, world, net, Recorder(), config, workdir)
     injector = Injector(sim, schedule)
     players = contenders(sim)
     with _recording_renewals(sim.renewals):
@@ -667,12 +665,11 @@ def _judge(sim: Sim, schedule: list[Any]) -> Result:
         for s in rec.sections
         if s.exit is not None
     ]
-    if sim.truth is not None:
-        lock_ids = {(process, t): lock_id for lock_id, (process, _, t) in sim.entered.items()}
-        for s in recorded:
-            lock_id = lock_ids.get((s["process"], s["enter"]))
-            if lock_id is not None and lock_id in sim.truth.held_from:
-                s["held_from"] = sim.truth.held_from[lock_id]
+    lock_ids = {(process, t): lock_id for lock_id, (process, _, t) in sim.entered.items()}
+    for s in recorded:
+        lock_id = lock_ids.get((s["process"], s["enter"]))
+        if lock_id is not None and lock_id in sim.truth.held_from:
+            s["held_from"] = sim.truth.held_from[lock_id]
     sections = apply_breaks(recorded, rec.breaks)
     ops = list(rec.ops.values())
     checks = [
