@@ -163,6 +163,7 @@ class Coordinator:
             raise unknown_deployment(name, self.config.deployments, path) from None
 
     def lock_engine(self, deployment: str) -> LockEngine:
+        from coordinator.lock.core import Configuration
         from coordinator.lock.engine import LockEngine
 
         dep = self.deployment(deployment)
@@ -170,10 +171,9 @@ class Coordinator:
             self.clusters.record(c)
         return LockEngine(
             self.clusters,
-            dep,
+            Configuration(dep, follow=lambda: self.current_record(deployment)),
             background=self._tg,
             max_server_skew_s=self.max_server_skew_s,
-            follow=lambda: self.current_record(deployment),
             deferred=self._deferred,
             lease_events=self.lease_events(),
         )

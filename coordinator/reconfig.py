@@ -49,7 +49,7 @@ from coordinator.history import HistoryStore
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.lease import LeaseView, Standing
-from coordinator.lock.core import of_this_change_on, recorded_membership
+from coordinator.lock.core import Configuration, of_this_change_on, recorded_membership
 from coordinator.lock.engine import LockEngine
 from coordinator.lock.renew import keep_renewed
 from coordinator.lock.results import AcquireResult, ClusterLease, current_command, default_holder
@@ -125,13 +125,13 @@ async def change_members(
     who = holder or default_holder()
 
     if dead:
-        return await _remove_dead(c, rec, target, dead, who, ttl, report)
+        return await _remove_dead(c, engine, target, dead, who, ttl, report)
 
     # The members may already store this very change (the joint configuration, or its
     # commit) while this machine's record was not updated: a change killed between
     # writing the leases and saving the record. Recognise it and carry on from there.
     before = rec if rec.joint is None else rec.model_copy(update={"epoch": rec.epoch - 1, "joint": None})
-    resumed = await _own_change(c, before, target, report)
+    resumed = await _own_change(c, engine, before, target, report)
     if resumed is not None and resumed.joint is None:
         return report  # committed already: the record has caught up
     if resumed is not None:
@@ -141,7 +141,7 @@ async def change_members(
         # run that was interrupted: members storing the set before it, its joint set or its
         # commit all agree. (Leases deleted since then store none of it; the state objects
         # may still carry the set from before the change.)
-        engine = _finishing(c, rec)
+        engine = _finishing(c, engine, rec)
     held: AcquireResult
     if lock_id:
         token = await _token_of(engine, lock_id)
@@ -181,7 +181,7 @@ async def change_members(
             joint_rec = (
                 rec if rec.joint is not None else rec.model_copy(update={"epoch": rec.epoch + 1, "joint": list(target)})
             )
-            joint = LockEngine(c.clusters, joint_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+            joint = engine.under(joint_rec)
             seed = [m for m in target if m not in rec.clusters]
             # A joining member needs the namespace, as `deployment create` makes it: without
             # it every write there fails, and an old set of three reaches the new set's
@@ -238,10 +238,10 @@ async def change_members(
             final_rec = joint_rec.model_copy(
                 update={"epoch": joint_rec.epoch + 1, "clusters": list(target), "joint": None}
             )
-            final = LockEngine(c.clusters, final_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+            final = engine.under(final_rec)
             # The commit is written on the old members too, so that a stale machine finds
             # the newer epoch wherever it looks; it counts on majorities of both sets.
-            committing = LockEngine(c.clusters, joint_rec, background=c._tg, membership=final.membership)
+            committing = engine.under(Configuration(joint_rec, membership=final.membership))
             _confirm(
                 joint,
                 await committing.adopt_membership(held.lock_id, token, ttl, who),
@@ -267,7 +267,7 @@ async def change_members(
                     union = current.model_copy(update={"joint": None, "clusters": _union(rec, current)})
                     # release on every member, old and new, writing the set in force
                     in_force = recorded_membership(c.clusters, current)
-                    releaser = LockEngine(c.clusters, union, background=c._tg, membership=in_force)
+                    releaser = engine.under(Configuration(union, membership=in_force))
                     await releaser.release(held.lock_id)
                     report.steps.append("released the lock")
                 except Exception as err:  # reported; the lock expires by itself
@@ -360,7 +360,7 @@ def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[
 
 
 async def _own_change(
-    c: Coordinator, rec: DeploymentRecord, target: list[str], report: ChangeReport
+    c: Coordinator, engine: LockEngine, rec: DeploymentRecord, target: list[str], report: ChangeReport
 ) -> DeploymentRecord | None:
     """When members store the joint configuration or the commit of the change from
     ``rec`` to ``target`` (written by coordinator), bring the local record there: the
@@ -368,7 +368,7 @@ async def _own_change(
     otherwise (the change then continues). None when the members store no trace of it."""
     _, joint_m, final_m = _configs(c, rec, target)
     union = rec.model_copy(update={"clusters": list(dict.fromkeys([*rec.clusters, *target])), "joint": None})
-    reader = LockEngine(c.clusters, union)
+    reader = engine.under(union)
     results = await reader.core.read_everywhere()
     reader.core.raise_on_mismatch(results)
     views = {k: r.value.view for k, r in results.items() if r.ok and r.value and r.value.view}
@@ -402,19 +402,18 @@ async def _own_change(
     return joint_rec
 
 
-def _finishing(c: Coordinator, joint_rec: DeploymentRecord) -> LockEngine:
+def _finishing(c: Coordinator, engine: LockEngine, joint_rec: DeploymentRecord) -> LockEngine:
     """The lock engine of a change being finished: a member storing the set from before
     the change, its joint configuration or its commit counts as agreeing (EngineCore's
     ``finishing``)."""
     before = joint_rec.model_copy(update={"epoch": joint_rec.epoch - 1, "joint": None})
     old, _, final = _configs(c, before, list(joint_rec.joint or []))
-    return LockEngine(
-        c.clusters,
-        joint_rec,
-        background=c._tg,
-        max_server_skew_s=c.max_server_skew_s,
-        follow=lambda: c.current_record(joint_rec.name),
-        finishing=(old, recorded_membership(c.clusters, joint_rec), final),
+    return engine.under(
+        Configuration(
+            joint_rec,
+            finishing=(old, recorded_membership(c.clusters, joint_rec), final),
+            follow=engine.config.follow,
+        )
     )
 
 
@@ -486,7 +485,7 @@ async def _token_of(engine: LockEngine, lock_id: str) -> int:
 
 async def _remove_dead(
     c: Coordinator,
-    rec: DeploymentRecord,
+    engine: LockEngine,
     target: list[str],
     dead: list[str],
     who: str,
@@ -494,26 +493,26 @@ async def _remove_dead(
     report: ChangeReport,
 ) -> ChangeReport:
     """Drop members that are gone for good: the new set decides alone (no joint step)."""
+    rec = engine.dep
     unknown = [d for d in dead if d not in rec.clusters]
     if unknown or any(d in target for d in dead):
         raise UsageError(f"--force-dead names clusters that are not being removed: {', '.join(unknown or dead)}.")
     # The lock is taken under the configuration in force (this record's set and epoch,
     # which the remaining members store), counting a majority of the remaining members
     # only: the dead ones cannot answer.
-    remaining = LockEngine(
-        c.clusters,
-        rec.model_copy(update={"clusters": list(target), "joint": None}),
-        background=c._tg,
-        max_server_skew_s=c.max_server_skew_s,
-        membership=recorded_membership(c.clusters, rec),
+    remaining = engine.under(
+        Configuration(
+            rec.model_copy(update={"clusters": list(target), "joint": None}),
+            membership=recorded_membership(c.clusters, rec),
+        )
     )
-    await _refuse_if_alive(c, rec, dead)
+    await _refuse_if_alive(engine, dead)
     held = await remaining.acquire(ttl_s=ttl, holder=who, reason="remove dead members", command=current_command())
     report.steps.append(
         f"took the lock {held.lock_id} on a majority of the remaining members (token {held.fencing_token})"
     )
     final_rec = rec.model_copy(update={"epoch": rec.epoch + 2, "clusters": list(target), "joint": None})
-    final = LockEngine(c.clusters, final_rec, background=c._tg, max_server_skew_s=c.max_server_skew_s)
+    final = engine.under(final_rec)
     released_by = remaining
     try:
         _confirm(
@@ -540,11 +539,11 @@ async def _remove_dead(
     return report
 
 
-async def _refuse_if_alive(c: Coordinator, rec: DeploymentRecord, dead: list[str]) -> None:
+async def _refuse_if_alive(engine: LockEngine, dead: list[str]) -> None:
     """--force-dead is for members that are gone: one that answers is removed with the
     joint configuration instead (which asks it)."""
-    engine = LockEngine(c.clusters, rec.model_copy(update={"clusters": list(dead), "joint": None}))
-    results = await engine.core.read_everywhere()
+    only_dead = engine.under(engine.dep.model_copy(update={"clusters": list(dead), "joint": None}))
+    results = await only_dead.core.read_everywhere()
     alive = sorted(k for k, r in results.items() if r.ok)
     if alive:
         raise UsageError(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeGuard, assert_never
 
@@ -159,56 +159,77 @@ class DeferredHistory:
         self.flushing = False
 
 
+@dataclass(frozen=True)
+class Configuration:
+    """What a lock engine counts with, as a value: the members of ``deployment`` (this
+    machine's record; two groups while a member change is under way, each deciding by
+    its majority), its epoch and maximum TTL, and the member set every member must store.
+
+    ``membership``: the set to write and count as agreeing where it is not the one the
+    record names (a member change commits the new set on the old members, and releases
+    on the union of both under the set in force). ``finishing``: the set before a member
+    change, its joint configuration and its commit, while that change is being finished:
+    a member storing any of them agrees (any may be where an interrupted run left it, and
+    the lock is taken on majorities of the old and the new set, which meet every majority
+    any of them decides with). ``follow``: this machine's record of the deployment as it
+    is now (another command here may change the members while the engine holds the
+    lock; see EngineCore.follow_record)."""
+
+    deployment: DeploymentRecord
+    membership: Membership | None = None
+    finishing: tuple[Membership, Membership, Membership] | None = None
+    follow: Callable[[], DeploymentRecord | None] | None = field(default=None, compare=False)
+
+
+@dataclass
+class Observations:
+    """What a lock engine has seen of the leases themselves, whatever configuration it
+    counts them under: leases without evidence of ours, and clusters whose Date header
+    disagreed with their own stamps (always probed there)."""
+
+    sightings: dict[str, Sighting] = field(default_factory=dict)
+    date_untrusted: set[str] = field(default_factory=set)
+
+
 class EngineCore:
-    """What every part of a lock engine shares: the configuration it counts with (the
-    members, their majorities, the member set they must store), what it has observed of
-    the leases, and one lease's reads, writes and compare-and-swap. The parts (members,
-    release, floor, turns, acquire, renew, status) each hold it; see lock/engine.py."""
+    """What every part of a lock engine shares: the configuration it counts with (a
+    :class:`Configuration`), what it has observed of the leases, and one lease's reads,
+    writes and compare-and-swap. The parts (members, release, floor, turns, acquire,
+    renew, status) each hold it; see lock/engine.py."""
 
     lease_events: LeaseEvents | None = None
 
     def __init__(
         self,
         clusters: ClusterSet,
-        deployment: DeploymentRecord,
+        config: Configuration,
         *,
         background: TaskGroup | None = None,
         max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
-        follow: Callable[[], DeploymentRecord | None] | None = None,
         deferred: DeferredHistory | None = None,
-        membership: Membership | None = None,
-        finishing: tuple[Membership, Membership, Membership] | None = None,
         lease_events: LeaseEvents | None = None,
+        observations: Observations | None = None,
     ) -> None:
         self.clusters = clusters
         # Writes the history's moments as Kubernetes Events about the Lease too (see
         # remember); None: none are written (the simulator's engines).
         self.lease_events = lease_events
-        # For the engine of a member change being finished: the set before the change, its
-        # joint configuration and its commit. A member storing any of them agrees: any may
-        # be where the interrupted run left it, and the lock is taken on majorities of the
-        # old and the new set, which meet every majority any of them decides with.
-        self.finishing = finishing
-        # The member set this engine writes and counts as agreeing, where it is not the one
-        # the record names (a member change commits the new set on the old members, and
-        # releases on the union of both under the set in force).
-        self._membership = membership
         self.background = background
         # History writes of the owner of ``background``, waiting: see remember.
         self.deferred = deferred
         self.max_server_skew_s = max_server_skew_s
-        # This machine's record of the deployment as it is now (another command here may
-        # have changed the members since this engine was made): see follow_record.
-        self.follow = follow
-        # Local observation of leases without evidence of ours, per cluster.
-        self._sightings: dict[str, Sighting] = {}
-        # Clusters whose Date header disagreed with their own stamps: always probe there.
-        self._date_untrusted: set[str] = set()
-        self._bind(deployment)
+        self.observations = observations if observations is not None else Observations()
+        self._sightings = self.observations.sightings
+        self._date_untrusted = self.observations.date_untrusted
+        self._bind(config)
 
-    def _bind(self, deployment: DeploymentRecord) -> None:
-        """Count with the members of ``deployment`` (this machine's record)."""
+    def _bind(self, config: Configuration) -> None:
+        """Count with ``config``."""
+        self.config = config
+        deployment = config.deployment
         self.dep = deployment
+        self.finishing = config.finishing
+        self.follow = config.follow
         self.name = lease_name(deployment.name)
         self.path = lease_path(deployment.namespace, self.name)
         joint = list(deployment.joint or [])
@@ -221,7 +242,7 @@ class EngineCore:
         self._history: HistoryStore | None = None  # of these members, made on first use
         # The member set this machine's record names, by identity: what every member
         # must store (see coordinator/membership.py).
-        self.membership = self._membership or recorded_membership(self.clusters, deployment)
+        self.membership = config.membership or recorded_membership(self.clusters, deployment)
 
     @property
     def timeout(self) -> float:
@@ -608,7 +629,7 @@ class EngineCore:
         if not any(s == named and s.written_by_us for s in stored):
             return False
         log.info("following the member change made here", deployment=fresh.name, epoch=fresh.epoch)
-        self._bind(fresh)
+        self._bind(replace(self.config, deployment=fresh))
         return True
 
     def agrees(self, stored: Membership) -> bool:

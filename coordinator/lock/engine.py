@@ -11,7 +11,7 @@ from anyio.abc import TaskGroup
 from coordinator.clusters import ClusterSet
 from coordinator.fanout import ClusterResult
 from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S
-from coordinator.lock.core import DeferredHistory, EngineCore
+from coordinator.lock.core import Configuration, DeferredHistory, EngineCore, Observations
 from coordinator.lock.results import AcquireResult, ClusterLease, LockStatus
 from coordinator.membership import Check, Membership, Stored
 from coordinator.quorum import Majorities
@@ -38,35 +38,52 @@ class LockEngine:
     and watches of waiters), acquire, renew, status. A part is made on first use, so a
     command that only reads the lock (`lock status`) never imports the write side.
 
-    ``membership``: the member set to write and count as agreeing where it is not the one
-    the record names; ``finishing``: the sets of a member change being finished (see
-    EngineCore). Both are fixed when the engine is made.
+    It counts with one :class:`Configuration` (a value); :meth:`under` gives the same
+    lock counted under another one, as a member change counts its joint and final sets.
     """
 
     def __init__(
         self,
         clusters: ClusterSet,
-        deployment: DeploymentRecord,
+        config: Configuration | DeploymentRecord,
         *,
         background: TaskGroup | None = None,
         max_server_skew_s: float = DEFAULT_MAX_SERVER_SKEW_S,
-        follow: Callable[[], DeploymentRecord | None] | None = None,
         deferred: DeferredHistory | None = None,
-        membership: Membership | None = None,
-        finishing: tuple[Membership, Membership, Membership] | None = None,
         lease_events: LeaseEvents | None = None,
+        observations: Observations | None = None,
     ) -> None:
+        if isinstance(config, DeploymentRecord):
+            config = Configuration(config)
         self.core = EngineCore(
             clusters,
-            deployment,
+            config,
             background=background,
             max_server_skew_s=max_server_skew_s,
-            follow=follow,
             deferred=deferred,
-            membership=membership,
-            finishing=finishing,
             lease_events=lease_events,
+            observations=observations,
         )
+
+    def under(self, config: Configuration | DeploymentRecord) -> LockEngine:
+        """The same lock counted under ``config``: the same clusters, task group, skew
+        bound, history queue and Events writer, and what has been observed of the leases
+        (a lease seen without evidence of ours, a cluster whose Date is not trusted is
+        the same lease and cluster under any member set)."""
+        core = self.core
+        return LockEngine(
+            core.clusters,
+            config,
+            background=core.background,
+            max_server_skew_s=core.max_server_skew_s,
+            deferred=core.deferred,
+            lease_events=core.lease_events,
+            observations=core.observations,
+        )
+
+    @property
+    def config(self) -> Configuration:
+        return self.core.config
 
     # The configuration it counts with now (a record followed since may have moved it).
 
