@@ -1,4 +1,4 @@
-"""Print the evidence table (docs/evidence.md) from coordinator/evidence.py's EVIDENCE.
+"""Print the evidence table (docs/evidence.md) from coordinator/rules/evidence.py's EVIDENCE.
 
     python scripts/evidence_table.py > docs/evidence.md
 
@@ -7,7 +7,7 @@ tests/lock/unit/test_evidence_table.py fails when the file and the list disagree
 
 from __future__ import annotations
 
-from coordinator.evidence import EVIDENCE
+from coordinator.rules.evidence import EVIDENCE
 
 HEAD = """# Evidence: every field a rule reads, and who may write it
 
@@ -28,7 +28,7 @@ maximum TTL of local observation, which further edits of fields the lock rules d
 never restart. Writes under a manager named `coordinator` are taken as coordinator's own,
 whoever makes them (see [What is assumed](assumptions.md)).
 
-This table is generated from `coordinator/evidence.py` (`python scripts/evidence_table.py`),
+This table is generated from `coordinator/rules/evidence.py` (`python scripts/evidence_table.py`),
 the module every rule asks; a unit test keeps the two equal.
 
 | field | read by | who may write it | when another client wrote it, or it is missing | test |

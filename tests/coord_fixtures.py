@@ -23,11 +23,11 @@ import anyio
 import cliserver
 import pytest
 
-from coordinator.admin import connect_cluster, create_deployment
-from coordinator.api import Coordinator
-from coordinator.clusters import ClusterSet
-from coordinator.config import ConfigStore
+from coordinator.config.store import ConfigStore
+from coordinator.engine.clusters import ClusterSet
 from coordinator.kube.client import Endpoint, KubeClient
+from coordinator.ops.admin import connect_cluster, create_deployment
+from coordinator.ops.api import Coordinator
 
 # The environment of a member change whose every member the test then checks: the suite's
 # 3 s request timeout is raised. The commit is confirmed on majorities, and a member whose
@@ -133,7 +133,7 @@ async def put_lease(env: Env, index: int, body: dict[str, Any]) -> dict[str, Any
     """Write a lease by hand on cluster ``index``, over the one the deployment was created
     with (as another client would), or create it where there is none."""
     from coordinator.kube.client import KubeError
-    from coordinator.kube.resources import lease_path, leases_path
+    from coordinator.rules.resources import lease_path, leases_path
 
     name = body["metadata"]["name"]
     try:

@@ -160,9 +160,9 @@ def machine_through_proxies(env: Any, tmp_path: Path, shift_s: float, label: str
     import anyio
     from coord_fixtures import Env
 
-    from coordinator.admin import connect_cluster
-    from coordinator.config import ConfigStore
-    from coordinator.records import DeploymentRecord
+    from coordinator.config.records import DeploymentRecord
+    from coordinator.config.store import ConfigStore
+    from coordinator.ops.admin import connect_cluster
 
     pki = env.sandbox.dir / "pki"
     proxies = [DateShiftingProxy(env.sandbox.server(i), pki, shift_s) for i in (1, 2, 3)]

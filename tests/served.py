@@ -1,7 +1,7 @@
 """Objects as an API server returns them after coordinator wrote them: with managedFields.
 
 The pure rules trust a field only where a coordinator field manager owns it
-(coordinator/evidence.py); an object made up in a test has no managedFields at all, which
+(coordinator/rules/evidence.py); an object made up in a test has no managedFields at all, which
 reads as "no recorded writer". ``served`` adds the entry the server would have recorded.
 """
 

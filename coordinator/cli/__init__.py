@@ -191,8 +191,8 @@ def cli(
     Shell completion: eval "$(coordinator completion bash)" (or zsh; fish: see
     `coordinator completion --help`).
     """
-    from coordinator.durations import TIMEOUT_MIN, parse_duration
     from coordinator.logs import configure_logging
+    from coordinator.rules.durations import TIMEOUT_MIN, parse_duration
 
     app = App(
         config_path=config_path,

@@ -187,7 +187,7 @@ def _merge_globals(values: dict[str, Any]) -> None:
     if values.get("global_config") is not None:
         app.config_path = values["global_config"]
     if values.get("global_timeout") is not None:
-        from coordinator.durations import TIMEOUT_MIN, parse_duration
+        from coordinator.rules.durations import TIMEOUT_MIN, parse_duration
 
         least, why = TIMEOUT_MIN
         app.timeout = parse_duration(values["global_timeout"], what="--timeout", at_least=least, why=why)

@@ -11,7 +11,7 @@ from coordinator.cli.output import app_of, emit, run, say, table, utc_text
 
 
 def _store(ctx: click.Context):  # type: ignore[no-untyped-def]
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
 
     return ConfigStore(app_of(ctx).config_path)
 
@@ -62,9 +62,9 @@ def connect(
 
     Example: coordinator cluster connect home --in-cluster
     """
-    from coordinator.admin import connect_cluster
     from coordinator.errors import UsageError
     from coordinator.kube.kubeconfig import IN_CLUSTER_CONTEXT, service_account_dir
+    from coordinator.ops.admin import connect_cluster
 
     if in_cluster == (context is not None):
         raise UsageError("Give either --context CONTEXT or --in-cluster (one of them).")
@@ -183,8 +183,8 @@ def info(
 
     Example: coordinator cluster info eu-1 --namespace payments
     """
-    from coordinator.admin import cluster_info, deployments_without
-    from coordinator.clusters import ClusterSet
+    from coordinator.engine.clusters import ClusterSet
+    from coordinator.ops.admin import cluster_info, deployments_without
 
     app = app_of(ctx)
     cfg = _store(ctx).load()
@@ -197,7 +197,7 @@ def info(
         used = {d.storage for d in cfg.deployments.values() if name in d.clusters and d.namespace == namespace}
         storages = sorted(used) or ["configmap"]
     if deployments:
-        from coordinator.rbac import deployments_of
+        from coordinator.ops.rbac import deployments_of
 
         names = deployments_of(deployments)
     else:
@@ -319,7 +319,7 @@ def disconnect(ctx: click.Context, name: str, force: bool) -> None:
 
     Example: coordinator cluster disconnect eu-1
     """
-    from coordinator.admin import disconnect_cluster
+    from coordinator.ops.admin import disconnect_cluster
 
     users = disconnect_cluster(_store(ctx), name, force=force)
     emit(
@@ -347,9 +347,9 @@ def restored(ctx: click.Context, name: str, yes: bool) -> None:
     """
     import sys
 
-    from coordinator.clusters import ClusterSet
+    from coordinator.engine.clusters import ClusterSet
     from coordinator.errors import NoQuorumError, UsageError
-    from coordinator.restored import tombstone_member
+    from coordinator.ops.restored import tombstone_member
 
     app = app_of(ctx)
     cfg = _store(ctx).load()

@@ -61,7 +61,7 @@ def _config_path(ctx: click.Context) -> str | None:
 
 
 def _names(ctx: click.Context, which: str) -> list[str]:
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
     from coordinator.errors import CoordinatorError
 
     try:

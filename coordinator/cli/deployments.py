@@ -10,7 +10,7 @@ from coordinator.cli.output import app_of, emit, run, say, table
 
 
 def _store(ctx: click.Context):  # type: ignore[no-untyped-def]
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
 
     return ConfigStore(app_of(ctx).config_path)
 
@@ -44,9 +44,9 @@ def create(ctx: click.Context, name: str, namespace: str, members: tuple[str, ..
 
     Example: coordinator deployment create payments -n payments --cluster eu-1 --cluster eu-2 --cluster us-1
     """
-    from coordinator.admin import create_deployment
-    from coordinator.clusters import ClusterSet
-    from coordinator.durations import parse_duration
+    from coordinator.engine.clusters import ClusterSet
+    from coordinator.ops.admin import create_deployment
+    from coordinator.rules.durations import parse_duration
 
     app = app_of(ctx)
     max_ttl_s = parse_duration(max_ttl, what="--max-ttl")
@@ -130,8 +130,8 @@ def show(ctx: click.Context, name: str) -> None:
 
     Example: coordinator deployment show payments -o yaml
     """
-    from coordinator.admin import deployment_document
-    from coordinator.api import Coordinator
+    from coordinator.ops.admin import deployment_document
+    from coordinator.ops.api import Coordinator
 
     store = _store(ctx)
     cfg = store.load()
@@ -177,12 +177,12 @@ def delete(ctx: click.Context, name: str, purge: bool, yes: bool) -> None:
 
     Example: coordinator deployment delete payments
     """
-    from coordinator.admin import delete_deployment_record
+    from coordinator.ops.admin import delete_deployment_record
 
     store = _store(ctx)
     purged: dict[str, str] = {}
     if purge:
-        from coordinator.purge import purge_deployment
+        from coordinator.ops.purge import purge_deployment
 
         if not yes:
             click.confirm(f"Delete the lease and state of {name!r} from every member cluster?", abort=True)
@@ -210,7 +210,7 @@ def import_(ctx: click.Context, name: str, source: str, namespace: str | None) -
 
     Example: coordinator deployment import payments --cluster eu-1
     """
-    from coordinator.importer import import_deployment
+    from coordinator.ops.importer import import_deployment
 
     app = app_of(ctx)
     rec, origin = run(lambda: import_deployment(_store(ctx), name, source, namespace, timeout=app.timeout))
@@ -242,9 +242,9 @@ def _change(
     wait: str = "0s",
     force_dead: bool = False,
 ) -> None:
-    from coordinator.api import Coordinator
-    from coordinator.durations import TTL_MIN, parse_duration
-    from coordinator.reconfig import change_members, new_members
+    from coordinator.ops.api import Coordinator
+    from coordinator.ops.reconfig import change_members, new_members
+    from coordinator.rules.durations import TTL_MIN, parse_duration
 
     app = app_of(ctx)
     ttl_s = parse_duration(ttl, what="--ttl", at_least=TTL_MIN[0], why=TTL_MIN[1])

@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator.engine.register import ENVELOPE_LIMIT, MAX_DEPTH, OBJECT_LIMIT
 from coordinator.errors import UsageError
-from coordinator.register import ENVELOPE_LIMIT, MAX_DEPTH, OBJECT_LIMIT
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,7 @@ def parse_document(text: str, source: str) -> dict[str, Any]:
         raise UsageError(
             f"{source} must hold a mapping at the top level, not {type(doc).__name__}. Nothing was written."
         )
-    from coordinator.state import plain_data_problem
+    from coordinator.engine.state import plain_data_problem
 
     try:
         json.dumps(doc)  # what is stored is JSON text: an integer too long for it is refused here

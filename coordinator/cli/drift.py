@@ -22,7 +22,7 @@ class DriftGroup(Group):
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
-    from coordinator.api import Coordinator
+    from coordinator.ops.api import Coordinator
 
     app = app_of(ctx)
     return Coordinator.from_config(app.config_path, timeout=app.timeout)
@@ -41,7 +41,7 @@ def _value(value: Any) -> str:
 
 
 def _detail(f: Any) -> str:
-    from coordinator.expectations import Status
+    from coordinator.rules.expectations import Status
 
     if f.status is Status.DRIFTED:
         return ", ".join(d.path for d in f.fields)
@@ -65,8 +65,8 @@ def check(ctx: click.Context, deployment: str) -> None:
 
     Example: coordinator drift check payments
     """
-    from coordinator.drift import check as check_drift
-    from coordinator.expectations import Status
+    from coordinator.ops.drift import check as check_drift
+    from coordinator.rules.expectations import Status
 
     c = _coordinator(ctx)
 
@@ -157,10 +157,10 @@ def record(
     Example: coordinator drift record payments deployment/api configmap/api-settings
     """
     from coordinator.cli.state import write_doc, write_text
-    from coordinator.drift import record as record_drift
-    from coordinator.expectations import parse_resource
-    from coordinator.fieldpaths import parse_field
-    from coordinator.rbac import validate_namespace
+    from coordinator.ops.drift import record as record_drift
+    from coordinator.ops.rbac import validate_namespace
+    from coordinator.rules.expectations import parse_resource
+    from coordinator.rules.fieldpaths import parse_field
 
     c = _coordinator(ctx)
     dep = c.deployment(deployment)

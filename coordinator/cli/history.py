@@ -16,12 +16,12 @@ def _since(value: str | None) -> datetime | None:
     (``2026-12-01T02:10:00Z``)."""
     if value is None:
         return None
-    from coordinator.kube.resources import parse_time
+    from coordinator.rules.resources import parse_time
 
     when = parse_time(value.strip()) if any(c in value for c in "-:T") else None
     if when is not None:
         return when
-    from coordinator.durations import parse_duration
+    from coordinator.rules.durations import parse_duration
 
     return datetime.now(UTC) - timedelta(seconds=parse_duration(value, what="--since"))
 
@@ -75,8 +75,8 @@ def history(ctx: click.Context, deployment: str, since: str | None, limit: int |
       coordinator lock history payments --since 2026-12-01T02:00:00Z --limit 5
       coordinator lock history payments -o json
     """
-    from coordinator.api import Coordinator
-    from coordinator.verdicts import history_verdict
+    from coordinator.ops.api import Coordinator
+    from coordinator.ops.verdicts import history_verdict
 
     start = _since(since)
     app = app_of(ctx)

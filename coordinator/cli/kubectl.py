@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from coordinator.clusters import ReachThrough
+    from coordinator.engine.clusters import ReachThrough
 
 PROG = "kubectl coordinator"
 
@@ -187,7 +187,7 @@ def check_namespace(deployment: str, namespace: str, config_path: str | None) ->
     """``-n NS`` with a deployment: refused (exit 2) unless the deployment's recorded
     namespace is NS. A deployment this machine does not know is left to the command,
     which says so with its own suggestions."""
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
     from coordinator.errors import CoordinatorError, UsageError
 
     try:
@@ -242,14 +242,14 @@ def translate(args: Sequence[str]) -> tuple[list[str], ReachThrough | None]:
     if flags.kubeconfig is not None and not os.path.isfile(os.path.expanduser(flags.kubeconfig)):
         raise UsageError(f"--kubeconfig {flags.kubeconfig!r}: no such file.")
     if contexts:
-        from coordinator.config import ConfigStore
+        from coordinator.config.store import ConfigStore
 
         store = ConfigStore(flags.config)
         known = store.load().clusters
         for member in contexts:
             if member not in known:
                 raise unknown_cluster(member, known, store.path)
-    from coordinator.clusters import ReachThrough
+    from coordinator.engine.clusters import ReachThrough
 
     kubeconfig = None if flags.kubeconfig is None else os.path.abspath(os.path.expanduser(flags.kubeconfig))
     return kept, ReachThrough(kubeconfig=kubeconfig, contexts=contexts)
@@ -259,7 +259,7 @@ def main() -> None:
     """Entry point of the `kubectl-coordinator` executable."""
     from coordinator.cli import _error
     from coordinator.cli import main as cli_main
-    from coordinator.clusters import reaching_through
+    from coordinator.engine.clusters import reaching_through
     from coordinator.errors import CoordinatorError
     from coordinator.text import printable
 

@@ -27,7 +27,7 @@ from coordinator.cli.output import app_of, dump_document, emit, note, run, say, 
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
-    from coordinator.api import Coordinator
+    from coordinator.ops.api import Coordinator
 
     app = app_of(ctx)
     return Coordinator.from_config(app.config_path, timeout=app.timeout)
@@ -36,7 +36,7 @@ def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
 def _duration(value: str, what: str, least: tuple[float, str] | None = None) -> float:
     """``value`` in seconds; with ``least`` (the shortest that makes sense, and what a
     shorter one would do), anything shorter is refused (exit 2)."""
-    from coordinator.durations import parse_duration
+    from coordinator.rules.durations import parse_duration
 
     if least is None:
         return parse_duration(value, what=what)
@@ -109,8 +109,8 @@ def acquire(
 
     Example: coordinator lock acquire payments --ttl 3m --wait 5m --reason "release 1.2"
     """
-    from coordinator.durations import TTL_MIN
     from coordinator.errors import CoordinatorError
+    from coordinator.rules.durations import TTL_MIN
 
     ttl_s, wait_s = _duration(ttl, "--ttl", TTL_MIN), _duration(wait, "--wait")
     c = _coordinator(ctx)
@@ -168,7 +168,7 @@ def renew(ctx: click.Context, deployment: str, lock_id: str | None, holder: str 
 
     Example: coordinator lock renew payments
     """
-    from coordinator.durations import TTL_MIN
+    from coordinator.rules.durations import TTL_MIN
 
     ttl_s = _duration(ttl, "--ttl", TTL_MIN) if ttl else None
     c = _coordinator(ctx)
@@ -258,7 +258,7 @@ MOVING = ("expires_in_s", "renewed_ago_s")
 def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None, skew: float) -> None:
     import dataclasses
 
-    from coordinator.fleet import fleet_document, survey
+    from coordinator.ops.fleet import fleet_document, survey
 
     c = _coordinator(ctx)
     c.max_server_skew_s = skew
@@ -284,7 +284,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None,
 
         fleet = scoped(run(once))
         emit(ctx, doc_of(fleet), lambda: fleet_text(fleet), names=lambda: lock_names(fleet))
-        from coordinator.verdicts import fleet_problem
+        from coordinator.ops.verdicts import fleet_problem
 
         if (problem := fleet_problem(fleet)) is not None:
             raise problem
@@ -293,7 +293,7 @@ def _fleet(ctx: click.Context, watch: bool, every: float, namespace: str | None,
     async def follow() -> None:
         import anyio
 
-        from coordinator.fleet import FleetWatch
+        from coordinator.ops.fleet import FleetWatch
 
         # One LIST and then one watch per cluster; between events, the view is rebuilt
         # from what the watches mirror every --interval (expiry moves on with the clock).
@@ -391,7 +391,7 @@ def status(
       coordinator lock status payments -o json
       coordinator lock status            # the fleet: what is locked, anywhere?
     """
-    from coordinator.durations import INTERVAL_MIN
+    from coordinator.rules.durations import INTERVAL_MIN
 
     every = _duration(interval, "--interval", INTERVAL_MIN)
     # A lease shown expired must be one an acquisition could take: past the same margins.
@@ -431,7 +431,7 @@ def status(
             names=lambda: [f"lock/{st.deployment}"],
             wide=lambda: status_text(st, wide=True),
         )
-        from coordinator.verdicts import status_verdict
+        from coordinator.ops.verdicts import status_verdict
 
         if (problem := status_verdict(st).problem()) is not None:
             raise problem
@@ -514,7 +514,7 @@ def break_(ctx: click.Context, deployment: str, yes: bool, reason: str, lock_id:
 
     results = run(go)
     rows = [{"name": k, "outcome": str(r.outcome), "detail": r.detail} for k, r in sorted(results.items())]
-    from coordinator.verdicts import break_verdict
+    from coordinator.ops.verdicts import break_verdict
 
     verdict = break_verdict(deployment, results, lock_id)
 
@@ -595,8 +595,8 @@ def run_(
     """
     from click.core import ParameterSource
 
-    from coordinator.durations import TTL_MIN
-    from coordinator.lockrun import RunOptions, run_locked
+    from coordinator.rules.durations import TTL_MIN
+    from coordinator.run.lockrun import RunOptions, run_locked
 
     if lock_id and ctx.get_parameter_source("lock_id") is ParameterSource.ENVIRONMENT:
         import os
@@ -634,10 +634,10 @@ def run_(
 
 
 def _drift_gate(deployment: str) -> Any:
-    """`lock run --check-drift`: raise the drift check's verdict (coordinator/drift.py)."""
+    """`lock run --check-drift`: raise the drift check's verdict (coordinator/ops/drift.py)."""
 
     async def gate(c: Any) -> None:
-        from coordinator.drift import check
+        from coordinator.ops.drift import check
 
         report = await check(c, deployment)
         if not report.expectations:

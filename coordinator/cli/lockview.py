@@ -27,7 +27,7 @@ def claim_document(claim: Any) -> dict[str, Any] | None:
 
 
 def pid_field(info: dict[str, str]) -> int | None:
-    from coordinator.lease import pid_of
+    from coordinator.rules.lease import pid_of
 
     return pid_of(info.get("pid"))
 
@@ -37,7 +37,7 @@ def lease_fields(view: Any, next_claim: Any = None) -> dict[str, Any]:
     if view is None:
         keys = ("holder", "lock_id", "reason", "host", "pid", "acquired_at", "renewed_at", "expires_in_s")
         return {k: None for k in keys} | {"next_in_line": claim_document(next_claim)}
-    from coordinator.lock.results import lease_expiry_s
+    from coordinator.engine.lock.results import lease_expiry_s
 
     info = view.info if view.held else {}
     rem = lease_expiry_s(view) if view.held else None
@@ -57,7 +57,7 @@ def lease_fields(view: Any, next_claim: Any = None) -> dict[str, Any]:
 
 
 def acquire_document(result: Any) -> dict[str, Any]:
-    from coordinator.fanout import NOT_WAITED_FOR
+    from coordinator.engine.fanout import NOT_WAITED_FOR
 
     return {
         "deployment": result.deployment,
@@ -88,7 +88,7 @@ def acquire_document(result: Any) -> dict[str, Any]:
 
 
 def acquired_text(result: Any) -> None:
-    from coordinator.durations import format_duration
+    from coordinator.rules.durations import format_duration
 
     exp = result.expires_in()
     say(
@@ -118,8 +118,8 @@ def wait_reporter() -> Any:
     tty = sys.stderr.isatty()
 
     def report(result: Any, left: float) -> None:
-        from coordinator.durations import format_duration
-        from coordinator.verdicts import waiting
+        from coordinator.ops.verdicts import waiting
+        from coordinator.rules.durations import format_duration
 
         w = waiting(result.results)
         who = (
@@ -192,8 +192,8 @@ def status_document(st: Any) -> dict[str, Any]:
 def status_text(st: Any, wide: bool = False) -> None:
     """A lock's status for people; ``wide`` (-o wide) adds each lease's lock id and fencing
     token, which tell two holders' leases apart."""
-    from coordinator.durations import format_duration
-    from coordinator.verdicts import status_verdict
+    from coordinator.ops.verdicts import status_verdict
+    from coordinator.rules.durations import format_duration
 
     if st.held_by_majority:
         info = st.info
@@ -242,7 +242,7 @@ def status_text(st: Any, wide: bool = False) -> None:
 def ago(seconds: float) -> str:
     """``12s ago``, ``4m10s ago``: how long ago, in whole seconds (the stamps it comes from
     have no finer resolution)."""
-    from coordinator.durations import format_duration
+    from coordinator.rules.durations import format_duration
 
     whole = round(max(seconds, 0.0))
     return f"{whole}s ago" if whole < 60 else f"{format_duration(whole)} ago"
@@ -263,7 +263,7 @@ def lock_names(fleet: Any) -> list[str]:
 
 
 def fleet_text(fleet: Any) -> None:
-    from coordinator.durations import format_duration
+    from coordinator.rules.durations import format_duration
 
     held = sum(1 for e in fleet.deployments if e.status == "held")
     say(f"{len(fleet.deployments)} deployment(s), {held} locked.")

@@ -282,7 +282,7 @@ def paragraph(text: str, width: int | None) -> str:
 
 def when(value: datetime | None) -> str:
     """Absolute UTC time and how long ago / from now, e.g. '08:01:02Z (2m10s ago)'."""
-    from coordinator.durations import format_duration
+    from coordinator.rules.durations import format_duration
 
     if value is None:
         return "-"

@@ -9,9 +9,9 @@ from typing import Any
 import click
 import yaml
 
-from coordinator import rbac as rbac_api
 from coordinator.cli.base import Group
 from coordinator.errors import UsageError
+from coordinator.ops import rbac as rbac_api
 
 
 @click.group(name="rbac", cls=Group)
@@ -104,7 +104,7 @@ def print_rbac(
     rbac_api.validate_namespace(namespace)
     names = rbac_api.deployments_of(deployments)
     subject = _subject(user=user, group=group, service_account=service_account)
-    from coordinator.expectations import parse_resource
+    from coordinator.rules.expectations import parse_resource
 
     watched = list(dict.fromkeys(parse_resource(r, namespace) for r in drift))
     objects = rbac_api.manifests(

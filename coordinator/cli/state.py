@@ -13,7 +13,7 @@ from coordinator.cli.output import app_of, dump_document, emit, render_document,
 
 
 def _coordinator(ctx: click.Context):  # type: ignore[no-untyped-def]
-    from coordinator.api import Coordinator
+    from coordinator.ops.api import Coordinator
 
     app = app_of(ctx)
     return Coordinator.from_config(app.config_path, timeout=app.timeout)
@@ -211,8 +211,8 @@ def diff(ctx: click.Context, deployment: str) -> None:
 
 
 def diff_summary(rows: list[dict[str, Any]], deployment: str) -> list[str]:
-    """What `state diff` concludes (coordinator.verdicts.replicas_verdict), in words."""
-    from coordinator.verdicts import replicas_verdict
+    """What `state diff` concludes (coordinator.ops.verdicts.replicas_verdict), in words."""
+    from coordinator.ops.verdicts import replicas_verdict
 
     v = replicas_verdict(rows)
     if v.equal:
@@ -355,7 +355,7 @@ def restore(ctx: click.Context, deployment: str, path: str, lock_id: str | None)
 
     Example: coordinator state restore payments -f payments-state.json
     """
-    from coordinator.state import load_backup
+    from coordinator.engine.state import load_backup
 
     backup = load_backup(Path(path))  # validated before touching any cluster, and read once
     _emit_write(ctx, lambda s: s.restore(Path(path), lock=lock_id, envelope=backup), deployment)

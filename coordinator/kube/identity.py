@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from coordinator.kube.client import ErrorKind, KubeClient, KubeError
-from coordinator.kube.resources import (
+from coordinator.rules.resources import (
     IDENTITY_CONFIGMAP,
     configmaps_path,
     namespace_path,

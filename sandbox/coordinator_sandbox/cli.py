@@ -122,7 +122,7 @@ def up_command(
     kube-apiserver served.
     """
     import coordinator_sandbox as sb
-    from coordinator.durations import parse_duration
+    from coordinator.rules.durations import parse_duration
 
     wait = (
         parse_duration(timeout, what="--timeout", at_least=1, why="no cluster starts at once")
@@ -248,7 +248,7 @@ def down_command(ctx: click.Context, dir_: Path | None, grace: str) -> None:
     sandbox that is not running is not an error.
     """
     import coordinator_sandbox as sb
-    from coordinator.durations import parse_duration
+    from coordinator.rules.durations import parse_duration
 
     report = sb.down(dir_, grace=parse_duration(grace, what="--grace"))
     doc = {"dir": str(report.dir), "stopped_pids": report.stopped, "killed_pids": report.killed}

@@ -31,8 +31,8 @@ from filelock import FileLock
 from filelock import Timeout as LockTimeout
 from pydantic import BaseModel, ValidationError
 
+from coordinator.config.files import FILE_MODE, private_folder
 from coordinator.errors import UsageError
-from coordinator.files import FILE_MODE, private_folder
 from coordinator_sandbox.pki import write_private
 from coordinator_sandbox.process import ProcessRef
 

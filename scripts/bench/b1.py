@@ -16,8 +16,8 @@ from bench.measure import (
 from bench.report import Report, Row
 from bench.rig import HOLDER, LATENCY_MS, Rig
 from bench.stats import median, ms, summary
-from coordinator.api import Coordinator
-from coordinator.lock.results import new_lock_id
+from coordinator.engine.lock.results import new_lock_id
+from coordinator.ops.api import Coordinator
 
 
 async def sequential_acquire_on(c: Coordinator, dep: str) -> float:

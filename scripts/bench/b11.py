@@ -15,7 +15,7 @@ import anyio
 from bench.report import TARGETS, Report, Row
 from bench.rig import Rig, fleet_deployments
 from bench.stats import median, ms
-from coordinator.api import Coordinator
+from coordinator.ops.api import Coordinator
 
 
 def _rss_kib(pid: int) -> int | None:

@@ -34,7 +34,7 @@ from bench.report import TARGETS, Report, Row
 from bench.stats import median
 
 if TYPE_CHECKING:
-    from coordinator.api import Coordinator
+    from coordinator.ops.api import Coordinator
 
 NAMESPACE = "apps"
 
@@ -72,9 +72,9 @@ def _world(n: int) -> World:
 
 
 async def _make(world: World, config: str, deployments: dict[str, list[str]]) -> None:
-    from coordinator.admin import connect_cluster, create_deployment
-    from coordinator.clusters import ClusterSet
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
+    from coordinator.engine.clusters import ClusterSet
+    from coordinator.ops.admin import connect_cluster, create_deployment
 
     store = ConfigStore(config)
     for name in world.clusters:
@@ -93,7 +93,7 @@ def _requests(world: World) -> int:
 
 def _fresh(world: World, config: str) -> Coordinator:
     """A command's own `Coordinator`, as the CLI makes one, on the in-memory servers."""
-    from coordinator.api import Coordinator
+    from coordinator.ops.api import Coordinator
 
     return Coordinator.from_config(config, transport_factory=world.transport_factory, lease_events=False)
 
@@ -115,7 +115,7 @@ async def _measured(world: World, servers: _ServerClock, body: Callable[[], Awai
 
 async def _per_command(world: World, config: str, servers: _ServerClock, reps: int) -> dict[str, dict[str, float]]:
     from coordinator.cli.lockview import claim_document
-    from coordinator.fleet import fleet_document, survey
+    from coordinator.ops.fleet import fleet_document, survey
 
     samples: dict[str, list[tuple[float, float]]] = {"acquire": [], "fleet": []}
     for i in range(reps + 1):  # the first of each is a warm-up
@@ -148,8 +148,8 @@ async def _per_command(world: World, config: str, servers: _ServerClock, reps: i
 async def _big_fleet(world: World, config: str, servers: _ServerClock, deployments: int) -> dict[str, float]:
     """The fleet view over ``deployments`` deployments on every cluster of ``world``."""
     from coordinator.cli.lockview import claim_document
-    from coordinator.fleet import fleet_document, survey
-    from coordinator.kube.resources import LABEL_DEPLOYMENT, lease_name
+    from coordinator.ops.fleet import fleet_document, survey
+    from coordinator.rules.resources import LABEL_DEPLOYMENT, lease_name
 
     async with _fresh(world, config) as c:
         held = await c.acquire("held", ttl=600, holder="bench")

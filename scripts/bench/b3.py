@@ -11,8 +11,8 @@ import anyio
 from bench.report import TARGETS, Report, Row
 from bench.rig import Rig
 from bench.stats import median, ms, percentile, summary
-from coordinator.api import Coordinator
 from coordinator.errors import LockHeldError
+from coordinator.ops.api import Coordinator
 
 
 async def wait_for_lock(

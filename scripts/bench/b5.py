@@ -18,7 +18,7 @@ from bench.measure import (
 from bench.report import Report, Row
 from bench.rig import HOLDER, LATENCY_MS, Rig
 from bench.stats import median, ms, summary
-from coordinator.api import Coordinator
+from coordinator.ops.api import Coordinator
 
 
 async def state_op_on(c: Coordinator, dep: str, op: str, lock_id: str, i: int) -> float:

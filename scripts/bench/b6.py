@@ -15,9 +15,9 @@ import anyio
 from bench.report import Report, Row
 from bench.rig import Rig
 from bench.stats import median, ms, percentile
-from coordinator.api import Coordinator
-from coordinator.config import ConfigStore
+from coordinator.config.store import ConfigStore
 from coordinator.errors import LockHeldError
+from coordinator.ops.api import Coordinator
 
 # The contenders are processes of the benchmarks' entry point, scripts/bench.py.
 ENTRY = Path(__file__).resolve().parent.parent / "bench.py"

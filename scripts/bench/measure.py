@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 
 from bench.rig import HOLDER, Rig
-from coordinator.api import Coordinator
+from coordinator.ops.api import Coordinator
 
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
 

@@ -19,11 +19,11 @@ from typing import Any
 import anyio
 import yaml
 
-from coordinator.admin import connect_cluster, create_deployment
-from coordinator.api import Coordinator
-from coordinator.clusters import ClusterSet
-from coordinator.config import ConfigStore
-from coordinator.models import LocalConfig
+from coordinator.config.models import LocalConfig
+from coordinator.config.store import ConfigStore
+from coordinator.engine.clusters import ClusterSet
+from coordinator.ops.admin import connect_cluster, create_deployment
+from coordinator.ops.api import Coordinator
 
 LATENCY_MS = 100
 HOLDER = "bench@local"

@@ -66,8 +66,8 @@ def monotonic_to_machine(reading: float) -> float:
 
 
 def boot_to_machine(reading: float) -> float:
-    """Convert a reading of the lock's validity clock (:func:`coordinator.lease.boot_clock`)
+    """Convert a reading of the lock's validity clock (:func:`coordinator.rules.lease.boot_clock`)
     of this process to :func:`machine_clock` (under faketime they differ by an offset)."""
-    from coordinator.lease import boot_clock
+    from coordinator.rules.lease import boot_clock
 
     return reading + (machine_clock() - boot_clock())

@@ -48,13 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from coordinator.lease import remaining_validity
+from coordinator.rules.lease import remaining_validity
 from faults.clock import boot_to_machine, machine_clock
 from faults.tree import TREE_SCRIPT, TREE_TICK_S, alive
 
 if TYPE_CHECKING:
-    from coordinator.api import Coordinator, HeldLock
-    from coordinator.state import StateClient
+    from coordinator.engine.state import StateClient
+    from coordinator.ops.api import Coordinator, HeldLock
 
 
 DEPLOYMENT = "torture"
@@ -332,7 +332,7 @@ class _ApiContender(_Contender):
     async def run(self) -> None:
         import anyio
 
-        from coordinator.api import Coordinator
+        from coordinator.ops.api import Coordinator
 
         while not self.stopping():
             # Opened again when this machine's record of the member set went out of date.
@@ -500,7 +500,7 @@ class _ReaderContender(_ApiContender):
     async def run(self) -> None:
         import anyio
 
-        from coordinator.api import Coordinator
+        from coordinator.ops.api import Coordinator
 
         while not self.stopping():
             self.reopen = False

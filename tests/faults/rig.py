@@ -164,9 +164,9 @@ class Rig:
     def _connect(self) -> None:
         import anyio
 
-        from coordinator.admin import connect_cluster, create_deployment
-        from coordinator.clusters import ClusterSet
-        from coordinator.config import ConfigStore
+        from coordinator.config.store import ConfigStore
+        from coordinator.engine.clusters import ClusterSet
+        from coordinator.ops.admin import connect_cluster, create_deployment
 
         store = ConfigStore(self.config)
         names = [f"c{i}" for i in range(1, self.n + 1)]
@@ -199,7 +199,7 @@ class Rig:
     def read_members(self) -> tuple[list[int], list[int] | None]:
         """The members (and the joint target, if a change is in progress) that the local
         config records, as cluster indices."""
-        from coordinator.config import ConfigStore
+        from coordinator.config.store import ConfigStore
 
         rec = ConfigStore(self.config).load().deployments[DEPLOYMENT]
         members = sorted(int(name[1:]) for name in rec.clusters)

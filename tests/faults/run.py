@@ -76,7 +76,7 @@ def _seed_state(rig: Rig, recorder: Recorder, say: Progress) -> None:
     exit 2) and leaves the change unfinishable; see docs/robustness.md, *Fault suite*."""
     import anyio
 
-    from coordinator.api import Coordinator
+    from coordinator.ops.api import Coordinator
 
     async def write() -> None:
         async with Coordinator.from_config(str(rig.config), timeout=10) as c:
@@ -96,8 +96,8 @@ def _final_read(rig: Rig, recorder: Recorder, say: Progress) -> None:
     """After everything healed and every contender stopped: the value that stayed."""
     import anyio
 
-    from coordinator.api import Coordinator
     from coordinator.errors import CoordinatorError
+    from coordinator.ops.api import Coordinator
 
     async def read() -> Any:
         async with Coordinator.from_config(str(rig.config), timeout=10) as c:

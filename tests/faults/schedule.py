@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.quorum import quorum_size
+from coordinator.rules.quorum import quorum_size
 from faults.admission import add_policy, remove_policy
 from faults.clock import boot_to_machine, machine_clock
 from faults.contenders import DEPLOYMENT, STATE_KEY, tail
@@ -36,7 +36,7 @@ from faults.rig import Progress, Rig, TortureOptions, Workers
 from faults.tree import TREE_SCRIPT, TREE_TICK_S, alive
 
 if TYPE_CHECKING:
-    from coordinator.membership import Membership
+    from coordinator.rules.membership import Membership
     from coordinator_sandbox import Sandbox
     from faults.toxiproxy import Proxy
 
@@ -353,7 +353,7 @@ class Faults:
         )
 
     def _lease(self) -> str:
-        from coordinator.kube.resources import lease_name
+        from coordinator.rules.resources import lease_name
 
         return lease_name(DEPLOYMENT)
 
@@ -429,7 +429,7 @@ class Faults:
         one kind of value, one way of writing, on every target alike, so that a majority
         of members sees the same edit. The fields come round in a shuffled cycle, so that
         each is written within every 13 episodes."""
-        from coordinator.kube.resources import A_TOKEN_FLOOR
+        from coordinator.rules.resources import A_TOKEN_FLOOR
 
         if kind == "foreign-token":
             return _ForeignPlan(False, "coordinator.io/fencing-token", self.rng.choice(("zero", "lower")), False)
@@ -449,7 +449,7 @@ class Faults:
     def _foreign_write(self, index: int, lease: str, plan: _ForeignPlan | None) -> subprocess.CompletedProcess[str]:
         """One write of another field manager, as ``plan`` says, on member ``index``: a
         plain update (kubectl patch) or a server-side apply that forces the field over."""
-        from coordinator.kube.resources import state_name
+        from coordinator.rules.resources import state_name
 
         assert plan is not None
         kind, name = ("configmap", state_name(DEPLOYMENT)) if plan.on_state else ("lease", lease)
@@ -521,19 +521,19 @@ class Faults:
             self._recreate_namespace(i)
 
     def _lease_path(self) -> str:
-        from coordinator.kube.resources import lease_path
+        from coordinator.rules.resources import lease_path
 
         return lease_path(self.rig.namespace, self._lease())
 
     def _state_path(self) -> str:
-        from coordinator.kube.resources import state_paths
+        from coordinator.rules.resources import state_paths
 
         return state_paths(self.rig.namespace, DEPLOYMENT, "configmap")[1]
 
     def _held_now(self) -> _Held:
         """The record's member set, and every member's Lease and state object, read now."""
-        from coordinator.config import ConfigStore
-        from coordinator.membership import Membership
+        from coordinator.config.store import ConfigStore
+        from coordinator.rules.membership import Membership
         from coordinator_sandbox.adminclient import AdminRequestError
 
         cfg = ConfigStore(self.rig.config).load()
@@ -562,14 +562,14 @@ class Faults:
     def _records_lost(held: _Held, kind: str, targets: list[int]) -> str | None:
         """Why deleting what ``kind`` deletes on ``targets`` would leave the members
         unable to confirm the member set, or None when they still could. Judged as the
-        product judges it (coordinator/membership.py ``check``, with a state object's set
+        product judges it (coordinator/rules/membership.py ``check``, with a state object's set
         speaking where the lease says nothing, as an acquisition and a state read count
         it), against the record in the local config the changes are made with, on what
         the members hold (``held``) minus what the deletion removes. A member that could
         not be read counts as confirming nothing."""
-        from coordinator.lease import LeaseView
-        from coordinator.lock.floor import kept_set_speaks, set_on_state
-        from coordinator.membership import Stored, check, says_nothing, stored_in_lease
+        from coordinator.engine.lock.floor import kept_set_speaks, set_on_state
+        from coordinator.rules.lease import LeaseView
+        from coordinator.rules.membership import Stored, check, says_nothing, stored_in_lease
 
         stored: dict[str, Stored] = {}
         for name in held.names:
@@ -601,7 +601,7 @@ class Faults:
         controller-manager, so nothing would empty and finalize a deleted namespace:
         do its work here. Deleting first makes the namespace Terminating, which turns
         away creations in it; then its objects go, then the finalizer, then it is gone."""
-        from coordinator.kube.resources import configmaps_path, leases_path, namespace_path, secrets_path
+        from coordinator.rules.resources import configmaps_path, leases_path, namespace_path, secrets_path
 
         admin = self.sandbox.admin(index, timeout=15)
         ns = self.rig.namespace
@@ -633,7 +633,7 @@ class Faults:
         """A ValidatingAdmissionPolicy turns away every CREATE and UPDATE of the state
         object (and of a probe, to see when it is in force) on a minority or a majority,
         as a policy engine, a quota or a webhook outage would; then it is removed."""
-        from coordinator.kube.resources import state_name
+        from coordinator.rules.resources import state_name
 
         targets = self._minority() if kind == "reject-writes-minority" else self._majority()
         # All writes, or only those that change the data (the rest of a write, e.g. a
@@ -691,7 +691,7 @@ class Faults:
     def _probe(self, index: int, *, rejected: bool) -> None:
         """Policies take effect a moment after they change: write a probe ConfigMap
         (which the policy also rejects) until the answer says it is (no longer) in force."""
-        from coordinator.kube.resources import configmaps_path
+        from coordinator.rules.resources import configmaps_path
 
         admin = self.sandbox.admin(index, timeout=15)
         name = self._policy_name()
@@ -728,9 +728,9 @@ class Faults:
         the reads meets it. Every step is recorded like a contender's."""
         import anyio
 
-        from coordinator.api import Coordinator
         from coordinator.errors import CoordinatorError, LockHeldError, NoQuorumError, StateConflictError
-        from coordinator.kube.resources import state_name
+        from coordinator.ops.api import Coordinator
+        from coordinator.rules.resources import state_name
 
         if self.n != 3:
             self.say("fault: split-write needs exactly 3 members")
@@ -861,7 +861,7 @@ class Faults:
         home = self.rig.workdir / "operator"
         home.mkdir(parents=True, exist_ok=True)
         env = self.workers._environ("operator", self.workers.config_for(home))
-        from coordinator.lease import DEFAULT_MAX_SERVER_SKEW_S, lapse_margin
+        from coordinator.rules.lease import DEFAULT_MAX_SERVER_SKEW_S, lapse_margin
 
         # What may block the lock when a change starts, and lapses only once this very
         # process has watched it unchanged for a maximum TTL plus margin (every run counts

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.lease import lock_id_of
+from coordinator.rules.lease import lock_id_of
 from helpers.web import lease
 
 # The environment variable that marks every process of a child's tree.

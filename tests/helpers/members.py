@@ -16,15 +16,15 @@ from coord_fixtures import UNHURRIED, Env, make_env
 from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl
 
-from coordinator.admin import connect_cluster
-from coordinator.config import ConfigStore
+from coordinator.config.models import DeploymentRecord
+from coordinator.config.store import ConfigStore
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import configmaps_path, lease_path
-from coordinator.membership import (
+from coordinator.ops.admin import connect_cluster
+from coordinator.rules.membership import (
     A_MEMBERSHIP,
     Membership,
 )
-from coordinator.models import DeploymentRecord
+from coordinator.rules.resources import configmaps_path, lease_path
 
 # The deployment these helpers make and change.
 DEP = "pay"

@@ -19,7 +19,7 @@ import pytest
 from coord_fixtures import Env
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
-from coordinator.kube.resources import configmaps_path
+from coordinator.rules.resources import configmaps_path
 from coordinator_sandbox import pki
 from helpers.rbac import connect, grant, mint_user, stdout_ok, user_env
 

@@ -16,8 +16,8 @@ from coord_fixtures import Env
 from faults.kubectl import kubectl as run_kubectl
 
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import configmaps_path, lease_path
-from coordinator.lease import lock_id_of
+from coordinator.rules.lease import lock_id_of
+from coordinator.rules.resources import configmaps_path, lease_path
 
 T = TypeVar("T")
 

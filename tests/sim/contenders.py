@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from coordinator import clock
-from coordinator.lease import remaining_validity
+from coordinator.rules.lease import remaining_validity
 from sim.simulate import DEPLOYMENT, KEY, SeededChance, Sim, SimClock, SimProcess, now
 
 if TYPE_CHECKING:
-    from coordinator.api import Coordinator, HeldLock
-    from coordinator.state import StateClient
+    from coordinator.engine.state import StateClient
+    from coordinator.ops.api import Coordinator, HeldLock
 
 # Enter, and start each step, only with this much validity left.
 MARGIN_S = 0.5
@@ -368,8 +368,8 @@ class CommandHolder(Contender):
         more (managedFields stripped, or merged into another manager's entry) is no
         longer the holder's (docs/design.md, *Evidence has an owner*): it blocks as held
         by an unknown holder until it lapses, and a release leaves it."""
-        from coordinator.lease import lock_id_of
-        from coordinator.quorum import quorum_size
+        from coordinator.rules.lease import lock_id_of
+        from coordinator.rules.quorum import quorum_size
 
         still = [
             c
@@ -392,7 +392,7 @@ def _holder_owned_by_coordinator(obj: dict[str, Any]) -> bool:
 
 
 def _lease_key() -> tuple[str, str, str]:
-    from coordinator.kube.resources import lease_name
+    from coordinator.rules.resources import lease_name
     from sim.simulate import NAMESPACE
 
     return ("leases", NAMESPACE, lease_name(DEPLOYMENT))
@@ -459,7 +459,7 @@ class Changer(CommandHolder):
         return [*members, self.rng.choice(spare)]
 
     async def change(self, target: list[str], lock_id: str | None = None) -> int:
-        from coordinator.reconfig import change_members
+        from coordinator.ops.reconfig import change_members
 
         async def run() -> Any:
             async with self.sim.coordinator(self.name) as c:

@@ -48,7 +48,7 @@ def _parse_then(change: Callable[[Any], Any]) -> Callable[[ExitStack], None]:
     """A plant that changes what LeaseView.parse makes of a lease."""
 
     def patch(stack: ExitStack) -> None:
-        from coordinator import lease
+        from coordinator.rules import lease
 
         original = lease.LeaseView.__dict__["parse"].__func__
 
@@ -64,8 +64,8 @@ def _newest_of_any_manager(view: Any) -> Any:
     """The stamp of the lease's last write by any field manager but the claims'."""
     import dataclasses
 
-    from coordinator.kube.resources import parse_time
-    from coordinator.lease import LINE_MANAGER
+    from coordinator.rules.lease import LINE_MANAGER
+    from coordinator.rules.resources import parse_time
 
     if not view.exists:
         return view
@@ -80,8 +80,8 @@ def _judged_by_date(last: Callable[[Any], Any]) -> Callable[[ExitStack], None]:
     against ``last(view)``, the old rule (no probe stamp needed)."""
 
     def patch(stack: ExitStack) -> None:
-        from coordinator import lease
-        from coordinator.lock import core
+        from coordinator.engine.lock import core
+        from coordinator.rules import lease
 
         standing = vars(core)["standing"]
 
@@ -116,8 +116,8 @@ def _token_of_anyone(view: Any) -> Any:
     """The token annotation believed whoever wrote it."""
     import dataclasses
 
-    from coordinator.evidence import Writer
-    from coordinator.lease import A_TOKEN
+    from coordinator.rules.evidence import Writer
+    from coordinator.rules.lease import A_TOKEN
 
     raw = ((view.obj.get("metadata") or {}).get("annotations") or {}).get(A_TOKEN) if view.exists else None
     if raw is None or view.token_writer is not Writer.OTHER:
@@ -132,8 +132,8 @@ def _token_of_anyone(view: Any) -> Any:
 def _missing_is_free(stack: ExitStack) -> None:
     """A missing lease is free, and the token is one above the highest read, whatever
     was read (no tombstone, no proof from the leases' history or the floors)."""
-    from coordinator import lease
-    from coordinator.lock import core
+    from coordinator.engine.lock import core
+    from coordinator.rules import lease
 
     standing = vars(core)["standing"]
 
@@ -149,8 +149,8 @@ def _missing_is_free(stack: ExitStack) -> None:
 
 def _renewal_retakes(stack: ExitStack) -> None:
     """A renewal that finds its lease free (released or broken) takes it again."""
-    from coordinator.lease import RenewVerdict
-    from coordinator.lock import renew
+    from coordinator.engine.lock import renew
+    from coordinator.rules.lease import RenewVerdict
 
     verdict = vars(renew)["renew_verdict"]
 
@@ -165,8 +165,8 @@ def _renewal_retakes(stack: ExitStack) -> None:
 
 def _minority_release_ok(stack: ExitStack) -> None:
     """A release that reached fewer than a majority returns as if it had released."""
+    from coordinator.engine.lock.release import Release
     from coordinator.errors import NoQuorumError
-    from coordinator.lock.release import Release
 
     release = Release.release
 
@@ -180,13 +180,13 @@ def _minority_release_ok(stack: ExitStack) -> None:
 
 
 def _foreign_floor_believed(stack: ExitStack) -> None:
-    from coordinator.lock import floor
+    from coordinator.engine.lock import floor
 
     _set(stack, floor, "floor_is_ours", lambda obj: True)
 
 
 def _holder_removed_is_free(stack: ExitStack) -> None:
-    from coordinator import lease
+    from coordinator.rules import lease
 
     _set(stack, lease, "_holder_edited", lambda obj, claimed: False)
 
@@ -194,8 +194,8 @@ def _holder_removed_is_free(stack: ExitStack) -> None:
 def _equal_token_taken(stack: ExitStack) -> None:
     """An attempt takes a lease that carries its own token under another lock id (two
     attempts that read the same leases draw the same token; the first frees its leases)."""
-    from coordinator.evidence import Writer
-    from coordinator.lock import acquire
+    from coordinator.engine.lock import acquire
+    from coordinator.rules.evidence import Writer
 
     def only_higher(view: Any, lock_id: str, token: int) -> bool:
         return bool(view.lock_id != lock_id and view.token_writer is not Writer.OTHER and view.token > token)
@@ -207,7 +207,7 @@ def _no_token_floor(stack: ExitStack) -> None:
     """An acquisition that does not record its token on the state objects: the token of a
     holder that writes no state lives on the leases alone, and deleting every lease forgets
     it (the design limit that the token floor closes)."""
-    from coordinator.lock.floor import TokenFloor
+    from coordinator.engine.lock.floor import TokenFloor
 
     async def nothing(self: Any, result: Any) -> None:
         return None
@@ -218,7 +218,7 @@ def _no_token_floor(stack: ExitStack) -> None:
 def _unconfirmed_take(stack: ExitStack) -> None:
     """An acquisition that counts the leases it took without reading them again: a break
     that cleared one of them before the last take landed goes unseen."""
-    from coordinator.lock.acquire import Acquire
+    from coordinator.engine.lock.acquire import Acquire
 
     async def trusted(self: Any, result: Any) -> None:
         return None
@@ -229,7 +229,7 @@ def _unconfirmed_take(stack: ExitStack) -> None:
 def _no_skew_margin(stack: ExitStack) -> None:
     """The lapse margin leaves out --max-server-skew (API servers of one cluster that
     disagree on the time)."""
-    from coordinator import lease
+    from coordinator.rules import lease
 
     _set(stack, lease, "lapse_margin", lambda ttl_s, skew: lease.drift_allowance(ttl_s) + lease.TIMESTAMP_SLACK_S)
 
@@ -243,9 +243,9 @@ def _sync_over_newer_promise(stack: ExitStack) -> None:
     what it names (8345d4e); all three go, or no schedule reaches the bug."""
     import contextvars
 
-    from coordinator.register import Kind
-    from coordinator.state import sync
-    from coordinator.state.replicas import Replicas
+    from coordinator.engine.register import Kind
+    from coordinator.engine.state import sync
+    from coordinator.engine.state.replicas import Replicas
 
     syncing: contextvars.ContextVar[bool] = contextvars.ContextVar("syncing", default=False)
     run_sync, need_decoded, cas = sync.Sync.sync, Replicas.need_decoded, Replicas.cas
@@ -275,8 +275,8 @@ def _sync_over_newer_promise(stack: ExitStack) -> None:
 def _no_fencing(stack: ExitStack) -> None:
     """Writers do not fence: no check that the lock id holds a majority, no refusal of a
     newer holder's token, and a stamp that outranks whatever the replicas hold."""
-    from coordinator import register
-    from coordinator.state import writes
+    from coordinator.engine import register
+    from coordinator.engine.state import writes
 
     def holder_token(self: Any, seen: Any, lock_id: str, unheard: Any) -> int:
         tokens = [o.lease.token for o in seen.values() if o.lease is not None]
@@ -296,9 +296,9 @@ def _no_fencing(stack: ExitStack) -> None:
 
 def _no_namespace_for_joining_members(stack: ExitStack) -> None:
     """A member change does not make the deployment's namespace on a joining member."""
-    from coordinator import reconfig
-    from coordinator.fanout import ClusterResult
-    from coordinator.outcome import Outcome
+    from coordinator.engine.fanout import ClusterResult
+    from coordinator.ops import reconfig
+    from coordinator.rules.outcome import Outcome
 
     async def nothing(clusters: Any, cluster: str, namespace: str) -> Any:
         return ClusterResult(cluster, Outcome.OK, "not made")
@@ -312,9 +312,9 @@ def _stand_in_needs_the_read_majority(stack: ExitStack) -> None:
     has answered (exit 5, "could not be read")."""
     import dataclasses
 
-    from coordinator import reconfig
-    from coordinator.membership import Membership, Verdict
-    from coordinator.quorum import Majorities
+    from coordinator.ops import reconfig
+    from coordinator.rules.membership import Membership, Verdict
+    from coordinator.rules.quorum import Majorities
 
     def early(result: Any, stored: Any, old: Any, new: Any, before: Any) -> Any:
         if result.verdict is not Verdict.UNCONFIRMED and result.verdict is not Verdict.UNOBSERVABLE:

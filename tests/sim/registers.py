@@ -33,9 +33,9 @@ from faults.checkers import Operation, check_linearizable_register
 from served import served
 
 from coordinator import clock
+from coordinator.engine.register import NO_STAMP, Stamp, decode_replica
 from coordinator.errors import CoordinatorError
-from coordinator.kube.resources import state_name
-from coordinator.register import NO_STAMP, Stamp, decode_replica
+from coordinator.rules.resources import state_name
 from sim.apiserver import World
 from sim.simulate import (
     DEPLOYMENT,
@@ -113,7 +113,7 @@ class Registers:
 
     async def setup(self) -> None:
         """The deployment on every member, and p0's lock (token 1), before anything waits."""
-        from coordinator.api import Coordinator
+        from coordinator.ops.api import Coordinator
 
         self.config = await _setup(self.world, self.workdir, self.names, self.names)
         with clock.using(*self._clocks("p0")):
@@ -185,7 +185,7 @@ class Registers:
         return op
 
     async def _run(self, op: Op, body: Callable[[Any], Awaitable[None]], clocks: tuple[Any, ...]) -> None:
-        from coordinator.api import Coordinator
+        from coordinator.ops.api import Coordinator
 
         ok = False
         with clock.using(*clocks), op.scope:

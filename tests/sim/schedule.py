@@ -13,9 +13,9 @@ from typing import Any
 
 import anyio
 
-from coordinator.kube.resources import lease_name, lease_path, state_paths
 from coordinator.kube.transport import Request
-from coordinator.quorum import quorum_size
+from coordinator.rules.quorum import quorum_size
+from coordinator.rules.resources import lease_name, lease_path, state_paths
 from sim.simulate import DEPLOYMENT, NAMESPACE, Options, Sim, lease_uid, now
 
 LINK_KINDS = ("delay", "loss", "answer-loss", "duplicate")
@@ -372,7 +372,7 @@ class Injector:
 
     def readable(self) -> bool:
         """Whether a majority of the members hold a state object that answers
-        (coordinator/register.py's ``Replica.answers``: it decodes, its envelope and promise
+        (coordinator/engine/register.py's ``Replica.answers``: it decodes, its envelope and promise
         are coordinator's, and it is not an empty one made since the deployment was
         created). The register keeps a confirmed write while a minority of its replicas
         is lost (README, *The state register*): a deletion, foreign write or strip that
@@ -380,7 +380,7 @@ class Injector:
         leaves the member set unconfirmed is. Corrupt replicas stop every read (exit 6)
         until a write replaces them; missing and later-made empty ones are no answer, and
         deleting the state of a majority before a write repairs it loses what it held."""
-        from coordinator.register import _decode
+        from coordinator.engine.register import _decode
 
         members = self._engine().members
         answering = 0
@@ -394,11 +394,11 @@ class Injector:
         member set: the engine's own check (lock/acquire.py), on the leases, with the
         state objects speaking for members whose lease says nothing when a majority of
         them carry a token floor of coordinator's."""
-        from coordinator.fanout import ClusterResult
-        from coordinator.lease import LeaseView
-        from coordinator.lock.floor import ABSENT, NO_FLOOR, envelope_evidence, has_floor, kept_set_speaks
-        from coordinator.membership import Verdict
-        from coordinator.outcome import Outcome
+        from coordinator.engine.fanout import ClusterResult
+        from coordinator.engine.lock.floor import ABSENT, NO_FLOOR, envelope_evidence, has_floor, kept_set_speaks
+        from coordinator.rules.lease import LeaseView
+        from coordinator.rules.membership import Verdict
+        from coordinator.rules.outcome import Outcome
 
         engine = self._engine()
         reads: dict[str, Any] = {}
@@ -429,8 +429,8 @@ class Injector:
         cfg = self.sim.config
         record = cfg.deployments[DEPLOYMENT]
         if self._judge is None or self._judge.dep != record:  # a member change moved the record on
-            from coordinator.clusters import ClusterSet
-            from coordinator.lock.engine import LockEngine
+            from coordinator.engine.clusters import ClusterSet
+            from coordinator.engine.lock.engine import LockEngine
 
             # It sends nothing; the world's transports spare it the HTTPS client's imports.
             clusters = ClusterSet(cfg, timeout=1.0, transport_factory=self.sim.world.transport_factory)
@@ -455,9 +455,9 @@ class Injector:
             self._guarded(fault.describe(), put_back)
 
         def put_back() -> None:
-            from coordinator.kube.resources import FIELD_MANAGER, micro_time
-            from coordinator.register import DATA_KEY, PROMISE_ANNOTATION
-            from coordinator.restored import tombstone_body
+            from coordinator.engine.register import DATA_KEY, PROMISE_ANNOTATION
+            from coordinator.ops.restored import tombstone_body
+            from coordinator.rules.resources import FIELD_MANAGER, micro_time
 
             def same_state(a: Any, b: Any) -> bool:
                 if a is None or b is None:
@@ -495,7 +495,7 @@ class Injector:
         a label, stripped managedFields, or a duration of 1 s."""
         from faults.schedule import FOREIGN_VALUES, LEASE_FIELDS, STATE_FIELDS, _ForeignPlan
 
-        from coordinator.kube.resources import A_TOKEN_FLOOR
+        from coordinator.rules.resources import A_TOKEN_FLOOR
 
         sim = self.sim
         kind = fault.kind
@@ -621,7 +621,7 @@ def _break_record(invoked: float, complete: float, results: dict[str, Any]) -> d
     ``_broken_renewed``): its exit code as the command reports it (0 once a majority of the
     members answered that their lease is clear) and, per lock id it cleared, the members
     where its own write cleared it."""
-    from coordinator.verdicts import break_verdict
+    from coordinator.ops.verdicts import break_verdict
 
     problem = break_verdict(DEPLOYMENT, results).problem()
     cleared: dict[str, dict[str, str | None]] = {}

@@ -289,7 +289,7 @@ class LeaseTruth:
     coordinator manager owns, so the excuse is never wider than the members' truth."""
 
     def __init__(self, world: World) -> None:
-        from coordinator.quorum import quorum_size
+        from coordinator.rules.quorum import quorum_size
         from sim.contenders import _lease_key
 
         self.key = _lease_key()
@@ -300,7 +300,7 @@ class LeaseTruth:
             cluster.store.observers.append(functools.partial(self._changed, name))
 
     def _changed(self, cluster: str, change: Any) -> None:
-        from coordinator.lease import lock_id_of
+        from coordinator.rules.lease import lock_id_of
         from sim.contenders import _holder_owned_by_coordinator
 
         if change.key != self.key:
@@ -349,7 +349,7 @@ class Sim:
         self.notes.append(f"[{now():8.2f}s] {text}")
 
     def coordinator(self, who: str) -> Any:
-        from coordinator.api import Coordinator
+        from coordinator.ops.api import Coordinator
 
         factory = self.net.factory(who, self.world.clusters)
         return Coordinator(
@@ -362,9 +362,9 @@ class Sim:
 
 
 async def _setup(world: World, workdir: Path, names: list[str], members: list[str]) -> Any:
-    from coordinator.admin import connect_cluster, create_deployment
-    from coordinator.clusters import ClusterSet
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
+    from coordinator.engine.clusters import ClusterSet
+    from coordinator.ops.admin import connect_cluster, create_deployment
 
     store = ConfigStore(str(workdir / "config.yaml"))
     for name in names:
@@ -430,7 +430,7 @@ def _recording_renewals(into: list[dict[str, Any]]) -> Iterator[None]:
     renewals and ``lock renew`` alike), recorded with the true virtual times it began and
     returned and the members where it renewed the lease. The wrapper adds no await of its
     own, so runs stay what they were (the same history fingerprints)."""
-    from coordinator.lock.renew import Renew
+    from coordinator.engine.lock.renew import Renew
 
     original = Renew.renew
 
@@ -467,7 +467,7 @@ def _harness_patches() -> Iterator[None]:
     import logging
 
     from coordinator import logs
-    from coordinator.state.replicas import Replicas
+    from coordinator.engine.state.replicas import Replicas
 
     level = logs._level
     logs._level = logging.CRITICAL + 1

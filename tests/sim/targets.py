@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import anyio
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
-from coordinator.kube.resources import configmaps_path
+from coordinator.rules.resources import configmaps_path
 from sim.apiserver import Cluster
 
 T = TypeVar("T")

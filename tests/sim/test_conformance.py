@@ -26,8 +26,8 @@ import anyio
 import pytest
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
-from coordinator.kube.resources import configmaps_path, lease_path, leases_path, namespace_path, secrets_path
-from coordinator.lease import A_TOKEN, A_UID, LeaseView, manager_time
+from coordinator.rules.lease import A_TOKEN, A_UID, LeaseView, manager_time
+from coordinator.rules.resources import configmaps_path, lease_path, leases_path, namespace_path, secrets_path
 from sim.apiserver import World
 from sim.targets import Target
 

@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator.admin import connect_cluster, create_deployment
-from coordinator.api import Coordinator
-from coordinator.clusters import ClusterSet
-from coordinator.config import ConfigStore
-from coordinator.kube.resources import history_name, lease_name, state_name
-from coordinator.lease import A_TOKEN
+from coordinator.config.store import ConfigStore
+from coordinator.engine.clusters import ClusterSet
+from coordinator.ops.admin import connect_cluster, create_deployment
+from coordinator.ops.api import Coordinator
+from coordinator.rules.lease import A_TOKEN
+from coordinator.rules.resources import history_name, lease_name, state_name
 from sim.apiserver import World
 
 pytestmark = pytest.mark.unit

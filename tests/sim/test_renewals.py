@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from coordinator import clock
-from coordinator.api import Coordinator
-from coordinator.lock.renew import keep_renewed
-from coordinator.lock.results import new_lock_id
+from coordinator.engine.lock.renew import keep_renewed
+from coordinator.engine.lock.results import new_lock_id
+from coordinator.ops.api import Coordinator
 from sim import simulate as sim
 from sim.apiserver import World
 

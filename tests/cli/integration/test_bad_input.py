@@ -24,11 +24,11 @@ import pytest
 import yaml
 from coord_fixtures import Env, make_env, put_lease
 
-from coordinator.admin import create_deployment
-from coordinator.api import Coordinator
-from coordinator.clusters import ClusterSet
-from coordinator.config import ConfigStore
-from coordinator.kube.resources import configmaps_path, leases_path
+from coordinator.config.store import ConfigStore
+from coordinator.engine.clusters import ClusterSet
+from coordinator.ops.admin import create_deployment
+from coordinator.ops.api import Coordinator
+from coordinator.rules.resources import configmaps_path, leases_path
 
 pytestmark = pytest.mark.integration
 

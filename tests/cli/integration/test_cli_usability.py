@@ -206,9 +206,9 @@ def test_a_deadline_tells_silence_from_waiting_on_others() -> None:
     unreachable; one nobody waited for is absent (rendered as not waited for)."""
     import anyio
 
-    from coordinator.fanout import ClusterResult, fan_out
+    from coordinator.engine.fanout import ClusterResult, fan_out
     from coordinator.kube.client import request_events
-    from coordinator.outcome import Outcome
+    from coordinator.rules.outcome import Outcome
 
     async def operation(name: str) -> ClusterResult[None]:
         tell = request_events.get()
@@ -240,10 +240,10 @@ def test_a_deadline_tells_silence_from_waiting_on_others() -> None:
 
 def test_not_waited_for_is_rendered_as_such() -> None:
     from coordinator.cli.lock import acquire_document
-    from coordinator.fanout import NOT_WAITED_FOR, ClusterResult
-    from coordinator.lock.reports import acquire_report
-    from coordinator.lock.results import AcquireResult
-    from coordinator.outcome import Outcome
+    from coordinator.engine.fanout import NOT_WAITED_FOR, ClusterResult
+    from coordinator.engine.lock.reports import acquire_report
+    from coordinator.engine.lock.results import AcquireResult
+    from coordinator.rules.outcome import Outcome
 
     result = AcquireResult(
         deployment="web",

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from coord_fixtures import Env, make_env
 
-from coordinator.admin import connect_cluster, create_deployment
-from coordinator.clusters import ClusterSet
-from coordinator.config import ConfigStore
-from coordinator.kube.resources import (
+from coordinator.config.store import ConfigStore
+from coordinator.engine.clusters import ClusterSet
+from coordinator.ops.admin import connect_cluster, create_deployment
+from coordinator.rules.resources import (
     configmaps_path,
     lease_path,
     leases_path,

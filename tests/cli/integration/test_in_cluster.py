@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from coordinator.kube.client import FORBIDDEN, Endpoint, KubeClient, KubeError
-from coordinator.kube.resources import namespace_path
+from coordinator.rules.resources import namespace_path
 
 pytestmark = pytest.mark.integration
 

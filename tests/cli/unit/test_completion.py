@@ -13,8 +13,8 @@ from click.shell_completion import get_completion_class
 
 from coordinator.cli import _COMMANDS, cli, main
 from coordinator.cli.completion import COMPLETE_VAR, PROG, complete_clusters, complete_deployments
-from coordinator.config import ConfigStore
-from coordinator.records import ClusterRecord, DeploymentRecord
+from coordinator.config.records import ClusterRecord, DeploymentRecord
+from coordinator.config.store import ConfigStore
 
 
 @pytest.fixture

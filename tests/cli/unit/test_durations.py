@@ -1,4 +1,4 @@
-"""Durations as people type and read them (coordinator/durations.py), as properties:
+"""Durations as people type and read them (coordinator/rules/durations.py), as properties:
 what format_duration prints, parse_duration reads back; anything else is a UsageError."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.durations import format_duration, parse_duration
 from coordinator.errors import UsageError
+from coordinator.rules.durations import format_duration, parse_duration
 
 TEN_YEARS = 10 * 365 * 86400
 

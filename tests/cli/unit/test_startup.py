@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from coordinator.config import ConfigStore
-from coordinator.models import ClusterModel, ConfigModel, DeploymentModel, config_of
-from coordinator.records import ClusterRecord, DeploymentRecord, LocalConfig, from_document
+from coordinator.config.models import ClusterModel, ConfigModel, DeploymentModel, config_of
+from coordinator.config.records import ClusterRecord, DeploymentRecord, LocalConfig, from_document
+from coordinator.config.store import ConfigStore
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -36,16 +36,16 @@ NOT_FOR_STATUS = (
     "rich",
     "structlog",
     "filelock",
-    "coordinator.models",
-    "coordinator.history",
-    "coordinator.cas",
-    "coordinator.lock.acquire",
-    "coordinator.lock.turns",
-    "coordinator.lock.renew",
-    "coordinator.lock.release",
-    "coordinator.lock.floor",
-    "coordinator.state",
-    "coordinator.register",
+    "coordinator.config.models",
+    "coordinator.engine.history",
+    "coordinator.engine.cas",
+    "coordinator.engine.lock.acquire",
+    "coordinator.engine.lock.turns",
+    "coordinator.engine.lock.renew",
+    "coordinator.engine.lock.release",
+    "coordinator.engine.lock.floor",
+    "coordinator.engine.state",
+    "coordinator.engine.register",
     "coordinator_sandbox",
 )
 
@@ -56,12 +56,12 @@ try:
     main(["lock", "status", "--help"])
 except SystemExit:
     pass
-from coordinator.api import Coordinator
-from coordinator.config import ConfigStore
-import coordinator.cli.lock, coordinator.lock.status, coordinator.verdicts
+from coordinator.ops.api import Coordinator
+from coordinator.config.store import ConfigStore
+import coordinator.cli.lock, coordinator.engine.lock.status, coordinator.ops.verdicts
 
 cfg = ConfigStore(sys.argv[1]).load()
-assert type(cfg).__module__ == "coordinator.records", type(cfg)
+assert type(cfg).__module__ == "coordinator.config.records", type(cfg)
 assert cfg.deployments["payments"].quorum == 2
 c = Coordinator(cfg, store=None)
 engine = c.lock_engine("payments")
@@ -114,7 +114,7 @@ def test_lock_status_path_imports_no_pydantic_rich_or_write_side(tmp_path: Path)
         check=True,
     ).stdout
     loaded = set(json.loads(out.splitlines()[-1]))
-    assert "coordinator.lock.status" in loaded  # the path was walked
+    assert "coordinator.engine.lock.status" in loaded  # the path was walked
     wrong = sorted(m for m in loaded if any(m == bad or m.startswith(bad + ".") for bad in NOT_FOR_STATUS))
     assert not wrong, f"imported by `lock status`: {wrong}"
 

@@ -9,12 +9,9 @@ from pathlib import Path
 import pytest
 from served import served
 
-from coordinator.config import ConfigStore
-from coordinator.durations import format_duration, parse_duration
-from coordinator.errors import ConfigError, UsageError
-from coordinator.lease import A_NEXT, HANDOFF_GRACE_S, LeaseView, TurnClaim
-from coordinator.models import ClusterRecord, StateEnvelope
-from coordinator.state import (
+from coordinator.config.models import ClusterRecord, StateEnvelope
+from coordinator.config.store import ConfigStore
+from coordinator.engine.state import (
     ENVELOPE_LIMIT,
     changed_keys,
     check_size,
@@ -23,6 +20,9 @@ from coordinator.state import (
     get_path,
     set_path,
 )
+from coordinator.errors import ConfigError, UsageError
+from coordinator.rules.durations import format_duration, parse_duration
+from coordinator.rules.lease import A_NEXT, HANDOFF_GRACE_S, LeaseView, TurnClaim
 
 
 @pytest.mark.parametrize(

@@ -324,9 +324,9 @@ def test_a_version_no_longer_served_after_discovery_is_unobservable_never_gone(d
     object it did not find; the 404 of an unserved path names none."""
     import anyio
 
-    from coordinator.drift import _read
-    from coordinator.expectations import parse_resource
     from coordinator.kube.client import KubeError
+    from coordinator.ops.drift import _read
+    from coordinator.rules.expectations import parse_resource
 
     kube(dep3, 1, "apply", "-f", "-", stdin=GADGETS)
     kube(dep3, 1, "wait", "--for", "condition=Established", "crd/gadgets.drift.example.com", "--timeout", "60s")

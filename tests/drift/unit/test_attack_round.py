@@ -1,6 +1,6 @@
 """Cases an outside attack on drift found (docs/regressions.md): values that Python calls
 equal and JSON does not, a writer named for a field it never wrote, a record that counts one
-resource twice or names a namespace that is no namespace (coordinator/expectations.py)."""
+resource twice or names a namespace that is no namespace (coordinator/rules/expectations.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from coordinator.errors import UsageError
-from coordinator.expectations import (
+from coordinator.rules.expectations import (
     STATE_KEY,
     Finding,
     ResourceRef,
@@ -20,7 +20,7 @@ from coordinator.expectations import (
     read_expectations,
     verdict,
 )
-from coordinator.fieldpaths import parse_field, same_json
+from coordinator.rules.fieldpaths import parse_field, same_json
 
 WIDGET = ResourceRef("example.com/v1", "Widget", "w1", "payments")
 MEMBERS = ["eu-1", "eu-2", "eu-3"]

@@ -1,5 +1,5 @@
 """The drift rules, case by case: resource and field syntax, values, who changed a field,
-the record's merge, and what the findings add up to (coordinator/expectations.py)."""
+the record's merge, and what the findings add up to (coordinator/rules/expectations.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.errors import UsageError
-from coordinator.expectations import (
+from coordinator.rules.expectations import (
     STATE_KEY,
     Expectation,
     FieldRecord,
@@ -25,7 +25,7 @@ from coordinator.expectations import (
     record_document,
     verdict,
 )
-from coordinator.fieldpaths import parse_field, value_at
+from coordinator.rules.fieldpaths import parse_field, value_at
 
 MEMBERS = ["eu-1", "eu-2", "eu-3"]
 
@@ -283,13 +283,13 @@ def test_a_fresh_record_matches_what_it_was_made_from(values: dict[str, Any]) ->
     ],
 )
 def test_the_rbac_resource_of_a_kind_is_its_plural(kind: str, plural: str) -> None:
-    from coordinator.rbac import plural_of
+    from coordinator.ops.rbac import plural_of
 
     assert plural_of(kind) == plural
 
 
 def test_rbac_for_drift_reads_each_watched_object_by_name_and_takes_nothing_from_other_grants() -> None:
-    from coordinator import rbac
+    from coordinator.ops import rbac
 
     refs = [parse_resource(r, "payments") for r in ("deployment/api", "deploy/web", "cm/api-settings")]
     role = rbac.drift_role("payments", refs)
@@ -312,7 +312,7 @@ def test_rbac_for_drift_reads_each_watched_object_by_name_and_takes_nothing_from
 def test_rbac_for_drift_grants_cluster_scoped_kinds_in_a_cluster_role() -> None:
     """Found by an outside attack: a StorageClass was granted in a namespaced Role, which
     cannot grant it, so the check was always forbidden (unobservable)."""
-    from coordinator import rbac
+    from coordinator.ops import rbac
 
     refs = [parse_resource(r, "payments") for r in ("storage.k8s.io/v1/StorageClass/fast", "cm/api-settings")]
     objects = rbac.manifests("payments", rbac.Subject.user("alice"), ["payments"], drift=refs)

@@ -13,11 +13,11 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator.admin import connect_cluster, create_deployment
-from coordinator.clusters import ClusterSet
-from coordinator.config import ConfigStore
-from coordinator.fleet import ALL_LEASES, FleetWatch, survey
+from coordinator.config.store import ConfigStore
+from coordinator.engine.clusters import ClusterSet
 from coordinator.kube.client import KubeClient, KubeError
+from coordinator.ops.admin import connect_cluster, create_deployment
+from coordinator.ops.fleet import ALL_LEASES, FleetWatch, survey
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from coord_fixtures import Env
 from helpers.hostile import minted_user, no_crash, request_as
 
-from coordinator.kube.resources import LABEL_DEPLOYMENT, LABEL_MANAGED_BY, LABEL_VALUE, lease_path
+from coordinator.rules.resources import LABEL_DEPLOYMENT, LABEL_MANAGED_BY, LABEL_VALUE, lease_path
 
 integration = pytest.mark.integration
 

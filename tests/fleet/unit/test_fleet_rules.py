@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.fleet import RETRY_S, rewatch_wait
+from coordinator.ops.fleet import RETRY_S, rewatch_wait
 
 
 def test_a_watch_that_ran_a_while_is_listed_again_after_the_first_wait() -> None:

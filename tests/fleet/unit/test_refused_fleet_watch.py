@@ -46,8 +46,8 @@ class _RefusedWatches:
 def test_a_refused_fleet_watch_backs_off_instead_of_listing_twice_a_second() -> None:
     """Found: with `list` and no `watch`, `lock status --all --watch` listed every Lease
     of each cluster about twice a second. Now the wait before listing again doubles."""
-    from coordinator.fleet import FleetWatch
-    from coordinator.models import ClusterRecord, LocalConfig
+    from coordinator.config.models import ClusterRecord, LocalConfig
+    from coordinator.ops.fleet import FleetWatch
 
     rec = ClusterRecord(name="c1", context="c", identity="i", identity_source="kube-system-uid")
     clusters = _RefusedWatches()

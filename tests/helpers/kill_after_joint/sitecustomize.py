@@ -13,7 +13,7 @@ from typing import Any
 
 
 def _install() -> None:
-    from coordinator.lock.engine import LockEngine
+    from coordinator.engine.lock.engine import LockEngine
 
     raise_floor = LockEngine.raise_token_floor
 

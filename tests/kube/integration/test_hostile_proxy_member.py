@@ -61,8 +61,8 @@ def test_a_hostile_proxy_in_front_of_one_member_costs_that_member_only(dep3: Env
     still work on the two other members; no command crashes."""
     from dateproxy import proxy_kubeconfig
 
-    from coordinator.admin import connect_cluster
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
+    from coordinator.ops.admin import connect_cluster
 
     pki = dep3.sandbox.dir / "pki"
     hostile = _HostileProxy(dep3.sandbox.server(3), pki)

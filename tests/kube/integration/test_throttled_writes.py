@@ -15,8 +15,8 @@ import pytest
 # webhook that can answer 429 (registered under its own name).
 from helpers.throttle import throttled  # noqa: F401
 
-from coordinator.kube.resources import configmaps_path, lease_path
-from coordinator.lease import lock_id_of
+from coordinator.rules.lease import lock_id_of
+from coordinator.rules.resources import configmaps_path, lease_path
 
 integration = pytest.mark.integration
 

@@ -26,8 +26,8 @@ from helpers.throttle import Throttled, outcomes_of, retried
 from helpers.throttle import throttled as throttled  # the fixture
 
 from coordinator.kube.client import KubeError, _classify_status, _retry_after
-from coordinator.kube.resources import configmaps_path, lease_path
-from coordinator.outcome import Outcome
+from coordinator.rules.outcome import Outcome
+from coordinator.rules.resources import configmaps_path, lease_path
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +136,7 @@ def test_429_is_throttled_and_unobservable() -> None:
     err = _classify_status(429, b'{"message": "Too many requests"}', {}, retry_after=2.0)
     assert err.kind == "throttled" and err.retry_after == 2.0 and "retry after 2s" in err.detail
     assert not Outcome.THROTTLED.observable
-    from coordinator.clusters import outcome_of
+    from coordinator.engine.clusters import outcome_of
 
     assert outcome_of(err) is Outcome.THROTTLED
 

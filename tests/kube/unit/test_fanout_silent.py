@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import anyio
 
-from coordinator.fanout import ClusterResult, fan_out, silent_wait
+from coordinator.engine.fanout import ClusterResult, fan_out, silent_wait
 from coordinator.kube.client import request_events
-from coordinator.outcome import Outcome
+from coordinator.rules.outcome import Outcome
 
 
 def _fan_out(

@@ -12,7 +12,7 @@ import pytest
 from coord_fixtures import Env, make_env
 from helpers.hostile import no_crash
 
-from coordinator.kube.resources import (
+from coordinator.rules.resources import (
     lease_path,
 )
 

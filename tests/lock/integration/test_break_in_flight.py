@@ -29,8 +29,8 @@ from coord_fixtures import Env
 from faults.kubectl import kubectl
 from helpers.throttle import Rule, Webhook
 
-from coordinator.kube.resources import lease_name, lease_path
-from coordinator.lease import LeaseView
+from coordinator.rules.lease import LeaseView
+from coordinator.rules.resources import lease_name, lease_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

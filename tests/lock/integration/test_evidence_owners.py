@@ -1,4 +1,4 @@
-"""Every field a rule reads counts only where coordinator wrote it (coordinator/evidence.py).
+"""Every field a rule reads counts only where coordinator wrote it (coordinator/rules/evidence.py).
 
 Another client — `kubectl annotate`, `kubectl edit`, a server-side apply with
 ``--force-conflicts`` — takes over the fields it writes (the API server hands them to its
@@ -21,7 +21,7 @@ from coord_fixtures import Env, make_env
 from faults.kubectl import kubectl
 from helpers.web import on_each
 
-from coordinator.kube.resources import configmaps_path, lease_path, leases_path
+from coordinator.rules.resources import configmaps_path, lease_path, leases_path
 
 LEASE = "coordinator-lock-web"
 
@@ -228,7 +228,7 @@ def test_a_token_floor_annotated_lower_on_the_state_objects_does_not_repeat_a_to
 
 
 def test_a_well_formed_envelope_another_client_wrote_is_not_the_state(dep3: Env) -> None:
-    from coordinator.register import checksum
+    from coordinator.engine.register import checksum
 
     assert _acquire(dep3, "alice", "--ttl", "30s").returncode == 0
     env = {"COORDINATOR_HOLDER": "alice"}
@@ -282,7 +282,7 @@ def _hidden_patch(env: Env, index: int, kind: str, name: str, patch: dict[str, A
 
 @pytest.mark.parametrize("how", HIDE)
 def test_a_forged_envelope_with_no_recorded_writer_is_not_the_state(dep3: Env, how: str) -> None:
-    from coordinator.register import checksum
+    from coordinator.engine.register import checksum
 
     assert _acquire(dep3, "alice", "--ttl", "30s").returncode == 0
     env = {"COORDINATOR_HOLDER": "alice"}
@@ -392,7 +392,7 @@ def _cap(env: Env, index: int) -> list[str]:
 
 
 def test_fields_the_server_merged_into_ancient_changes_have_no_known_writer(sandbox3: Any, tmp_path: Path) -> None:
-    from coordinator.evidence import Writer, writer
+    from coordinator.rules.evidence import Writer, writer
 
     # alice holds a 5 s lock and dies; another client caps the managedFields of every lease.
     env = make_env(sandbox3, tmp_path, max_ttl_s=10)

@@ -13,7 +13,7 @@ from coord_fixtures import Env
 from helpers.hostile import minted_user, no_crash, request_as
 
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import (
+from coordinator.rules.resources import (
     LABEL_MANAGED_BY,
     LABEL_VALUE,
     configmaps_path,
@@ -129,7 +129,7 @@ def _plant_history(env: Env, minted: Any, events: str, manager: str | None = Non
 
 
 def history_of(obj: Any) -> list[dict[str, Any]]:
-    from coordinator import history
+    from coordinator.engine import history
 
     return history.decode(obj)
 

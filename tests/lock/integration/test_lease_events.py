@@ -1,4 +1,4 @@
-"""The lock's life as Kubernetes Events about its Lease (coordinator/lock/kubeevents.py):
+"""The lock's life as Kubernetes Events about its Lease (coordinator/engine/lock/kubeevents.py):
 `kubectl get events` and `kubectl describe lease` tell who took, released, broke, took
 over and lost it, on the members each moment touched; a user whose RBAC does not grant
 Events runs every command exactly as before."""
@@ -17,8 +17,8 @@ from coord_fixtures import UNHURRIED, Env
 from faults.kubectl import kubectl as run_kubectl
 from helpers.rbac import RBAC_API, connect, grant, mint_user, stdout_json, stdout_ok, user_env
 
-from coordinator.lock.kubeevents import events_path
-from coordinator.rbac import role_name
+from coordinator.engine.lock.kubeevents import events_path
+from coordinator.ops.rbac import role_name
 
 pytestmark = pytest.mark.integration
 

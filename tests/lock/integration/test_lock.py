@@ -19,8 +19,8 @@ from coord_fixtures import put_lease
 
 from coordinator.errors import LockHeldError, NoQuorumError
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import lease_path, micro_time
-from coordinator.lease import lock_id_of
+from coordinator.rules.lease import lock_id_of
+from coordinator.rules.resources import lease_path, micro_time
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from helpers.web import LEASE, acquire, doc, holder_on, kubectl, lease
 
 from coordinator.errors import LockHeldError
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import lease_path
-from coordinator.lease import lock_id_of
+from coordinator.rules.lease import lock_id_of
+from coordinator.rules.resources import lease_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -402,7 +402,7 @@ def test_the_holders_validity_runs_on_the_boot_clock() -> None:
     counted on the latter, or a suspended holder wakes up believing in its lock."""
     import time as _time
 
-    from coordinator.lease import boot_clock
+    from coordinator.rules.lease import boot_clock
 
     before = _time.clock_gettime(_time.CLOCK_BOOTTIME)
     now = boot_clock()

@@ -15,9 +15,9 @@ from faults.admission import add_policy, remove_policy
 from faults.kubectl import kubectl as run_kubectl
 from served import served
 
-from coordinator import history
 from coordinator.cli.history import select
-from coordinator.history import (
+from coordinator.engine import history
+from coordinator.engine.history import (
     ACQUIRED,
     BROKEN,
     EXPIRED,
@@ -30,8 +30,8 @@ from coordinator.history import (
     tenures,
 )
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import configmaps_path, history_name, micro_time
-from coordinator.lease import LeaseView
+from coordinator.rules.lease import LeaseView
+from coordinator.rules.resources import configmaps_path, history_name, micro_time
 
 # --- pure: merging copies, bounds, endings -------------------------------------------------
 

@@ -18,7 +18,7 @@ import pytest
 from coord_fixtures import Env
 
 from coordinator.errors import LockHeldError
-from coordinator.lease import boot_clock
+from coordinator.rules.lease import boot_clock
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ import anyio
 import pytest
 
 from coordinator.errors import LockHeldError
-from coordinator.kube.resources import lease_path
-from coordinator.lease import A_NEXT, lock_id_of
+from coordinator.rules.lease import A_NEXT, lock_id_of
+from coordinator.rules.resources import lease_path
 
 pytestmark = pytest.mark.integration
 

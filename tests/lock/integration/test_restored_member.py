@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from coord_fixtures import Env, make_env
 
-from coordinator.kube.resources import configmaps_path, lease_path
+from coordinator.rules.resources import configmaps_path, lease_path
 
 LEASE = "coordinator-lock-web"
 

@@ -20,10 +20,10 @@ import pytest
 from coord_fixtures import COMMIT_TIMEOUT_S
 from helpers.cli import StreamReader
 
-from coordinator.api import Coordinator
-from coordinator.kube.resources import lease_path
-from coordinator.lease import A_NEXT, LINE_MANAGER, TurnClaim, lock_id_of
-from coordinator.lock.core import EngineCore
+from coordinator.engine.lock.core import EngineCore
+from coordinator.ops.api import Coordinator
+from coordinator.rules.lease import A_NEXT, LINE_MANAGER, TurnClaim, lock_id_of
+from coordinator.rules.resources import lease_path
 
 pytestmark = pytest.mark.integration
 

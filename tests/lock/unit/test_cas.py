@@ -1,4 +1,4 @@
-"""The compare-and-swap loop (coordinator/cas.py) against an in-memory object store."""
+"""The compare-and-swap loop (coordinator/engine/cas.py) against an in-memory object store."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator import cas
+from coordinator.engine import cas
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 

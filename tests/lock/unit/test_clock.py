@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import anyio
 
 from coordinator import clock
-from coordinator.lease import boot_clock
-from coordinator.lock.results import current_command, default_holder, new_lock_id, utc_now
-from coordinator.register import new_write_id
+from coordinator.engine.lock.results import current_command, default_holder, new_lock_id, utc_now
+from coordinator.engine.register import new_write_id
+from coordinator.rules.lease import boot_clock
 
 
 class FixedClock(clock.Clock):

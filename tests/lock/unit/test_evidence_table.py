@@ -1,11 +1,11 @@
-"""The evidence table in the docs is the one the rules use (coordinator/evidence.py)."""
+"""The evidence table in the docs is the one the rules use (coordinator/rules/evidence.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-from coordinator.evidence import EVIDENCE, Writer, owners, writer
+from coordinator.rules.evidence import EVIDENCE, Writer, owners, writer
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -52,7 +52,7 @@ def test_writer_of_a_field() -> None:
 
 
 def test_with_records_restarts_the_records_of_a_stripped_object_and_claims_only_a_nonce() -> None:
-    from coordinator.evidence import A_RECORDS, with_records
+    from coordinator.rules.evidence import A_RECORDS, with_records
 
     tracked = {"apiVersion": "v1", "metadata": {"managedFields": [{"manager": "coordinator", "fieldsV1": {}}]}}
     body = {"apiVersion": "v1", "metadata": {"annotations": {"a": "1"}}, "data": {"k": "v"}}

@@ -55,7 +55,7 @@ class _HistoryClusters:
 
 # Broke before: a writer 20 min behind dropped every event 'in the future' of its clock, and wrote the rest back.
 def test_a_writer_whose_clock_is_behind_does_not_erase_newer_history(monkeypatch: pytest.MonkeyPatch) -> None:
-    from coordinator import history
+    from coordinator.engine import history
 
     clusters = _HistoryClusters()
     book = history.HistoryStore(clusters, "web", "ns", ["c1", "c2", "c3"])  # type: ignore[arg-type]
@@ -78,8 +78,8 @@ def test_events_a_writer_keeps_for_being_ahead_push_no_real_one_out() -> None:
     """What a write keeps although it is dated ahead of the server (planted in the year
     9000 under the coordinator manager, or a writer's clock ahead) is kept beside the
     bounded list, not in it: the real events and the new one all stay readable."""
-    from coordinator import history
-    from coordinator.kube.resources import micro_time
+    from coordinator.engine import history
+    from coordinator.rules.resources import micro_time
 
     now = datetime(2026, 12, 1, 12, 0).astimezone()
     real = [history.event("acquired", f"real{i}", at=micro_time(now - timedelta(minutes=i))) for i in range(5)]

@@ -1,4 +1,4 @@
-"""History writes of a long-lived Coordinator wait a little (coordinator/lock/core.py
+"""History writes of a long-lived Coordinator wait a little (coordinator/engine/lock/core.py
 EngineCore.remember): what waited together is written together, and the owner's close
 sends them at once. The store is a stand-in that records what it is asked to write;
 what a real write does is tested against real API servers in tests/lock/integration/test_lock_history.py."""
@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator.lock.core import HISTORY_DEFER_S, DeferredHistory, EngineCore
+from coordinator.engine.lock.core import HISTORY_DEFER_S, DeferredHistory, EngineCore
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.lock.results import ci_job, default_holder
+from coordinator.engine.lock.results import ci_job, default_holder
 
 GITHUB = {"GITHUB_ACTIONS": "true", "GITHUB_RUN_ID": "4242", "GITHUB_RUN_ATTEMPT": "2", "GITHUB_JOB": "deploy"}
 

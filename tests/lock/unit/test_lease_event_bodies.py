@@ -1,4 +1,4 @@
-"""The lock's moments as Kubernetes Events about its Lease (coordinator/lock/kubeevents.py):
+"""The lock's moments as Kubernetes Events about its Lease (coordinator/engine/lock/kubeevents.py):
 the note and the body built from the history's events, which member gets which Event,
 and that a writer that fails or hangs never reaches the command. What a real API server
 accepts is tested in tests/lock/integration/test_lease_events.py."""
@@ -11,11 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator import history
-from coordinator.kube.client import FORBIDDEN, KubeError
-from coordinator.lease import LeaseView
-from coordinator.lock.core import DeferredHistory, EngineCore
-from coordinator.lock.kubeevents import (
+from coordinator.engine import history
+from coordinator.engine.lock.core import DeferredHistory, EngineCore
+from coordinator.engine.lock.kubeevents import (
     MAX_NOTE_BYTES,
     REASONS,
     LeaseEvents,
@@ -26,6 +24,8 @@ from coordinator.lock.kubeevents import (
     note,
     plan,
 )
+from coordinator.kube.client import FORBIDDEN, KubeError
+from coordinator.rules.lease import LeaseView
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The pure lease rules (coordinator/lease.py), case by case, with made-up server stamps.
+"""The pure lease rules (coordinator/rules/lease.py), case by case, with made-up server stamps.
 
 No cluster here: every time is an argument. The same rules are exercised against real
 API servers in tests/lock/integration/test_lock_hardening.py.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from coordinator.lease import (
+from coordinator.rules.lease import (
     A_LAST_BREAK,
     A_TOKEN,
     A_UID,
@@ -319,7 +319,7 @@ def test_an_old_unverified_lease_needs_a_probe_then_counts_as_free() -> None:
 
 
 def test_holder_identity_names_the_holder_and_keeps_the_lock_id_unambiguous() -> None:
-    from coordinator.lease import holder_identity, lock_id_of
+    from coordinator.rules.lease import holder_identity, lock_id_of
 
     assert holder_identity("alice@laptop", "3f2a") == "alice@laptop/3f2a"
     assert lock_id_of(holder_identity("org/repo#12 job", "3f2a")) == "3f2a"

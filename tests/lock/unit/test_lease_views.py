@@ -1,4 +1,4 @@
-"""What one parsed Lease says (coordinator/lease.py's LeaseView and its small helpers).
+"""What one parsed Lease says (coordinator/rules/lease.py's LeaseView and its small helpers).
 
 The take-over rule (``standing``) has its own cases in tests/lock/unit/test_lease_rules.py, and the real
 engines run it under faults in the simulator (tests/sim/test_simulator.py); here are the
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.lease import (
+from coordinator.rules.lease import (
     A_LAST_BREAK,
     A_NEXT,
     A_TOKEN,
@@ -442,7 +442,7 @@ def test_effective_ttl_method_is_the_rule_of_the_lease_it_is_called_on() -> None
 
 
 def test_a_lease_shown_expired_is_past_every_margin_a_takeover_may_need() -> None:
-    from coordinator.lease import shown_expired
+    from coordinator.rules.lease import shown_expired
 
     # A 10 s lease written at T0 by a server 5 s behind the one whose Date answers: the
     # Date says T0 + 20.5 s at a true 15.5 s. A takeover with --max-server-skew 5s needs

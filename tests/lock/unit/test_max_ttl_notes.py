@@ -14,7 +14,7 @@ integration = pytest.mark.integration
 def _noted(note: str | None, duration: int | None = 60) -> Any:
     """A lease as coordinator leaves it: its max-TTL note and its duration under the
     coordinator field manager."""
-    from coordinator.lease import LeaseView
+    from coordinator.rules.lease import LeaseView
 
     fields: dict[str, Any] = {"f:spec": {"f:leaseDurationSeconds": {}}}
     annotations = {}
@@ -33,7 +33,7 @@ def _noted(note: str | None, duration: int | None = 60) -> Any:
 
 
 def test_a_max_ttl_note_longer_than_a_day_is_not_believed_even_under_the_coordinator_manager() -> None:
-    from coordinator.lease import MAX_MAX_TTL_S, effective_ttl
+    from coordinator.rules.lease import MAX_MAX_TTL_S, effective_ttl
 
     assert _noted(str(MAX_MAX_TTL_S)).max_ttl_note == MAX_MAX_TTL_S
     for note in (str(MAX_MAX_TTL_S + 1), "100000000"):
@@ -48,8 +48,8 @@ def test_a_deployment_cannot_be_made_with_a_max_ttl_no_lease_note_would_be_belie
 
 
 def test_import_takes_the_largest_note_and_never_less_than_the_default_unless_all_agree() -> None:
-    from coordinator.importer import imported_max_ttl
-    from coordinator.lease import DEFAULT_MAX_TTL_S
+    from coordinator.ops.importer import imported_max_ttl
+    from coordinator.rules.lease import DEFAULT_MAX_TTL_S
 
     # Every member stores the same short maximum, and no lease is held for longer: taken.
     assert imported_max_ttl({"c1": _noted("15", 10), "c2": _noted("15", 15), "c3": _noted("15", None)}) == (15, None)

@@ -1,4 +1,4 @@
-"""Quorum arithmetic (coordinator/quorum.py), checked exhaustively where the space is small."""
+"""Quorum arithmetic (coordinator/rules/quorum.py), checked exhaustively where the space is small."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from coordinator import lease, quorum
-from coordinator.outcome import Outcome
+from coordinator.rules import lease, quorum
+from coordinator.rules.outcome import Outcome
 
 
 @pytest.mark.parametrize(("n", "q"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)])
@@ -36,7 +36,7 @@ def test_forbidden_is_never_observable() -> None:
 
 
 def test_holder_validity_ends_before_any_contender_may_take_over() -> None:
-    # The lease's rules (coordinator/lease.py): the holder's validity, counted from before
+    # The lease's rules (coordinator/rules/lease.py): the holder's validity, counted from before
     # its write, ends before a contender adds the lapse margin to the TTL from the
     # server's write stamp, whatever the TTL and with no server skew allowed at all.
     for ttl in (1, 5, 15, 180, 3600):

@@ -1,4 +1,4 @@
-"""The line of waiters on one lease (coordinator/turnline.py): what the annotation lists,
+"""The line of waiters on one lease (coordinator/rules/turnline.py): what the annotation lists,
 which claims are alive, whose turn it is, and the line each write leaves.
 
 No cluster: every time is an argument (the lease's managedFields stamps and the Date)."""
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.lease import A_NEXT, FIELD_MANAGER, LINE_MANAGER, RELEASE_MANAGER, LeaseView
-from coordinator.turnline import (
+from coordinator.rules.lease import A_NEXT, FIELD_MANAGER, LINE_MANAGER, RELEASE_MANAGER, LeaseView
+from coordinator.rules.turnline import (
     BACK_REFRESH_S,
     CLAIM_REFRESH_S,
     CLAIM_STALE_S,
@@ -256,7 +256,7 @@ def test_a_take_drops_the_turns_that_passed_and_keeps_the_rest() -> None:
 
 
 def test_a_release_drops_only_the_holders_own_claim() -> None:
-    from coordinator.lock.bodies import lease_body
+    from coordinator.engine.lock.bodies import lease_body
 
     w1, w2 = claim("w1", S0 - 40, S0 - 2), claim("w2", S0 - 30, S0 - 1)
     view = lease((w1, w2), holder="h/w1")
@@ -277,7 +277,7 @@ def test_a_release_drops_only_the_holders_own_claim() -> None:
 def test_a_race_lost_to_the_line_alone_is_told_from_any_other() -> None:
     from copy import deepcopy
 
-    from coordinator.lock.core import only_the_line_moved
+    from coordinator.engine.lock.core import only_the_line_moved
 
     before = lease((claim("w1", S0 - 40, S0 - 2),))
 

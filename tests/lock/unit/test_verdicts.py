@@ -1,4 +1,4 @@
-"""What per-cluster answers add up to (coordinator.verdicts): no cluster needed."""
+"""What per-cluster answers add up to (coordinator.ops.verdicts): no cluster needed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from coordinator.errors import ExitCode, LockHeldError, NoQuorumError
-from coordinator.outcome import Outcome
-from coordinator.verdicts import (
+from coordinator.ops.verdicts import (
     break_verdict,
     fleet_problem,
     history_verdict,
@@ -17,6 +16,7 @@ from coordinator.verdicts import (
     status_verdict,
     waiting,
 )
+from coordinator.rules.outcome import Outcome
 
 
 @dataclass
@@ -310,7 +310,7 @@ def test_replicas_not_read_are_named() -> None:
 
 
 def test_fleet_listed_on_too_few_clusters_is_exit_4_naming_them() -> None:
-    from coordinator.fleet import Fleet
+    from coordinator.ops.fleet import Fleet
 
     err = fleet_problem(Fleet([], {"a": "ok", "b": "unreachable: timeout", "c": "forbidden"}))
     assert isinstance(err, NoQuorumError)

@@ -1,15 +1,15 @@
 """When a waiting acquire wakes up for a lease held by another: the Date hint with the
-margin a take waits out (coordinator/lock/reports.py next_expiry)."""
+margin a take waits out (coordinator/engine/lock/reports.py next_expiry)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from coordinator.fanout import ClusterResult
-from coordinator.lease import LeaseView, lapse_margin
-from coordinator.lock.reports import next_expiry
-from coordinator.lock.results import AcquireResult, ClusterLease
-from coordinator.outcome import Outcome
+from coordinator.engine.fanout import ClusterResult
+from coordinator.engine.lock.reports import next_expiry
+from coordinator.engine.lock.results import AcquireResult, ClusterLease
+from coordinator.rules.lease import LeaseView, lapse_margin
+from coordinator.rules.outcome import Outcome
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 

@@ -23,9 +23,9 @@ import pytest
 from coord_fixtures import Env
 from helpers.cli import StreamReader
 
-from coordinator.kube.resources import lease_path
-from coordinator.lease import lock_id_of
-from coordinator.lockrun import RunOptions, _Run
+from coordinator.rules.lease import lock_id_of
+from coordinator.rules.resources import lease_path
+from coordinator.run.lockrun import RunOptions, _Run
 
 pytestmark = pytest.mark.integration
 
@@ -310,7 +310,7 @@ def test_ctrl_c_while_lock_acquire_closes_reports_the_lock_it_took(dep3: Env) ->
     "Aborted." (exit 130) with the lock held but never shown; the lock is reported instead."""
     patch = (
         "import os, signal\n"
-        "from coordinator.api import Coordinator\n"
+        "from coordinator.ops.api import Coordinator\n"
         "real = Coordinator.__aexit__\n"
         "async def interrupted(self, *exc):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
@@ -337,7 +337,7 @@ def test_a_signal_after_lock_run_released_keeps_the_childs_exit_status(dep3: Env
     status. Nothing is left for it to stop: the status stays the child's."""
     patch = (
         "import os\n"
-        "import coordinator.lockrun as lr\n"
+        "import coordinator.run.lockrun as lr\n"
         "real = lr.run_locked\n"
         "def then_signalled(c, opts):\n"
         "    code = real(c, opts)\n"
@@ -395,10 +395,10 @@ def test_a_bug_in_the_check_before_the_command_gives_the_lock_back(dep3: Env) ->
     tool's own errors (a regular expression the record carried, a key nested too deeply)
     ended `lock run --check-drift` with exit 1 and the lock held until its TTL ran out."""
     patch = (
-        "import coordinator.drift\n"
+        "import coordinator.ops.drift\n"
         "async def broken(c, deployment):\n"
         "    raise RuntimeError('a bug in the check')\n"
-        "coordinator.drift.check = broken\n"
+        "coordinator.ops.drift.check = broken\n"
     )
     done = _patched_cli(dep3, patch, "lock", "run", DEP, "--ttl", "60s", "--check-drift", "--", "sh", "-c", "exit 0")
     assert done.returncode == 1, (done.returncode, done.stderr)

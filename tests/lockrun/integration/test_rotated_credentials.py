@@ -26,7 +26,7 @@ import pytest
 import yaml
 from coord_fixtures import UNHURRIED, Env
 
-from coordinator.kube.resources import lease_path, parse_time
+from coordinator.rules.resources import lease_path, parse_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

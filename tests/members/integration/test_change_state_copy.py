@@ -28,9 +28,9 @@ from helpers.members import (
     write_partially,
 )
 
+from coordinator.engine.register import checksum
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
-from coordinator.kube.resources import configmaps_path
-from coordinator.register import checksum
+from coordinator.rules.resources import configmaps_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

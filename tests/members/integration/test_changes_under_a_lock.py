@@ -94,7 +94,7 @@ def test_two_changes_inside_one_lock_run_never_give_two_holders(dep5: Env, tmp_p
 
 
 def test_a_change_inside_the_python_api_lock_block_is_not_undone_by_its_release(dep5: Env) -> None:
-    from coordinator.reconfig import change_members
+    from coordinator.ops.reconfig import change_members
 
     pay(dep5, "c1", "c2", "c3")
 

@@ -105,7 +105,7 @@ def test_a_finishing_run_whose_copy_to_the_behind_member_is_refused_does_not_com
 _STOP_BEFORE_COMMIT = """
 import os, sys, time
 from pathlib import Path
-from coordinator.lock.engine import LockEngine
+from coordinator.engine.lock.engine import LockEngine
 original = LockEngine.adopt_membership
 async def adopt_membership(self, *a, **kw):
     if self.membership.joint is None:  # the commit (the joint step stores a joint set)

@@ -22,7 +22,7 @@ from helpers.members import (
 )
 from helpers.web import doc, holder_on, other_machine
 
-from coordinator.kube.resources import lease_path
+from coordinator.rules.resources import lease_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

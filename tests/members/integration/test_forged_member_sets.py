@@ -19,10 +19,10 @@ import pytest
 from coord_fixtures import Env
 from helpers.members import connected_machine, identities, pay, replica_data, stored_set, succeeded
 
-from coordinator.config import ConfigStore
+from coordinator.config.store import ConfigStore
 from coordinator.kube.client import Endpoint, KubeClient
-from coordinator.kube.resources import LABEL_DEPLOYMENT, LABEL_MANAGED_BY, LABEL_VALUE, lease_path
-from coordinator.membership import A_MEMBERSHIP, Membership
+from coordinator.rules.membership import A_MEMBERSHIP, Membership
+from coordinator.rules.resources import LABEL_DEPLOYMENT, LABEL_MANAGED_BY, LABEL_VALUE, lease_path
 
 pytestmark = pytest.mark.integration
 

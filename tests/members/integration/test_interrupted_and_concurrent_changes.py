@@ -33,9 +33,9 @@ from helpers.members import (
 )
 from helpers.web import doc, other_machine
 
-from coordinator.config import ConfigStore
-from coordinator.membership import A_MEMBERSHIP, Membership
-from coordinator.models import DeploymentRecord
+from coordinator.config.models import DeploymentRecord
+from coordinator.config.store import ConfigStore
+from coordinator.rules.membership import A_MEMBERSHIP, Membership
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -100,7 +100,7 @@ def test_an_edited_member_set_on_removed_members_never_gives_two_holders(dep5: E
 _SLOW_THEN_KILLED = """
 import os, signal, sys
 import anyio
-from coordinator.state import StateClient
+from coordinator.engine.state import StateClient
 async def sync(self, *a, **kw):  # the state copy is slow (a big state, a slow member), then the run dies
     await anyio.sleep(float(os.environ["ADVERSARY_SLEEP"]))
     os.kill(os.getpid(), signal.SIGKILL)
@@ -203,7 +203,7 @@ def _stale_machine(env: Env, tmp_path: Path, deployment: str, members: list[str]
 
 _KILLER = """
 import os, signal, sys
-from coordinator.lock.engine import LockEngine
+from coordinator.engine.lock.engine import LockEngine
 after = int(os.environ["ADVERSARY_KILL_AFTER_ADOPT"])
 original = LockEngine.adopt_membership
 count = [0]

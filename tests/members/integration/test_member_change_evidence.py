@@ -13,7 +13,7 @@ import anyio
 import pytest
 from coord_fixtures import Env
 
-from coordinator.outcome import Outcome
+from coordinator.rules.outcome import Outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

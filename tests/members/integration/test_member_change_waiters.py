@@ -12,8 +12,8 @@ import anyio
 import pytest
 from coord_fixtures import COMMIT_TIMEOUT_S, Env
 
-from coordinator.config import ConfigStore
-from coordinator.reconfig import change_members
+from coordinator.config.store import ConfigStore
+from coordinator.ops.reconfig import change_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -26,9 +26,9 @@ from helpers.members import (
 )
 from helpers.web import acquire
 
-from coordinator.config import ConfigStore
-from coordinator.kube.resources import configmaps_path, lease_path
-from coordinator.membership import A_MEMBERSHIP, Membership
+from coordinator.config.store import ConfigStore
+from coordinator.rules.membership import A_MEMBERSHIP, Membership
+from coordinator.rules.resources import configmaps_path, lease_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

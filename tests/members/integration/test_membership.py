@@ -19,9 +19,8 @@ from helpers.members import (
     second_machine,
 )
 
-from coordinator.config import ConfigStore
-from coordinator.kube.resources import lease_path
-from coordinator.membership import (
+from coordinator.config.store import ConfigStore
+from coordinator.rules.membership import (
     A_MEMBERSHIP,
     UNSTATED,
     Membership,
@@ -31,6 +30,7 @@ from coordinator.membership import (
     foreign_set,
     in_lease_object,
 )
+from coordinator.rules.resources import lease_path
 
 pytestmark = pytest.mark.integration
 
@@ -190,8 +190,8 @@ def test_a_state_object_speaks_for_the_member_set_only_through_an_annotation_coo
     the annotation, the set of the last acquisition or member change. Only an annotation
     a coordinator wrote counts, and the envelope's set never does (with the annotation
     removed it spoke for the old set: round 6 of the adversary tests)."""
-    from coordinator.lock.floor import envelope_evidence
-    from coordinator.register import genesis_text
+    from coordinator.engine.lock.floor import envelope_evidence
+    from coordinator.engine.register import genesis_text
 
     old = Membership.of(["a", "b", "c"], epoch=1)
     new = Membership.of(["a", "b", "d"], epoch=3)

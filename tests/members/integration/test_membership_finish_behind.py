@@ -29,7 +29,7 @@ from helpers.members import (
     succeeded,
 )
 
-from coordinator.membership import A_MEMBERSHIP
+from coordinator.rules.membership import A_MEMBERSHIP
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ def _change(env: Env, *args: str, timeout: str = "3") -> subprocess.CompletedPro
 
 _C1_ANSWERS_LAST = """
 import anyio
-from coordinator.lock.core import EngineCore
+from coordinator.engine.lock.core import EngineCore
 original = EngineCore.checked_read
 async def checked_read(self, cluster, *a, **kw):
     if cluster == "c1" and self.finishing is not None:
@@ -115,7 +115,7 @@ def _c3_removed(env: Env, changed: subprocess.CompletedProcess[str]) -> None:
 
 
 _HINT_SAYS_LAPSED = """
-import coordinator.lease as lease
+import coordinator.rules.lease as lease
 def remaining_hint(view, *, max_ttl_s, max_server_skew_s=0.0):
     return -30.0  # every Date hint says the lease lapsed long ago: only server stamps can tell
 lease.remaining_hint = remaining_hint

@@ -147,7 +147,7 @@ def test_a_stale_joint_record_does_not_finish_a_change_after_the_members_moved_o
     `state get` returns release=1.2.0 after B confirmed release=2.0.0. A's plain `lock
     acquire` just before is refused (exit 5: c3's lease stores epoch 3, newer than A's
     epoch 2): it is the resuming engine that opens the door. Not new with 39f0315: it
-    breaks the same way with coordinator/reconfig.py of 5c5cc4d (c3's lease shows the
+    breaks the same way with coordinator/ops/reconfig.py of 5c5cc4d (c3's lease shows the
     change, so that version used the resuming engine too)."""
     a, b = _interrupted_removal_then_moved_on(dep5, tmp_path)
     holding = _hold_with_lock_run(b, tmp_path, "release=2.0.0")
@@ -216,7 +216,7 @@ def test_a_stale_joint_record_does_not_finish_on_the_set_from_before_it_noted_on
     `remove-cluster pay c3` counts c3's epoch-1 state object as agreeing and c1, c2 as
     silent, takes the lock, copies c3's old state and commits {c1,c2}; A then holds the
     lock on c1,c2 (token 4) alongside B on c4,c5 (token 8), and reads release=1.2.0
-    after B confirmed 2.0.0. New with 39f0315: with coordinator/reconfig.py of 5c5cc4d
+    after B confirmed 2.0.0. New with 39f0315: with coordinator/ops/reconfig.py of 5c5cc4d
     (everything else as in this tree) this test passes: the rerun exits 5."""
     a, b = _interrupted_removal_then_moved_on(dep5, tmp_path, c3_down_while_finishing=True)
     holding = _hold_with_lock_run(b, tmp_path, "release=2.0.0")
@@ -246,7 +246,7 @@ def test_a_stale_joint_record_does_not_finish_on_the_set_from_before_it_noted_on
 def _lease_token(env: Env, index: int) -> int:
     from helpers.members import lease_on
 
-    from coordinator.lease import A_TOKEN
+    from coordinator.rules.lease import A_TOKEN
 
     lease = lease_on(env, index)
     assert lease is not None

@@ -37,7 +37,7 @@ from helpers.members import (
     write_partially,
 )
 
-from coordinator.membership import A_MEMBERSHIP, Membership, annotation_writers
+from coordinator.rules.membership import A_MEMBERSHIP, Membership, annotation_writers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -125,7 +125,7 @@ def test_a_stale_release_does_not_put_the_old_set_back_over_an_edited_newer_one(
 
 _REWRITE_RECORD = """
 import sys, time
-from coordinator.config import ConfigStore
+from coordinator.config.store import ConfigStore
 store = ConfigStore(sys.argv[1])
 with store.edit() as cfg:
     rec = cfg.deployments[sys.argv[2]]
@@ -178,7 +178,7 @@ def test_a_record_replaced_during_lock_run_is_not_written_to_the_members(dep5: E
 _STALLED_WRITER = """
 import os, sys, time
 from pathlib import Path
-from coordinator.state.replicas import Replicas
+from coordinator.engine.state.replicas import Replicas
 checked = Replicas.refuse_other_members
 def stalled(self, results):  # the write has read and checked the members; then its process stalls
     checked(self, results)
@@ -348,7 +348,7 @@ _STALLING_CHANGE = """
 import os, sys, time
 from pathlib import Path
 import anyio
-from coordinator import reconfig
+from coordinator.ops import reconfig
 point = os.environ["ADVERSARY_STALL"]
 original = getattr(reconfig, point)
 marks = Path(os.environ["ADVERSARY_DIR"])

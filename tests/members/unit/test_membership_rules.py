@@ -1,4 +1,4 @@
-"""The member-set rules (coordinator/membership.py): the stored set's text, who wrote it
+"""The member-set rules (coordinator/rules/membership.py): the stored set's text, who wrote it
 (per managedFields), and how what the members store is checked against a machine's record.
 
 No cluster: leases are the dicts an API server returns. The same checks run against real
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.lease import A_VANISHED, LeaseView
-from coordinator.membership import (
+from coordinator.rules.lease import A_VANISHED, LeaseView
+from coordinator.rules.membership import (
     A_MEMBERSHIP,
     UNSTATED,
     Check,

@@ -1,4 +1,4 @@
-"""Majorities of a member set and of a joint configuration (coordinator/quorum.py's
+"""Majorities of a member set and of a joint configuration (coordinator/rules/quorum.py's
 ``Majorities``).
 
 The rule that makes joint consensus safe: whatever two decisions it allows, each had a
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.outcome import Outcome
-from coordinator.quorum import Majorities
+from coordinator.rules.outcome import Outcome
+from coordinator.rules.quorum import Majorities
 
 # ------------------------------------------------------------------ Majorities
 

@@ -29,8 +29,8 @@ from coord_fixtures import Env, make_env
 from faults.checkers import CheckResult, CriticalSection, check_mutual_exclusion
 
 import coordinator_sandbox as sb
-from coordinator.api import Coordinator
 from coordinator.errors import CoordinatorError
+from coordinator.ops.api import Coordinator
 from coordinator_sandbox.frontproxy import StampLedger, shift_stamp
 
 # The lock's expiry rule: a lease of someone else lapses when probe stamp − our last

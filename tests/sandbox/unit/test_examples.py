@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from coordinator import rbac
-from coordinator.durations import parse_duration
+from coordinator.ops import rbac
+from coordinator.rules.durations import parse_duration
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "in-cluster-job.yaml"
 

@@ -378,7 +378,7 @@ def test_workflow_lock_run_takes_the_cancellation_signal_and_a_short_ttl() -> No
     """A short ``ttl`` bounds how long a job nobody can clean up after blocks the others;
     the action's ``grace`` stays under GitHub's 10 s from cancellation to kill, so that a
     cancelled step's `lock run` stops its command and releases the lock itself."""
-    from coordinator.durations import parse_duration
+    from coordinator.rules.durations import parse_duration
 
     action = yaml.safe_load((ROOT / "action.yml").read_text())
     for job in _matrix_jobs():

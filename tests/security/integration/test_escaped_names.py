@@ -13,7 +13,7 @@ import pytest
 from coord_fixtures import Env, put_lease
 from helpers.hostile import FORGED, TITLE, clean, minted_user, request_as
 
-from coordinator.kube.resources import (
+from coordinator.rules.resources import (
     LABEL_DEPLOYMENT,
     LABEL_MANAGED_BY,
     LABEL_VALUE,

@@ -12,7 +12,7 @@ from coord_fixtures import Env
 from helpers.hostile import minted_user, request_as
 
 from coordinator.kube.client import KubeError
-from coordinator.kube.resources import (
+from coordinator.rules.resources import (
     configmaps_path,
     lease_path,
     leases_path,

@@ -24,7 +24,7 @@ from coord_fixtures import UNHURRIED, Env, put_lease
 from helpers.cli import StreamReader
 
 from coordinator.cli import output
-from coordinator.kube.resources import lease_path
+from coordinator.rules.resources import lease_path
 from coordinator.text import printable
 
 pytestmark = pytest.mark.integration
@@ -250,7 +250,7 @@ def test_a_saved_replica_and_a_backup_are_readable_by_the_user_alone(dep3: Env, 
     when it is the tool's own default folder), and the path is printed."""
     import os
 
-    from coordinator.kube.resources import configmaps_path
+    from coordinator.rules.resources import configmaps_path
 
     assert dep3.cli("lock", "acquire", "web", "--ttl", "60s").returncode == 0
     assert dep3.cli("state", "set", "web", "password=hunter2").returncode == 0

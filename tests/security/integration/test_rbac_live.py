@@ -20,7 +20,7 @@ from coord_fixtures import Env
 from helpers.rbac import as_user, connect, grant, mint_user, stdout_json, stdout_ok, user_env
 
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
-from coordinator.kube.resources import lease_path
+from coordinator.rules.resources import lease_path
 
 pytestmark = pytest.mark.integration
 

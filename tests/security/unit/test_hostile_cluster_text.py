@@ -35,7 +35,7 @@ def _lease(ann: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("since", ["1e999", "Infinity", "-Infinity", "NaN", "1e20", "-1"])
 def test_a_turn_claim_with_an_infinite_since_is_dropped(since: str) -> None:
-    from coordinator.lease import LeaseView
+    from coordinator.rules.lease import LeaseView
 
     view = LeaseView.parse(_lease({"coordinator.io/next": f'{{"since":{since},"lock":"x"}}'}))
     assert view.next_claim is None
@@ -45,8 +45,8 @@ def test_a_turn_claim_with_an_infinite_since_is_dropped(since: str) -> None:
     "annotation", ["coordinator.io/next", "coordinator.io/last-break", "coordinator.io/membership"]
 )
 def test_deeply_nested_annotations_are_dropped(annotation: str) -> None:
-    from coordinator.lease import LeaseView
-    from coordinator.membership import in_lease_object
+    from coordinator.rules.lease import LeaseView
+    from coordinator.rules.membership import in_lease_object
 
     obj = _lease({annotation: "[" * 5000})
     view = LeaseView.parse(obj)
@@ -56,7 +56,7 @@ def test_deeply_nested_annotations_are_dropped(annotation: str) -> None:
 
 
 def test_the_fleet_view_is_too_few_listed_below_a_majority_of_the_connected_clusters() -> None:
-    from coordinator.fleet import Fleet
+    from coordinator.ops.fleet import Fleet
 
     assert not Fleet([], {}).too_few_listed
     assert not Fleet([], {"a": "ok", "b": "ok", "c": "unreachable: x"}).too_few_listed
@@ -115,7 +115,7 @@ def _written_by(manager: str, ann: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("manager", ["coordinator", "kubectl-edit"])
 def test_a_max_ttl_note_too_big_for_a_float_is_not_a_crash(manager: str) -> None:
-    from coordinator.lease import LeaseView, effective_ttl
+    from coordinator.rules.lease import LeaseView, effective_ttl
 
     for ann in ({"coordinator.io/max-ttl": "9" * 400}, {"coordinator.io/max-ttl": "9" * 5000}):
         view = LeaseView.parse(_lease(ann))
@@ -128,7 +128,7 @@ def test_a_max_ttl_note_is_believed_only_when_a_coordinator_wrote_it() -> None:
     """Found: `kubectl annotate lease ... coordinator.io/max-ttl=100000000` kept a dead
     holder's lock for years (the larger of the record's maximum and the note was waited
     out). Now a note counts only where a coordinator field manager owns it."""
-    from coordinator.lease import LeaseView, effective_ttl
+    from coordinator.rules.lease import LeaseView, effective_ttl
 
     note = {"coordinator.io/max-ttl": "3600"}
     for manager, believed in (("coordinator", True), ("coordinator-line", True), ("kubectl-edit", False)):
@@ -141,7 +141,7 @@ def test_a_max_ttl_note_is_believed_only_when_a_coordinator_wrote_it() -> None:
 @pytest.mark.parametrize("since", [10**20, -(10**20)])
 def test_a_claim_from_the_far_future_prints_as_json(since: int) -> None:
     from coordinator.cli.lock import claim_document
-    from coordinator.lease import TurnClaim
+    from coordinator.rules.lease import TurnClaim
 
     doc = claim_document(TurnClaim(since, "x"))
     json.dumps(doc, default=str)
@@ -151,7 +151,7 @@ def test_a_claim_from_the_far_future_prints_as_json(since: int) -> None:
 @pytest.mark.parametrize("pid", ["²", "٣", "9" * 5000, "-1", " 1"])
 def test_a_pid_annotation_of_odd_digits_is_no_pid(pid: str) -> None:
     from coordinator.cli.lockview import pid_field as _pid
-    from coordinator.fleet import Fleet, FleetEntry, fleet_document
+    from coordinator.ops.fleet import Fleet, FleetEntry, fleet_document
 
     assert _pid({"pid": pid}) is None
     entry = FleetEntry("web", "ns", True, ["c1"], 1, "held", pid=pid)
@@ -169,7 +169,7 @@ def _history_copy(events: list[dict[str, Any]], manager: str = "coordinator") ->
 
 @pytest.mark.parametrize("at", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"])
 def test_a_history_event_dated_past_the_calendar_is_dropped_not_the_whole_copy(at: str) -> None:
-    from coordinator import history
+    from coordinator.engine import history
 
     good = {"lock_id": "aaaa", "event": "acquired", "at": "2026-01-01T00:00:00Z"}
     bad = {"lock_id": "bbbb", "event": "acquired", "at": at}
@@ -180,8 +180,8 @@ def test_a_history_event_dated_past_the_calendar_is_dropped_not_the_whole_copy(a
 def test_history_events_dated_in_the_future_are_dropped_and_cannot_evict_real_ones() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from coordinator import history
-    from coordinator.kube.resources import micro_time
+    from coordinator.engine import history
+    from coordinator.rules.resources import micro_time
 
     now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     real = [history.event("acquired", f"real{i}", at=micro_time(now - timedelta(minutes=i))) for i in range(5)]
@@ -193,7 +193,7 @@ def test_history_events_dated_in_the_future_are_dropped_and_cannot_evict_real_on
 
 @pytest.mark.parametrize("manager", ["kubectl-create", "kubectl-edit", ""])
 def test_a_history_copy_no_coordinator_wrote_is_not_read(manager: str) -> None:
-    from coordinator import history
+    from coordinator.engine import history
 
     events = [{"lock_id": "aaaa", "event": "acquired", "at": "2026-01-01T00:00:00Z"}]
     assert [e["lock_id"] for e in history.decode(_history_copy(events, "coordinator"))] == ["aaaa"]
@@ -204,7 +204,7 @@ def test_a_history_copy_no_coordinator_wrote_is_not_read(manager: str) -> None:
 def test_a_corrupt_replica_reason_is_one_line() -> None:
     """The reason why a replica is corrupt names a key of the planted envelope; it is put
     into error paragraphs whose own lines are kept."""
-    from coordinator.register import checksum, decode_replica, genesis_text
+    from coordinator.engine.register import checksum, decode_replica, genesis_text
 
     env = json.loads(genesis_text("web"))
     env.update(version=5, token=1, data={}, checksum=checksum({}), member_ids={f"x\n{FORGED}": 1})
@@ -215,7 +215,7 @@ def test_a_corrupt_replica_reason_is_one_line() -> None:
 def test_a_backup_with_a_planted_key_cannot_forge_a_line_of_the_restore_error(tmp_path: Path) -> None:
     """`state restore -f` of a file whose envelope names a member `x\\nError: forged line`:
     the refusal (exit 2, before any cluster is asked) says why on one line."""
-    from coordinator.register import checksum, genesis_text
+    from coordinator.engine.register import checksum, genesis_text
 
     env = json.loads(genesis_text("web"))
     env.update(version=5, token=1, data={}, checksum=checksum({}), member_ids={f"x\n{FORGED}{TITLE}": 1})
@@ -243,8 +243,8 @@ def test_an_identity_configmap_holding_no_identity_is_refused_at_connect(uuid: s
 
 @pytest.mark.parametrize("key", ["a.²", "a.٣", "a." + "9" * 5000, "a.-1"])
 def test_a_key_path_with_odd_digits_is_a_usage_error(key: str) -> None:
+    from coordinator.engine.state import get_path
     from coordinator.errors import UsageError
-    from coordinator.state import get_path
 
     with pytest.raises(UsageError):
         get_path({"a": [1, 2]}, key)
@@ -274,7 +274,7 @@ def test_a_deep_typed_value_is_refused() -> None:
 
 
 def test_a_planted_deep_but_valid_envelope_can_still_be_printed() -> None:
-    from coordinator.register import checksum, decode_replica, genesis_text
+    from coordinator.engine.register import checksum, decode_replica, genesis_text
 
     data = {"k": json.loads("[" * 600 + "]" * 600)}
     env = json.loads(genesis_text("web"))
@@ -289,8 +289,8 @@ def test_what_input_takes_a_replica_holds_and_prints_and_no_more(depth: int) -> 
     being one) is the one a replica is read with: what one writes the other reads."""
     from coordinator.cli.documents import parse_document
     from coordinator.cli.output import dump_document
+    from coordinator.engine.register import checksum, decode_replica, genesis_text
     from coordinator.errors import UsageError
-    from coordinator.register import checksum, decode_replica, genesis_text
 
     value: Any = 1
     for _ in range(depth - 2):
@@ -317,7 +317,7 @@ def test_a_planted_audit_time_at_the_end_of_the_calendar_prints(at: str) -> None
     from datetime import datetime
 
     from coordinator.cli.output import dump_document, when
-    from coordinator.models import AuditEntry
+    from coordinator.config.models import AuditEntry
 
     entry = AuditEntry.model_validate({"at": at, "who": "w", "host": "h", "command": "c", "version": 1, "token": 1})
     assert isinstance(entry.at, datetime)

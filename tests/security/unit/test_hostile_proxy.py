@@ -60,8 +60,8 @@ sys.path[:0] = ["tests"]  # where the helpers package lives
 from pathlib import Path
 from helpers.hostile import BUG, HOSTILE_ANSWERS, Hostile
 from coordinator.kube.client import Endpoint, KubeClient, KubeError
-from coordinator.fanout import fan_out, ClusterResult
-from coordinator.outcome import Outcome
+from coordinator.engine.fanout import fan_out, ClusterResult
+from coordinator.rules.outcome import Outcome
 from coordinator.logs import configure_logging
 configure_logging(log_format=sys.argv[3], verbosity=int(sys.argv[4]))
 h = Hostile(Path(sys.argv[1]))

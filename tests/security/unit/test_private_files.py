@@ -45,7 +45,7 @@ def test_the_config_folder_is_private_under_umask_000(tmp_path: Path) -> None:
     """The local records (config, lock book with its lock ids) live in a folder the
     config's own comment calls 0700; with umask 000 it is made world-writable, so another
     local user may replace config.yaml (kubeconfig paths, identities)."""
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
 
     path = tmp_path / "fresh" / "coordinator" / "config.yaml"
     old = os.umask(0)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from coordinator import rbac
 from coordinator.cli import main
 from coordinator.errors import UsageError
+from coordinator.ops import rbac
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY_RBAC = ROOT / "deploy" / "rbac.yaml"

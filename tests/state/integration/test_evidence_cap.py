@@ -23,10 +23,10 @@ import pytest
 from coord_fixtures import UNHURRIED, Env
 from faults.kubectl import kubectl
 
+from coordinator.engine.register import Kind, Stamp, build_envelope, new_write_id
+from coordinator.engine.state.results import Observed
 from coordinator.errors import NoQuorumError
-from coordinator.kube.resources import configmaps_path
-from coordinator.register import Kind, Stamp, build_envelope, new_write_id
-from coordinator.state.results import Observed
+from coordinator.rules.resources import configmaps_path
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from helpers.web import FLOOR, LEASE, STATE, acquire, doc, kubectl, on_each
 
 from coordinator.errors import CoordinatorError
 from coordinator.kube.client import KubeClient, KubeError
-from coordinator.membership import A_MEMBERSHIP
+from coordinator.rules.membership import A_MEMBERSHIP
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

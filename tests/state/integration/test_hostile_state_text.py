@@ -54,7 +54,7 @@ def test_a_key_planted_in_corrupt_envelopes_cannot_forge_a_line_of_the_error(dep
 
 @integration
 def test_a_planted_deeply_nested_envelope_is_not_a_crash_for_readers(dep3: Env) -> None:
-    from coordinator.register import checksum
+    from coordinator.engine.register import checksum
 
     # Every command waits for every member (UNHURRIED): on a loaded machine the suite's 3 s
     # can make the set-up fail (exit 4) or the readers give up before they read a planted

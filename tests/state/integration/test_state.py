@@ -13,7 +13,7 @@ from coord_fixtures import UNHURRIED
 from faults.kubectl import kubectl
 
 from coordinator.errors import StateConflictError
-from coordinator.kube.resources import configmaps_path
+from coordinator.rules.resources import configmaps_path
 
 pytestmark = pytest.mark.integration
 

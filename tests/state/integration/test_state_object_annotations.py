@@ -24,8 +24,8 @@ from helpers.members import (
     succeeded,
 )
 
-from coordinator.kube.resources import configmaps_path
-from coordinator.membership import A_MEMBERSHIP
+from coordinator.rules.membership import A_MEMBERSHIP
+from coordinator.rules.resources import configmaps_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import anyio
 import pytest
 from faults.admission import add_policy, remove_policy
 
-from coordinator.kube.resources import configmaps_path
+from coordinator.rules.resources import configmaps_path
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""What a state object says about fencing tokens and the member set (coordinator/lock/floor.py),
+"""What a state object says about fencing tokens and the member set (coordinator/engine/lock/floor.py),
 on the dicts an API server returns: only annotations a coordinator field manager owns speak.
 The same rules against real API servers: tests/members/integration/test_finishing_runs.py
 and tests/state/integration/test_floor_evidence.py."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from coordinator.kube.resources import A_TOKEN_FLOOR
-from coordinator.lock.floor import envelope_evidence, floor_is_ours, genesis_state_object, has_floor, token_floor
-from coordinator.membership import A_MEMBERSHIP, Membership
+from coordinator.engine.lock.floor import envelope_evidence, floor_is_ours, genesis_state_object, has_floor, token_floor
+from coordinator.rules.membership import A_MEMBERSHIP, Membership
+from coordinator.rules.resources import A_TOKEN_FLOOR
 
 SET = Membership.of(["uid-a", "uid-b", "uid-c"], epoch=3)
 

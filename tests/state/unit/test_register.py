@@ -1,4 +1,4 @@
-"""The pure rules of the state register (coordinator.register), case by case."""
+"""The pure rules of the state register (coordinator.engine.register), case by case."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from served import served
 
-from coordinator import register as reg
+from coordinator.config.models import STATE_SCHEMA, StateEnvelope
+from coordinator.engine import register as reg
+from coordinator.engine.register import NO_STAMP, Delivery, Kind, Replica, Stamp
 from coordinator.errors import UsageError
-from coordinator.models import STATE_SCHEMA, StateEnvelope
-from coordinator.register import NO_STAMP, Delivery, Kind, Replica, Stamp
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""The small parts of the state register's rules (coordinator/register.py): legacy write
+"""The small parts of the state register's rules (coordinator/engine/register.py): legacy write
 ids, a stamp of an envelope, the stored size of a document, how deep it is nested, the
 migration of old envelopes and a replica's resourceVersion.
 
@@ -19,10 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from served import served
 
-from coordinator import register as reg
+from coordinator.config.models import STATE_SCHEMA, StateEnvelope
+from coordinator.engine import register as reg
+from coordinator.engine.register import Replica, Stamp
 from coordinator.errors import UsageError
-from coordinator.models import STATE_SCHEMA, StateEnvelope
-from coordinator.register import Replica, Stamp
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -15,9 +15,9 @@ import pytest
 from faults.contenders import DEPLOYMENT
 from faults.schedule import Faults
 
-from coordinator.kube.resources import configmaps_path, lease_name, lease_path, state_name
-from coordinator.lease import A_VANISHED
-from coordinator.membership import A_MEMBERSHIP, Membership
+from coordinator.rules.lease import A_VANISHED
+from coordinator.rules.membership import A_MEMBERSHIP, Membership
+from coordinator.rules.resources import configmaps_path, lease_name, lease_path, state_name
 
 NS = "torture-x"
 SET = Membership(2, ("id1", "id2", "id3")).dump()
@@ -52,7 +52,7 @@ STATE = f"{configmaps_path(NS)}/{state_name(DEPLOYMENT)}"
 @pytest.fixture(autouse=True)
 def local_record(monkeypatch: pytest.MonkeyPatch) -> None:
     """The local config the changes are made with: c1..c3, epoch 2."""
-    from coordinator.config import ConfigStore
+    from coordinator.config.store import ConfigStore
 
     record = SimpleNamespace(clusters=["c1", "c2", "c3"], joint=None, epoch=2)
     config = SimpleNamespace(

@@ -1,0 +1,107 @@
+"""`coordinator cluster restored NAME`: a member whose etcd was restored from a backup.
+
+A restore brings the member's objects back as they were: the same uids, older holders and
+older fencing tokens, with nothing in them that says so. Where the lock held only a bare
+majority that included this member, the writes it lost were the evidence that the lock
+was held (and of the token it was granted with), and the other members of that majority
+may not be read by the next contender: a second holder could enter with a token already
+given out. So the operator says the member was restored, and every coordinator lease on it
+becomes a tombstone: held by an unknown holder for one maximum TTL, with no token history
+(coordinator/rules/lease.py). Every lock that was live when the member was restored has ended
+before such a lease can be taken, and the next token is proven by the other members.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from coordinator import clock
+from coordinator.engine import cas
+from coordinator.engine.clusters import ClusterSet
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeClient, KubeError
+from coordinator.rules.evidence import with_records
+from coordinator.rules.lease import A_NEXT, A_UID, A_VANISHED, HOLDER_ANNOTATIONS
+from coordinator.rules.resources import FIELD_MANAGER, micro_time
+
+ALL_LEASES = "/apis/coordination.k8s.io/v1/leases"
+SELECTOR = "coordinator.io/managed-by=coordinator"
+LEASE_PREFIX = "coordinator-lock-"
+
+
+@dataclass
+class Tombstoned:
+    """What became of one lease of the restored member."""
+
+    namespace: str
+    deployment: str
+    outcome: str  # ok, or why not
+    detail: str
+
+
+def tombstone_body(obj: dict[str, Any], now: str) -> dict[str, Any]:
+    """``obj`` as a tombstone: no holder (the field kept, empty, as coordinator's), marked
+    vanished now, its token kept as a lower bound only (a tombstone keeps no history)."""
+    body = {k: v for k, v in obj.items() if k != "status"}
+    meta = dict(body.get("metadata") or {})
+    meta.pop("managedFields", None)
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in (*HOLDER_ANNOTATIONS, A_NEXT)}
+    ann[A_VANISHED] = now
+    if meta.get("uid"):
+        ann[A_UID] = str(meta["uid"])
+    meta["annotations"] = ann
+    spec = {k: v for k, v in (body.get("spec") or {}).items() if k not in ("acquireTime", "renewTime")}
+    spec["holderIdentity"] = ""
+    body["metadata"], body["spec"] = meta, spec
+    return body
+
+
+async def _tombstone(client: KubeClient, item: dict[str, Any]) -> Tombstoned | None:
+    meta = item.get("metadata") or {}
+    lease = str(meta.get("name", ""))
+    if not lease.startswith(LEASE_PREFIX):
+        return None
+    namespace = str(meta.get("namespace", ""))
+    deployment = lease[len(LEASE_PREFIX) :]
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
+    now = micro_time(clock.wall_now())
+
+    async def read() -> dict[str, Any]:
+        body: dict[str, Any] = (await client.request("GET", path)).body
+        return body
+
+    def decide(obj: dict[str, Any]) -> cas.Put[dict[str, Any]] | cas.Keep[None]:
+        return cas.Put(tombstone_body(obj, now))
+
+    async def write(obj: dict[str, Any], body: dict[str, Any]) -> None:
+        body = with_records(body, obj, clock.token_hex(6))
+        await client.request("PUT", path, body=body, query={"fieldManager": FIELD_MANAGER})
+
+    result = await cas.compare_and_swap(read, decide, write, current=item)
+    match result:
+        case cas.Written() | cas.Decided():
+            return Tombstoned(namespace, deployment, "ok", "tombstoned: blocks for one maximum TTL")
+        case cas.ReadFailed(error=err) | cas.WriteFailed(error=err):
+            if err.kind == kube.NOT_FOUND:
+                return Tombstoned(namespace, deployment, "ok", "deleted meanwhile: a missing lease blocks too")
+            return Tombstoned(namespace, deployment, str(err.kind), err.detail)
+        case cas.Raced():
+            return Tombstoned(namespace, deployment, "conflict", "lost the compare-and-swap race repeatedly")
+    assert_never(result)
+
+
+async def tombstone_member(clusters: ClusterSet, name: str) -> tuple[list[Tombstoned], KubeError | None]:
+    """Make every coordinator lease on cluster ``name`` a tombstone. Returns what became
+    of each, and the error that kept the cluster from being listed (None if it was)."""
+    client = clusters.client(name)
+    try:
+        await clusters.check_identity(name)
+        listed = (await client.request("GET", ALL_LEASES, query={"labelSelector": SELECTOR})).body
+    except KubeError as err:
+        return [], err
+    done: list[Tombstoned] = []
+    for item in listed.get("items") or []:
+        if isinstance(item, dict) and (one := await _tombstone(client, item)) is not None:
+            done.append(one)
+    return done, None
