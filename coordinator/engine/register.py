@@ -127,14 +127,6 @@ def new_write_id() -> str:
     return clock.token_hex(16)
 
 
-def legacy_write_id(checksum_text: str) -> str:
-    """The write id of an envelope written before write ids existed (schema 1): derived
-    from its checksum, so equal (token, version) with different data are different
-    stamps, the same on every reader."""
-    digest = str(checksum_text).removeprefix("sha256:")
-    return "legacy-" + (digest[:24] or "0")
-
-
 def stamp_of(env: StateEnvelope) -> Stamp:
     return Stamp(env.token, env.version, env.write_id)
 
@@ -151,25 +143,6 @@ GENESIS_WRITE_ID = "genesis"
 def checksum(data: dict[str, Any]) -> str:
     canon = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
-
-
-def migrate(raw: dict[str, Any]) -> dict[str, Any]:
-    """Bring an older envelope up to the current schema.
-
-    Schema 0: no ``schema`` field, history entries without ``keys``.
-    Schema 1: no ``write_id`` (see :func:`legacy_write_id`).
-    """
-    doc = dict(raw)
-    schema = doc.get("schema", 0)
-    if schema == 0:
-        doc["schema"] = schema = 1
-        doc.setdefault("members", [])
-        doc["history"] = [dict(h, keys=h.get("keys", [])) for h in doc.get("history") or [] if isinstance(h, dict)]
-    if schema == 1:
-        doc["schema"] = 2
-        if not doc.get("write_id") and isinstance(doc.get("checksum"), str):
-            doc["write_id"] = legacy_write_id(doc["checksum"])
-    return doc
 
 
 def encode_envelope(env: StateEnvelope) -> str:
@@ -362,7 +335,7 @@ def decode_replica(
     from_file: bool = False,
 ) -> Replica:
     """Judge one object as read: absent, corrupt (why), newer schema, or a valid envelope
-    (migrated, checksum verified), with the promise it carries. With ``deployment``, an
+    (checksum verified), with the promise it carries. With ``deployment``, an
     envelope written for another deployment (an object copied under this one's name) is
     corrupt. ``from_file``: the text came from a backup file the user hands over, which
     has no recorded writers; its checksum is all there is to check. A corrupt replica
@@ -406,8 +379,7 @@ def claimed_stamp(obj: dict[str, Any], storage: str) -> Stamp:
     if isinstance(doc, dict):
         token, version, write_id = _int(doc.get("token")), _int(doc.get("version")), doc.get("write_id")
         if not (isinstance(write_id, str) and _WRITE_ID.fullmatch(write_id)):
-            sums = doc.get("checksum")
-            write_id = legacy_write_id(sums) if isinstance(sums, str) else ""
+            write_id = ""  # no write of coordinator's: its token and version still count
         if token is not None and version is not None:
             found.append(Stamp(token, version, write_id))
     return max(found)
@@ -477,8 +449,11 @@ def _decode(
     if schema > STATE_SCHEMA:
         rep.newer_schema = schema
         return rep
+    if schema < STATE_SCHEMA:
+        rep.corrupt = f"the envelope's schema {schema} is older than any release of coordinator writes ({STATE_SCHEMA})"
+        return rep
     try:
-        env = StateEnvelope.model_validate(migrate(doc))
+        env = StateEnvelope.model_validate(doc)
     except ValidationError as err:
         # ``loc`` names keys of the envelope, which whoever wrote it chose: one line,
         # escaped (the reason is put into error paragraphs whose own lines are kept).

@@ -48,7 +48,6 @@ from coordinator.engine.lock.core import Configuration, of_this_change_on, recor
 from coordinator.engine.lock.engine import LockEngine
 from coordinator.engine.lock.renew import keep_renewed
 from coordinator.engine.lock.results import AcquireResult, ClusterLease, current_command, default_holder
-from coordinator.engine.state import StateClient
 from coordinator.errors import MembershipError, NoQuorumError, StateConflictError, UsageError
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -228,7 +227,7 @@ async def change_members(
             # meets the majority that confirmed the last write; what a joining member
             # holds is not this deployment's state yet) and writes every member.
             union = joint_rec.model_copy(update={"clusters": _union(rec, joint_rec), "joint": None})
-            synced = await StateClient(c.clusters, union).sync(empty_ok=True, sources=list(rec.clusters))
+            synced = await c.state(name).under(union).sync(empty_ok=True, sources=list(rec.clusters))
             _confirm_copy(synced, rec, target)
             report.steps.append(
                 "nothing to copy yet (no state written)"

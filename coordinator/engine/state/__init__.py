@@ -42,7 +42,6 @@ from coordinator.engine.register import (
     checksum,
     decode_replica,
     encode_envelope,
-    migrate,
 )
 from coordinator.engine.state.client import StateClient
 from coordinator.engine.state.data import changed_keys, get_path, plain_data_problem, set_path
@@ -67,7 +66,6 @@ __all__ = [
     "encode_envelope",
     "get_path",
     "load_backup",
-    "migrate",
     "plain_data_problem",
     "set_path",
 ]

@@ -38,6 +38,11 @@ class StateClient:
         self._writes = Writes(self.replicas)
         self._sync = Sync(self.replicas)
 
+    def under(self, deployment: DeploymentRecord) -> StateClient:
+        """The same state over the members of ``deployment`` (a member change copies it
+        to the union of the old and the new set): the same clusters and lock records."""
+        return StateClient(self.replicas.clusters, deployment, recorded_lock=self.replicas.recorded_lock)
+
     @property
     def dep(self) -> DeploymentRecord:
         return self.replicas.dep

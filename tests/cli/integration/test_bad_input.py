@@ -234,9 +234,10 @@ OVERSIZE = json.dumps({"blob": "x" * (2 * 1024 * 1024)})
 
 def _backup_doc(**changes: Any) -> str:
     doc = {
-        "schema": 1,
+        "schema": 2,
         "version": 3,
         "token": 2,
+        "write_id": "w1",
         "checksum": "sha256:" + "0" * 64,
         "written_by": "someone",
         "written_at": "2026-01-01T00:00:00Z",
@@ -388,7 +389,7 @@ CASES = [
         "state restore web -f {tmp}/b.json",
         2,
         "not a valid state envelope",
-        arrange=(_file("b.json", '{"schema": 1}'),),
+        arrange=(_file("b.json", '{"schema": 2}'),),
     ),
     case(
         "restore-wrong-checksum",

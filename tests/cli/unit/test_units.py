@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from served import served
 
-from coordinator.config.models import ClusterRecord, StateEnvelope
+from coordinator.config.models import ClusterRecord
 from coordinator.config.store import ConfigStore
 from coordinator.engine.state import (
     ENVELOPE_LIMIT,
@@ -112,9 +112,10 @@ def test_dotted_keys() -> None:
 def _envelope_text(payload: dict[str, object], **over: object) -> str:
     data = payload
     doc = {
-        "schema": 1,
+        "schema": 2,
         "version": 3,
         "token": 2,
+        "write_id": "w1",
         "checksum": checksum(data),
         "written_by": "me",
         "written_at": "2026-11-30T08:00:00Z",
@@ -141,27 +142,6 @@ def test_decode_replica_classifies_garbage() -> None:
     newer = decode_replica("a", served({"data": {"envelope.json": _envelope_text({}, schema=7)}}), "configmap")
     assert newer.newer_schema == 7 and newer.envelope is None
     assert not decode_replica("a", None, "configmap").exists
-
-
-def test_old_schema_is_migrated() -> None:
-    data = {"k": "v"}
-    text = json.dumps(
-        {
-            "version": 1,
-            "token": 1,
-            "checksum": checksum(data),
-            "written_by": "x",
-            "written_at": "2026-01-01T00:00:00Z",
-            "members": [],
-            "data": data,
-            "history": [
-                {"at": "2026-01-01T00:00:00Z", "who": "x", "host": "h", "command": "c", "version": 1, "token": 1}
-            ],
-        }
-    )
-    rep = decode_replica("a", served({"data": {"envelope.json": text}}), "configmap")
-    assert isinstance(rep.envelope, StateEnvelope)
-    assert rep.envelope.schema_ == 2 and rep.envelope.history[0].keys == []
 
 
 def test_size_limit() -> None:

@@ -126,15 +126,18 @@ def test_an_envelope_written_for_another_deployment_is_corrupt_for_this_one() ->
     assert reg.decode_replica("c1", served(obj), "configmap", deployment="mine").corrupt is None
     copied = reg.decode_replica("c1", served(obj), "configmap", deployment="theirs")
     assert copied.envelope is None and copied.corrupt is not None and "'mine'" in copied.corrupt
-    # envelopes from before the field existed (no deployment) are still read
-    legacy = {"metadata": {}, "data": {reg.DATA_KEY: json.dumps(_legacy({"a": 1}))}}
-    assert reg.decode_replica("c1", served(legacy), "configmap", deployment="theirs").envelope is not None
+    # an envelope that names no deployment is read (the field is optional)
+    unnamed = {"metadata": {}, "data": {reg.DATA_KEY: json.dumps(_written({"a": 1}))}}
+    assert reg.decode_replica("c1", served(unnamed), "configmap", deployment="theirs").envelope is not None
     genesis = {"metadata": {}, "data": {reg.DATA_KEY: reg.genesis_text("mine")}}
     assert reg.decode_replica("c1", served(genesis), "configmap", deployment="theirs").corrupt is not None
 
 
-def _legacy(data: dict[str, Any], *, token: int = 1, version: int = 2, schema: int | None = 1) -> dict[str, Any]:
-    doc: dict[str, Any] = {
+def _written(data: dict[str, Any], *, token: int = 1, version: int = 2) -> dict[str, Any]:
+    """An envelope as a write builds it, but by hand (no deployment field)."""
+    return {
+        "schema": STATE_SCHEMA,
+        "write_id": "w1",
         "version": version,
         "token": token,
         "checksum": reg.checksum(data),
@@ -144,27 +147,10 @@ def _legacy(data: dict[str, Any], *, token: int = 1, version: int = 2, schema: i
         "data": data,
         "history": [{"at": "2026-01-01T00:00:00Z", "who": "x", "host": "h", "command": "c", "version": 1, "token": 1}],
     }
-    if schema is not None:
-        doc["schema"] = schema
-    return doc
 
 
 def _decode_doc(doc: dict[str, Any], cluster: str = "c1") -> Replica:
     return reg.decode_replica(cluster, served({"metadata": {}, "data": {reg.DATA_KEY: json.dumps(doc)}}), "configmap")
-
-
-def test_schema_0_and_1_envelopes_are_migrated_with_a_write_id_from_their_checksum() -> None:
-    for schema in (None, 1):
-        four = _decode_doc(_legacy({"replicas": 4}, schema=schema))
-        five = _decode_doc(_legacy({"replicas": 5}, schema=schema))
-        assert four.envelope is not None and five.envelope is not None
-        assert four.envelope.schema_ == STATE_SCHEMA
-        assert four.envelope.history[0].keys == []
-        # The old bug: one (token, version) for two documents. Migrated, they are two stamps.
-        assert four.order == five.order == (1, 2)
-        assert four.stamp != five.stamp
-        assert four.stamp == _decode_doc(_legacy({"replicas": 4}, schema=schema)).stamp  # same on every reader
-        assert four.stamp.write_id.startswith("legacy-")
 
 
 def test_decode_classifies_what_cannot_be_trusted() -> None:
@@ -175,10 +161,11 @@ def test_decode_classifies_what_cannot_be_trusted() -> None:
         "no-key": ({"metadata": {}, "data": {}}, reg.DATA_KEY),
         "not-json": ({"data": {reg.DATA_KEY: "{nope"}}, "not JSON"),
         "list": ({"data": {reg.DATA_KEY: "[1]"}}, "not a JSON object"),
-        "fields": ({"data": {reg.DATA_KEY: '{"version": 1}'}}, "invalid envelope"),
-        "bad-write-id": ({"data": {reg.DATA_KEY: json.dumps(_legacy({}, schema=2) | {"write_id": "NO!"})}}, "write_id"),
-        "negative-token": ({"data": {reg.DATA_KEY: json.dumps(_legacy({}, token=-1))}}, "token"),
-        "edited": ({"data": {reg.DATA_KEY: json.dumps(_legacy({"a": 1}) | {"data": {"a": 2}})}}, "checksum mismatch"),
+        "fields": ({"data": {reg.DATA_KEY: '{"schema": 2, "version": 1}'}}, "invalid envelope"),
+        "no-schema": ({"data": {reg.DATA_KEY: '{"version": 1}'}}, "older than any release"),
+        "bad-write-id": ({"data": {reg.DATA_KEY: json.dumps(_written({}) | {"write_id": "NO!"})}}, "write_id"),
+        "negative-token": ({"data": {reg.DATA_KEY: json.dumps(_written({}, token=-1))}}, "token"),
+        "edited": ({"data": {reg.DATA_KEY: json.dumps(_written({"a": 1}) | {"data": {"a": 2}})}}, "checksum mismatch"),
         "promise": (
             {"metadata": {"annotations": {reg.PROMISE_ANNOTATION: "soon"}}, "data": good.obj["data"]},
             "not a stamp",
@@ -189,7 +176,7 @@ def test_decode_classifies_what_cannot_be_trusted() -> None:
         rep = reg.decode_replica("c1", served(obj), "secret" if name == "secret" else "configmap")
         assert rep.corrupt and words in rep.corrupt, (name, rep.corrupt)
         assert rep.envelope is None
-    newer = _decode_doc(_legacy({}, schema=STATE_SCHEMA + 1))
+    newer = _decode_doc(_written({}) | {"schema": STATE_SCHEMA + 1})
     assert newer.newer_schema == STATE_SCHEMA + 1 and newer.envelope is None and newer.corrupt is None
 
 
@@ -290,7 +277,7 @@ def test_judge_corrupt_and_newer_schema() -> None:
     assert reg.judge(corrupt, S1, Kind.PROMISE).accept
     refused = reg.judge(corrupt, S1, Kind.REPAIR)
     assert not refused.accept and "state sync" in refused.reason
-    newer = _decode_doc(_legacy({}, schema=STATE_SCHEMA + 1))
+    newer = _decode_doc(_written({}) | {"schema": STATE_SCHEMA + 1})
     for kind in Kind:
         assert not reg.judge(newer, S1, kind).accept
 

@@ -1,6 +1,6 @@
-"""The small parts of the state register's rules (coordinator/engine/register.py): legacy write
-ids, a stamp of an envelope, the stored size of a document, how deep it is nested, the
-migration of old envelopes and a replica's resourceVersion.
+"""The small parts of the state register's rules (coordinator/engine/register.py): envelopes
+of older schemas, a stamp of an envelope, the stored size of a document, how deep it is
+nested and a replica's resourceVersion.
 
 The replica's accept/refuse rule and the read's choice are in tests/state/unit/test_register.py; the
 whole write and read protocol, run by the engine over in-memory API servers one request at a
@@ -56,48 +56,27 @@ def _decode(text: str, storage: str = "configmap", **meta: Any) -> Replica:
     return reg.decode_replica("c1", served({"metadata": dict(meta), "data": {reg.DATA_KEY: value}}), storage)
 
 
-# ------------------------------------------------------------------ legacy write ids
+# ------------------------------------------------------------------ older schemas
 
 
-def test_legacy_write_id_is_taken_from_the_checksum() -> None:
-    digest = "0123456789abcdef" * 4
-    assert reg.legacy_write_id("sha256:" + digest) == "legacy-" + digest[:24]
-    assert reg.legacy_write_id(digest) == "legacy-" + digest[:24]  # the prefix is optional
-    assert reg.legacy_write_id("sha256:") == "legacy-0"  # never an empty id
-    assert reg.legacy_write_id("") == "legacy-0"
-
-
-@given(documents, documents)
-def test_legacy_write_ids_are_valid_stamps_and_differ_with_the_data(a: dict[str, Any], b: dict[str, Any]) -> None:
-    wid_a, wid_b = reg.legacy_write_id(reg.checksum(a)), reg.legacy_write_id(reg.checksum(b))
-    assert Stamp.parse(f"1/2/{wid_a}") == Stamp(1, 2, wid_a)  # a write id the stamp text takes
-    assert wid_a == reg.legacy_write_id(reg.checksum(dict(a)))  # the same on every reader
-    if reg.checksum(a) != reg.checksum(b):
-        assert wid_a != wid_b
-
-
-def test_migrate_brings_schema_0_and_1_to_the_current_schema_without_touching_the_input() -> None:
-    raw: dict[str, Any] = {
-        "version": 2,
-        "token": 1,
-        "checksum": reg.checksum({"a": 1}),
-        "data": {"a": 1},
-        "history": [{"who": "x"}, "junk"],
+@pytest.mark.parametrize("schema", [0, 1])
+def test_an_envelope_of_an_older_schema_is_corrupt_and_its_token_still_counts(schema: int) -> None:
+    data = {"a": 1}
+    doc = {
+        "schema": schema,
+        "version": 4,
+        "token": 9,
+        "checksum": reg.checksum(data),
+        "written_by": "x",
+        "written_at": "2026-11-30T08:00:00Z",
+        "members": ["c1"],
+        "data": data,
     }
-    doc = reg.migrate(raw)
-    assert doc["schema"] == STATE_SCHEMA == 2
-    assert doc["write_id"] == reg.legacy_write_id(raw["checksum"])
-    assert doc["members"] == [] and doc["history"] == [{"who": "x", "keys": []}]
-    assert "schema" not in raw and "write_id" not in raw  # a copy is migrated
-    one = reg.migrate({"schema": 1, "checksum": "sha256:ab", "write_id": "kept"})
-    assert one["schema"] == 2 and one["write_id"] == "kept"
-    current = {"schema": 2, "write_id": "w", "checksum": "sha256:ab"}
-    assert reg.migrate(current) == current
-
-
-def test_migrate_leaves_a_schema_1_envelope_without_a_checksum_to_the_validator() -> None:
-    doc = reg.migrate({"schema": 1, "checksum": 5})
-    assert doc["schema"] == 2 and "write_id" not in doc
+    rep = reg.decode_replica("c1", served({"data": {reg.DATA_KEY: json.dumps(doc)}}), "configmap")
+    assert rep.envelope is None and rep.corrupt is not None and "older" in rep.corrupt
+    # Never a write id of coordinator's: the claimed stamp keeps its token and version,
+    # so a new stamp is still drawn above them.
+    assert rep.claimed == Stamp(9, 4, "")
 
 
 # ------------------------------------------------------------------ stamps of envelopes
@@ -220,15 +199,14 @@ def test_a_schema_that_is_no_schema_number_is_corrupt_not_current(schema: Any) -
     assert rep.corrupt is not None and "schema" in rep.corrupt
 
 
-def test_a_newer_schema_number_is_refused_and_an_older_one_migrated() -> None:
+def test_a_newer_schema_number_is_refused_and_an_older_one_is_corrupt() -> None:
     _env, text = _envelope({"a": 1}, Stamp(1, 1, "ab"))
     doc = json.loads(text)
     newer = _decode(json.dumps(dict(doc, schema=STATE_SCHEMA + 1)))
     assert newer.newer_schema == STATE_SCHEMA + 1 and newer.envelope is None and newer.corrupt is None
     doc.pop("schema")
-    doc.pop("write_id")
     old = _decode(json.dumps(doc))
-    assert old.corrupt is None and old.envelope is not None and old.envelope.schema_ == STATE_SCHEMA
+    assert old.envelope is None and old.corrupt is not None and "older" in old.corrupt
 
 
 @pytest.mark.parametrize("text", ["٣/1/ab", "1/٣/ab", "01/1/ab", "1/01/ab", "+1/1/ab", " 1/1/ab", "1/1/ab "])
