@@ -13,7 +13,7 @@ import anyio
 
 from coordinator import clock
 from coordinator.rules.lease import remaining_validity
-from sim.simulate import DEPLOYMENT, KEY, SeededChance, Sim, SimClock, SimProcess, now
+from sim.simulate import DEPLOYMENT, KEY, MAX_TTL_S, SeededChance, Sim, SimClock, SimProcess, now
 
 if TYPE_CHECKING:
     from coordinator.engine.state import StateClient
@@ -449,29 +449,37 @@ class Changer(CommandHolder):
         record = self.sim.config.deployments[DEPLOYMENT]
         if record.joint is not None:
             return list(record.joint)  # finish the change in progress
+        members = list(record.clusters)
+        if self.stopped == members:
+            # another machine's change reached this one's target meanwhile: it is done
+            # (run again, it would be refused: nothing to change)
+            self.stopped = None
         if self.stopped is not None:
             return list(self.stopped)  # "run the same command again to finish it"
-        members = list(record.clusters)
         spare = [n for n in self.sim.world.clusters if n not in members]
         if len(members) > self.sim.opts.clusters or not spare:
             gone = self.rng.choice(members)
             return [m for m in members if m != gone]
         return [*members, self.rng.choice(spare)]
 
-    async def change(self, target: list[str], lock_id: str | None = None) -> int:
+    async def change(self, target: list[str], lock_id: str | None = None, *, wait: float | None = None) -> int:
         from coordinator.ops.reconfig import change_members
 
         async def run() -> Any:
             async with self.sim.coordinator(self.name) as c:
+                started = c.config.deployments[DEPLOYMENT]
                 try:
                     return await change_members(
                         c, DEPLOYMENT, target, lock_id=lock_id, holder=self.name, ttl=self.ttl,
-                        wait=self.rng.choice((0.0, 5.0)),
+                        wait=self.rng.choice((0.0, 5.0)) if wait is None else wait,
                     )  # fmt: skip
                 finally:
-                    # what the change recorded, done or stopped (a joint record included),
-                    # is this machine's record from now on
-                    self.sim.config.deployments[DEPLOYMENT] = c.config.deployments[DEPLOYMENT]
+                    # What the change recorded, done or stopped (a joint record included),
+                    # is this machine's record from now on, as a command saves it into the
+                    # config file. A change that saved nothing leaves the record alone:
+                    # another machine-mate's change may have moved it on meanwhile.
+                    if c.config.deployments[DEPLOYMENT] != started:
+                        self.sim.config.deployments[DEPLOYMENT] = c.config.deployments[DEPLOYMENT]
 
         before = self.sim.members
         rc, out = await self.command("change", run)
@@ -504,11 +512,15 @@ class Changer(CommandHolder):
     async def run(self) -> None:
         await super().run()
         with clock.using(self.clock, self.chance, self.process):
-            # the run ends with no change in progress: finish one that stopped
+            # The run ends with no change in progress: finish one that stopped. Each run
+            # waits as the message of a lock held by an unknown holder advises (a lease
+            # whose managedFields were stripped lapses only when one command has seen it
+            # unchanged for a maximum TTL; a command of 2 s never does).
             for _ in range(10):
-                if self.sim.config.deployments[DEPLOYMENT].joint is None and self.stopped is None:
+                record = self.sim.config.deployments[DEPLOYMENT]
+                if record.joint is None and self.stopped in (None, list(record.clusters)):
                     return
-                await self.change(self.target())
+                await self.change(self.target(), wait=3 * MAX_TTL_S)
                 await anyio.sleep(2.0)
             self.problem("change not finished", "a stopped change did not finish in 10 runs once the workload ended")
 
