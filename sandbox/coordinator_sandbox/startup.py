@@ -198,18 +198,25 @@ def _start_ha(bins: Binaries, layout: Layout, record: SandboxRecord, deadline: f
     def proxy_port(i: int, _j: int, port: int) -> None:
         by_index[i].apiserver_port = port
 
-    backends: dict[tuple[int, int], Callable[[], None]] = {
-        (c.index, j): (lambda c=c, j=j: spawn_backend(bins, layout, c, j))  # type: ignore[misc]
-        for c in record.clusters
-        for j in range(1, len(c.backends) + 1)
-    }
-    wave(
-        "kube-apiserver",
-        backends,
-        lambda i, j: apiserver_ready(layout, by_index[i].backends[j - 1].port),
-        lambda i, j: by_index[i].backends[j - 1].process,
-        backend_port,
-    )
+    # Each cluster's first kube-apiserver, then the others once it serves. Started at
+    # once on one etcd, two of them race to create the kubernetes Service's IPAddress
+    # object: the loser's IP repair controller stops, and under load its post-start
+    # check then fails and the server exits ("unable to perform initial IP and Port
+    # allocation check"). The first one has made it before the others start.
+    for first in (True, False):
+        backends: dict[tuple[int, int], Callable[[], None]] = {
+            (c.index, j): (lambda c=c, j=j: spawn_backend(bins, layout, c, j))  # type: ignore[misc]
+            for c in record.clusters
+            for j in range(1, len(c.backends) + 1)
+            if (j == 1) == first
+        }
+        wave(
+            "kube-apiserver",
+            backends,
+            lambda i, j: apiserver_ready(layout, by_index[i].backends[j - 1].port),
+            lambda i, j: by_index[i].backends[j - 1].process,
+            backend_port,
+        )
     proxies: dict[tuple[int, int], Callable[[], None]] = {
         (c.index, 0): (lambda c=c: spawn_proxy(layout, record, c))  # type: ignore[misc]
         for c in record.clusters
