@@ -143,7 +143,12 @@ async def change_members(
         engine = _finishing(c, engine, rec)
     held: AcquireResult
     if lock_id:
-        token = await _token_of(engine, lock_id)
+        token, held_ttl = await _token_of(engine, lock_id)
+        # The lock is its holder's (`lock run`, another runner): it counts its validity
+        # from the TTL it renews with, so the change renews and rewrites its leases with
+        # that TTL, never a shorter one; its own --ttl may only lengthen them. Never past
+        # the deployment's maximum TTL (a duration another client wrote may say more).
+        ttl = min(max(ttl, float(held_ttl or 0)), engine.max_ttl_s)
         held = AcquireResult(
             deployment=name,
             namespace=rec.namespace,
@@ -474,12 +479,14 @@ async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Memb
     )
 
 
-async def _token_of(engine: LockEngine, lock_id: str) -> int:
+async def _token_of(engine: LockEngine, lock_id: str) -> tuple[int, int | None]:
+    """The token of ``lock_id`` and the longest TTL its leases carry."""
     status = await engine.status()
-    tokens = [row.token for row in status.clusters if row.lock_id == lock_id and row.token is not None]
-    if not tokens:
+    rows = [row for row in status.clusters if row.lock_id == lock_id and row.token is not None]
+    if not rows:
         raise StateConflictError(f"Lock {lock_id} holds nothing on deployment {engine.dep.name!r}.")
-    return max(tokens)
+    ttls = [row.ttl_s for row in rows if row.ttl_s]
+    return max(row.token or 0 for row in rows), max(ttls) if ttls else None
 
 
 async def _remove_dead(

@@ -17,12 +17,15 @@ from helpers.members import (
     PY,
     acquire,
     json_doc,
+    lease_on,
     machine,
     pay,
     record,
     stored_on,
     succeeded,
 )
+
+from coordinator.rules.lease import lock_id_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -131,6 +134,33 @@ def test_a_release_from_a_machine_whose_record_is_stale_does_not_undo_a_change(d
         assert stored is not None and stored.epoch == 3, (i, stored)
     refused = acquire(dep5, "again", "--ttl", "10s")
     assert refused.returncode == 5, refused.stderr
+
+
+# Broke before the fix (outside attack on member changes, 2026-12-07): a change run with a
+# lock id renewed the holder's leases, and wrote the joint and committed sets on them, with
+# its own --ttl (default 60 s), not the holder's. `lock run pay3 --ttl 5m -- sh -c
+# 'coordinator deployment add-cluster pay3 c4; sleep 90'`: the leases said 60 s while lock
+# run counted five minutes and renewed every 100 s; a waiter took the lock (token 2) with
+# the child still running: 22 s with two holders.
+
+
+def test_a_change_under_a_lock_id_never_shortens_the_holders_leases(dep5: Env) -> None:
+    """The holder counts its validity from its own TTL: every lease the change renews or
+    rewrites keeps at least that TTL, whatever --ttl the change was given."""
+    pay(dep5, "c1", "c2", "c3")
+    lock = json_doc(succeeded(acquire(dep5, "ci", "--ttl", "120s")))
+    succeeded(
+        dep5.cli("deployment", "add-cluster", DEP, "c4", "--lock-id", lock["lock_id"], "--ttl", "5s",
+                 env=COMMIT_EVERYWHERE)
+    )  # fmt: skip
+    durations = {}
+    for i in (1, 2, 3, 4):
+        lease = lease_on(dep5, i)
+        assert lease is not None, i
+        if lock_id_of(lease["spec"].get("holderIdentity")) == lock["lock_id"]:
+            durations[i] = lease["spec"].get("leaseDurationSeconds")
+    assert len(durations) >= 3, durations  # the old set's majority and the new set's carry the lock
+    assert all(d is not None and d >= 120 for d in durations.values()), durations
 
 
 # -- 2. the state copy to the new member
