@@ -34,14 +34,14 @@ be lost; the report says so.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from coordinator.config.records import DeploymentRecord
-from coordinator.engine.clusters import failed
+from coordinator.engine.clusters import ClusterSet, failed
 from coordinator.engine.fanout import ClusterResult, fan_out
 from coordinator.engine.history import HistoryStore
 from coordinator.engine.lock.core import Configuration, of_this_change_on, recorded_membership
@@ -140,7 +140,7 @@ async def change_members(
         # run that was interrupted: members storing the set before it, its joint set or its
         # commit all agree. (Leases deleted since then store none of it; the state objects
         # may still carry the set from before the change.)
-        engine = _finishing(c, engine, rec)
+        engine = engine.under(finishing_configuration(c.clusters, rec, engine.config.follow))
     held: AcquireResult
     if lock_id:
         token, held_ttl = await _token_of(engine, lock_id)
@@ -354,13 +354,28 @@ def _confirm_copy(synced: Mapping[str, Any], rec: DeploymentRecord, target: list
         )
 
 
-def _configs(c: Coordinator, rec: DeploymentRecord, target: list[str]) -> tuple[Membership, Membership, Membership]:
+def _configs(
+    clusters: ClusterSet, rec: DeploymentRecord, target: list[str]
+) -> tuple[Membership, Membership, Membership]:
     """The member sets a change of ``rec`` to ``target`` stores, by identity: before it
     (epoch E), the joint configuration (E + 1) and the committed new set (E + 2)."""
-    before = recorded_membership(c.clusters, rec)
-    joint = Membership.of(before.members, rec.epoch + 1, (c.clusters.record(m).identity for m in target))
-    final = Membership.of((c.clusters.record(m).identity for m in target), rec.epoch + 2)
+    before = recorded_membership(clusters, rec)
+    joint = Membership.of(before.members, rec.epoch + 1, (clusters.record(m).identity for m in target))
+    final = Membership.of((clusters.record(m).identity for m in target), rec.epoch + 2)
     return before, joint, final
+
+
+def finishing_configuration(
+    clusters: ClusterSet,
+    joint_rec: DeploymentRecord,
+    follow: Callable[[], DeploymentRecord | None] | None = None,
+) -> Configuration:
+    """What the lock counts with while the change ``joint_rec`` records is finished: a
+    member storing the set from before the change, its joint configuration or its
+    commit agrees (EngineCore's ``finishing``)."""
+    before = joint_rec.model_copy(update={"epoch": joint_rec.epoch - 1, "joint": None})
+    old, _, final = _configs(clusters, before, list(joint_rec.joint or []))
+    return Configuration(joint_rec, finishing=(old, recorded_membership(clusters, joint_rec), final), follow=follow)
 
 
 async def _own_change(
@@ -370,7 +385,7 @@ async def _own_change(
     ``rec`` to ``target`` (written by coordinator), bring the local record there: the
     committed record when a majority of both sets store the commit, the joint one
     otherwise (the change then continues). None when the members store no trace of it."""
-    _, joint_m, final_m = _configs(c, rec, target)
+    _, joint_m, final_m = _configs(c.clusters, rec, target)
     union = rec.model_copy(update={"clusters": list(dict.fromkeys([*rec.clusters, *target])), "joint": None})
     reader = engine.under(union)
     results = await reader.core.read_everywhere()
@@ -404,21 +419,6 @@ async def _own_change(
         )
     report.epoch = joint_rec.epoch
     return joint_rec
-
-
-def _finishing(c: Coordinator, engine: LockEngine, joint_rec: DeploymentRecord) -> LockEngine:
-    """The lock engine of a change being finished: a member storing the set from before
-    the change, its joint configuration or its commit counts as agreeing (EngineCore's
-    ``finishing``)."""
-    before = joint_rec.model_copy(update={"epoch": joint_rec.epoch - 1, "joint": None})
-    old, _, final = _configs(c, before, list(joint_rec.joint or []))
-    return engine.under(
-        Configuration(
-            joint_rec,
-            finishing=(old, recorded_membership(c.clusters, joint_rec), final),
-            follow=engine.config.follow,
-        )
-    )
 
 
 async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Membership, ...] = ()) -> None:

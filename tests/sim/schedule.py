@@ -430,23 +430,16 @@ class Injector:
         record = cfg.deployments[DEPLOYMENT]
         if self._judge is None or self._judge.dep != record:  # a member change moved the record on
             from coordinator.engine.clusters import ClusterSet
-            from coordinator.engine.lock.core import Configuration, recorded_membership
             from coordinator.engine.lock.engine import LockEngine
-            from coordinator.rules.membership import Membership
+            from coordinator.ops.reconfig import finishing_configuration
 
             # It sends nothing; the world's transports spare it the HTTPS client's imports.
             clusters = ClusterSet(cfg, timeout=1.0, transport_factory=self.sim.world.transport_factory)
-            config = Configuration(record)
-            if record.joint is not None:
-                # A change in progress is finished by an engine that takes the set before
-                # it, its joint set or its commit as agreeing (ops/reconfig.py, _finishing):
-                # judged by the plain engine, members that store the set before it would
-                # not count, and a deletion that leaves the change unable to finish for
-                # good would pass as harmless.
-                before = record.model_copy(update={"epoch": record.epoch - 1, "joint": None})
-                final = Membership.of((clusters.record(m).identity for m in record.joint), record.epoch + 1)
-                steps = (recorded_membership(clusters, before), recorded_membership(clusters, record), final)
-                config = Configuration(record, finishing=steps)
+            # A change in progress is judged as a run that finishes it counts: the set
+            # before it, its joint set or its commit agrees. Judged by the plain engine,
+            # members storing the set before the change would not count, and a deletion
+            # that leaves the change unable to finish for good would pass as harmless.
+            config = record if record.joint is None else finishing_configuration(clusters, record)
             self._judge = LockEngine(clusters, config)
         return self._judge
 

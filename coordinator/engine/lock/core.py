@@ -228,17 +228,24 @@ class EngineCore:
         self.deferred = deferred
         self.max_server_skew_s = max_server_skew_s
         self.observations = observations if observations is not None else Observations()
-        self._sightings = self.observations.sightings
-        self._date_untrusted = self.observations.date_untrusted
         self._bind(config)
+
+    @property
+    def dep(self) -> DeploymentRecord:
+        return self.config.deployment
+
+    @property
+    def finishing(self) -> tuple[Membership, Membership, Membership] | None:
+        return self.config.finishing
+
+    @property
+    def follow(self) -> Callable[[], DeploymentRecord | None] | None:
+        return self.config.follow
 
     def _bind(self, config: Configuration) -> None:
         """Count with ``config``."""
         self.config = config
         deployment = config.deployment
-        self.dep = deployment
-        self.finishing = config.finishing
-        self.follow = config.follow
         self.name = lease_name(deployment.name)
         self.path = lease_path(deployment.namespace, self.name)
         joint = list(deployment.joint or [])
@@ -296,9 +303,9 @@ class EngineCore:
         of leases that carry no evidence of ours and its trust in the cluster's Date."""
         now = boot_clock()
         if view.exists and view.blocking:
-            self._sightings[cluster] = observe(self._sightings.get(cluster), view, now)
+            self.observations.sightings[cluster] = observe(self.observations.sightings.get(cluster), view, now)
         observed = lapsed_by_observation(
-            self._sightings.get(cluster),
+            self.observations.sightings.get(cluster),
             view,
             now,
             max_ttl_s=self.max_ttl_s,
@@ -311,7 +318,7 @@ class EngineCore:
             max_server_skew_s=self.max_server_skew_s,
             stamp=stamp,
             observed_lapse=observed,
-            date_trusted=cluster not in self._date_untrusted,
+            date_trusted=cluster not in self.observations.date_untrusted,
         )
 
     async def probed(self, cluster: str, view: LeaseView, lock_id: str) -> tuple[LeaseView, datetime | None]:
@@ -333,11 +340,11 @@ class EngineCore:
         if stamp is not None and new.server_now is not None:
             offset = abs((new.server_now - stamp).total_seconds())
             if offset > self.max_server_skew_s + TIMESTAMP_SLACK_S:
-                if cluster not in self._date_untrusted:
+                if cluster not in self.observations.date_untrusted:
                     log.warning("the Date header disagrees with the server's stamps", cluster=cluster, offset=offset)
-                self._date_untrusted.add(cluster)
+                self.observations.date_untrusted.add(cluster)
             else:
-                self._date_untrusted.discard(cluster)
+                self.observations.date_untrusted.discard(cluster)
         return new, stamp
 
     def _annotations_common(self, *, with_set: bool = True) -> dict[str, str]:

@@ -192,7 +192,7 @@ def engine(tg: Any, deferred: DeferredHistory | None, log: list[str], writer: Le
     e.background, e.deferred, e.lease_events = tg, deferred, writer
     e._history = Store(log)  # type: ignore[assignment]
     e.clusters = SimpleNamespace(timeout=5.0)  # type: ignore[assignment]
-    e.dep = SimpleNamespace(namespace="ns")  # type: ignore[assignment]
+    e.config = SimpleNamespace(deployment=SimpleNamespace(namespace="ns"))  # type: ignore[assignment]
     e.name = "coordinator-lock-web"
     return e
 
