@@ -267,6 +267,14 @@ class Acquire:
                 return  # the other members' answers may still make up for it
             views = list(reads.values())
             stored = {c: self.core.stored_membership(v) for c, v in reads.items()}
+            for c in stored:
+                # A state object that keeps a newer set than this machine's speaks against
+                # its member whatever the lease says: a lease can miss the steps of a change
+                # that the state object saw.
+                on_state = state_reads[c].value if c in state_reads and state_reads[c].ok else None
+                newer = self.core.newer_set(on_state[1]) if on_state is not None else None
+                if newer is not None:
+                    stored[c] = newer
             verdict = self.core.check_members(stored)
             if verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED) and evidence:
                 # Leases deleted (or their sets removed): the state objects' sets may
@@ -365,7 +373,18 @@ class Acquire:
                     "token history (or every member's lease), and too few of them answered or kept it",
                 )
             outcome = await self._take_one(
-                cluster, view, lock_id, token, ttl_s, holder, reason, command, attempt_over, mine, line.get("ahead")
+                cluster,
+                view,
+                lock_id,
+                token,
+                ttl_s,
+                holder,
+                reason,
+                command,
+                attempt_over,
+                mine,
+                line.get("ahead"),
+                state_reads.get(cluster),
             )
             if outcome.ok and (attempt_over["lost"] or attempt_over["mismatch"]):
                 # Landed after the attempt was already decided lost: give back this write,
@@ -441,11 +460,13 @@ class Acquire:
         attempt_over: dict[str, bool],
         mine: TurnClaim | None = None,
         ahead: TurnClaim | None = None,
+        state: ClusterResult[tuple[int, Stored]] | None = None,
     ) -> ClusterResult[ClusterLease]:
         """Take one lease by compare-and-swap. ``mine`` is our place in line, ``ahead``
         the earliest waiter before us seen on any cluster of this attempt: while someone
         has waited longer, free leases are theirs to take, on every cluster alike (so
-        that contenders do not split the clusters between them)."""
+        that contenders do not split the clusters between them). ``state``: the member's
+        state object as this attempt read it (its set is brought up before the take)."""
 
         stamp: datetime | None = None
         # The token was drawn from this read. Where it showed the token history written by
@@ -558,6 +579,18 @@ class Acquire:
             )
             return body, action, ""
 
+        if not isinstance(decide(view), ClusterResult):
+            # A take stores this engine's member set on the lease: the state object first
+            # (only where this read says the lease will be taken: a refusal writes nothing).
+            refused = await self.floor.set_first(cluster, state)
+            if refused is not None:
+                return ClusterResult(
+                    cluster,
+                    refused.outcome,
+                    ClusterLease(view, "not attempted"),
+                    detail="not taken: the member set could not be noted on its state object first "
+                    f"({refused.detail or refused.outcome})",
+                )
         return await self.core.cas(cluster, view, decide)
 
     def _settle(self, result: AcquireResult, *, final: bool) -> AcquireResult:

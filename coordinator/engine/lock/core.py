@@ -660,7 +660,11 @@ class EngineCore:
         engine's, at the same or a newer epoch, whoever wrote it: this engine's record is
         behind (a change made since) or divergent, or the set was edited. A lease storing
         it is neither taken nor renewed by this engine, nor its set written over."""
-        stored = self.stored_membership(view) if view is not None else None
+        return self.newer_set(self.stored_membership(view) if view is not None else None)
+
+    def newer_set(self, stored: Stored) -> Membership | None:
+        """``stored`` when it is another configuration than this engine's, at the same or
+        a newer epoch (see other_set)."""
         if not isinstance(stored, Membership) or self.agrees(stored):
             return None
         return stored if stored.epoch >= self.membership.epoch else None

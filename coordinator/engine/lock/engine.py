@@ -133,7 +133,7 @@ class LockEngine:
     def _members(self) -> Members:
         from coordinator.engine.lock.members import Members
 
-        return Members(self.core)
+        return Members(self.core, self._floor)
 
     @cached_property
     def _release(self) -> Release:

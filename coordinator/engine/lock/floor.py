@@ -77,8 +77,13 @@ def set_on_state(obj: dict[str, Any]) -> Membership | None:
 
 
 def _set_on_state_is_behind(obj: dict[str, Any], ours: Membership) -> bool:
-    noted = set_on_state(obj)
-    return noted is None or noted.epoch < ours.epoch
+    return _kept_is_behind(set_on_state(obj), ours)
+
+
+def _kept_is_behind(noted: Stored, ours: Membership) -> bool:
+    """Whether a state object's noted set (see set_on_state) is older than ``ours``, or
+    missing: noting ``ours`` there loses nothing."""
+    return not isinstance(noted, Membership) or noted.epoch < ours.epoch
 
 
 def has_floor(obj: dict[str, Any]) -> bool:
@@ -286,7 +291,29 @@ class TokenFloor:
             silent=self.core.clusters.silent,
         )
 
-    async def _raise_floor(self, cluster: str, token: int) -> ClusterResult[int]:
+    async def set_first(
+        self, cluster: str, known: ClusterResult[tuple[int, Stored]] | None = None
+    ) -> ClusterResult[int] | None:
+        """Before a lease write that stores this engine's member set on ``cluster``: the
+        member's state object stores that set first, where it keeps an older one (or its
+        note was removed). None when the lease may be written; the failure otherwise.
+
+        So a lease never stores a newer set than its own state object (unless someone
+        removed the state object's note, which leaves it silent): removing the lease's
+        note, or the lease, lets the state object speak for the newer set, never for an
+        older one a machine with a stale record would take for agreement. ``known`` is
+        the state object as this attempt read it; where it already stores this set (or
+        a newer one), or is missing, nothing is written."""
+        if known is not None and known.ok and known.value is not None:
+            if known.detail == ABSENT or not _kept_is_behind(known.value[1], self.core.membership):
+                return None
+        result = await self._raise_floor(cluster, None)
+        return None if result.ok else result
+
+    async def _raise_floor(self, cluster: str, token: int | None) -> ClusterResult[int]:
+        """Raise ``cluster``'s token floor to ``token`` and note this engine's set on its
+        state object where it keeps an older one; ``token`` None: the set only, and a
+        missing state object is left missing (a missing one says nothing of any set)."""
         collection, path = state_paths(self.core.dep.namespace, self.core.dep.name, self.core.dep.storage)
         client = self.core.clusters.client(cluster)
         query = {"fieldManager": FIELD_MANAGER}
@@ -302,11 +329,13 @@ class TokenFloor:
 
         def decide(obj: dict[str, Any] | None) -> cas.Put[dict[str, Any]] | cas.Keep[int]:
             if obj is None:
+                if token is None:
+                    return cas.Keep(0)
                 body = genesis_state_object(self.core.dep.name, self.core.dep.storage, self.core.membership.document())
                 body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
                 return cas.Put(body)
             changes: dict[str, str] = {}
-            if token_floor(obj) < token or not has_floor(obj):
+            if token is not None and (token_floor(obj) < token or not has_floor(obj)):
                 # (a floor another client wrote is made ours, never lowered)
                 changes[A_TOKEN_FLOOR] = str(max(token, token_floor(obj)))
             if _set_on_state_is_behind(obj, self.core.membership):
@@ -323,7 +352,7 @@ class TokenFloor:
             else:
                 body = with_records(body, obj, clock.token_hex(6))
                 await client.request("PUT", path, body=body, query=query)  # resourceVersion: CAS
-            return token
+            return token or 0
 
         result = await cas.compare_and_swap(read, decide, write)
         match result:

@@ -10,6 +10,7 @@ from datetime import datetime
 from coordinator.engine.clusters import failed
 from coordinator.engine.fanout import ClusterResult, fan_out
 from coordinator.engine.lock.core import EngineCore
+from coordinator.engine.lock.floor import TokenFloor
 from coordinator.engine.lock.reports import held_detail
 from coordinator.engine.lock.results import ClusterLease, Decision
 from coordinator.errors import MembershipError
@@ -27,8 +28,9 @@ log = get_logger("coordinator.engine.lock")  # one logger for the whole engine
 class Members:
     """The member-set side of the engine."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, floor: TokenFloor) -> None:
         self.core = core
+        self.floor = floor  # a lease stores a set only after its state object does
 
     async def create_leases(self) -> dict[str, ClusterResult[ClusterLease]]:
         """Create the free leases of a new deployment, so that a lease missing later is
@@ -178,6 +180,17 @@ class Members:
                 body = self.core.lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder)
                 return body, "seeded with the lock" if cluster in seeding else "taken with the lock", ""
 
+            # The lease is written only after its state object stores the set (where this
+            # read says it will be written: a refusal writes nothing anywhere).
+            refused = None if isinstance(decide(view), ClusterResult) else await self.floor.set_first(cluster)
+            if refused is not None:
+                return ClusterResult(
+                    cluster,
+                    refused.outcome,
+                    ClusterLease(view, "not attempted"),
+                    detail="not written: the member set could not be noted on its state object first "
+                    f"({refused.detail or refused.outcome})",
+                )
             return await self.core.cas(cluster, view, decide)
 
         results = await fan_out(self.core.members, one, timeout=self.core.timeout, silent=self.core.clusters.silent)

@@ -1,0 +1,126 @@
+"""A member's lease never stores a newer member set than its own state object, and a
+state object that stores a newer set speaks against its member whatever the lease says.
+
+Found by the outside attack on member changes (docs/regressions.md): a `replace-cluster`
+with members killed and started between its steps left c1's lease at the new epoch and
+its state object at the old one, and c3's lease at the old epoch with its state object at
+the joint one. After `kubectl annotate lease ... coordinator.io/membership-` on c1, a
+machine whose record predated the change took c1 (its state object spoke for the silent
+lease) and c3 (its lease agreed) while the new set's machine took c2 and c4: two holders,
+the later one with the lower token. Everything runs on the real 5-cluster sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from coord_fixtures import COMMIT_TIMEOUT_S, Env
+from helpers.members import DEP, LEASE, STATE, acquire, kubectl_on, machine, pay, record, succeeded
+
+from coordinator.kube import client as kube
+from coordinator.kube.client import KubeError
+from coordinator.rules.membership import A_MEMBERSHIP, Membership, in_lease_object
+from coordinator.rules.resources import FIELD_MANAGER, configmaps_path, lease_path
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _sets(env: Env, index: int) -> tuple[Membership | None, Membership | None]:
+    """The member sets coordinator wrote on cluster ``index``: its lease's, its state object's."""
+
+    async def get(path: str) -> dict[str, Any]:
+        return await env.raw(index, "GET", path)
+
+    def written(obj: dict[str, Any]) -> Membership | None:
+        stored = in_lease_object(obj)
+        return stored if isinstance(stored, Membership) and stored.written_by_us else None
+
+    lease = anyio.run(get, lease_path(env.namespace, LEASE))
+    state = anyio.run(get, f"{configmaps_path(env.namespace)}/{STATE}")
+    return written(lease), written(state)
+
+
+# Broke before the fix: the joint and commit steps wrote c1's lease although its state
+# object refused every write, so c1's lease stored epoch 3 and its state object epoch 1;
+# with the lease's note removed, the state object spoke for the old set.
+
+
+def test_a_lease_never_stores_a_newer_set_than_its_state_object(dep5: Env, tmp_path: Path) -> None:
+    """`replace-cluster pay c3 c4` while c1's state object takes no write: the change
+    finishes on the other members, and c1's lease keeps the old set with its state
+    object. With c1's lease note then removed and c2 stopped, a machine whose record
+    predates the change is refused (exit 5): nothing on c1 speaks for the old set."""
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    from coordinator.ops.reconfig import change_members
+
+    async def main() -> None:
+        async with dep5.api(timeout=COMMIT_TIMEOUT_S) as c:
+            c1 = c.clusters.client("c1")
+            original = c1.request
+            state = f"{configmaps_path(dep5.namespace)}/{STATE}"
+
+            async def refusing(method: str, path: str, *args: Any, **kw: Any) -> Any:
+                if method != "GET" and (path == state or path == configmaps_path(dep5.namespace)):
+                    raise KubeError(kube.FORBIDDEN, "state object writes refused on c1 (test)", status=403)
+                return await original(method, path, *args, **kw)
+
+            c1.request = refusing  # type: ignore[method-assign]
+            await change_members(c, DEP, ["c1", "c2", "c4"], ttl=20)
+
+    anyio.run(main)
+    assert record(dep5).epoch == 3
+    for i in (1, 2, 3, 4):
+        on_lease, on_state = _sets(dep5, i)
+        if on_lease is not None and on_state is not None:
+            assert on_lease.epoch <= on_state.epoch, (f"c{i}", on_lease.epoch, on_state.epoch)
+    assert _sets(dep5, 1)[1] is not None and _sets(dep5, 1)[1].epoch == 1  # type: ignore[union-attr]
+    succeeded(kubectl_on(dep5, 1, "annotate", "lease", LEASE, f"{A_MEMBERSHIP}-"))
+    dep5.sandbox.pause(2)
+    try:
+        refused = acquire(stale, "stale", "--ttl", "30s")
+    finally:
+        dep5.sandbox.resume(2)
+    assert refused.returncode == 5, (refused.returncode, refused.stdout, refused.stderr)
+
+
+# Broke before the fix: an acquisition judged a member by its lease alone where the lease
+# stored a set; a state object storing a newer one was read and not heard.
+
+
+def test_a_state_object_with_a_newer_set_speaks_against_its_member(dep5: Env, tmp_path: Path) -> None:
+    """After `replace-cluster pay c3 c4`, c1's and c3's leases carry the old set again
+    as coordinator wrote it (as leases that missed the change's lease steps, while their
+    state objects saw them), and c2 is stopped. A machine whose record predates the
+    change reads c1 and c3, whose leases agree with it: their state objects store the
+    newer set, so it is refused (exit 5), not given the lock beside the new set's
+    majority c2, c4."""
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    old_set = _sets(dep5, 1)[0]
+    assert old_set is not None and old_set.epoch == 1
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
+    assert record(dep5).epoch == 3
+
+    async def old_note(index: int) -> None:
+        client = dep5.client(index)
+        try:
+            lease = (await client.request("GET", lease_path(dep5.namespace, LEASE))).body
+            lease["metadata"]["annotations"][A_MEMBERSHIP] = old_set.dump()
+            await client.request("PUT", lease_path(dep5.namespace, LEASE), body=lease,
+                                 query={"fieldManager": FIELD_MANAGER})  # fmt: skip
+        finally:
+            await client.close()
+
+    for i in (1, 3):
+        anyio.run(old_note, i)
+        on_lease, on_state = _sets(dep5, i)
+        assert on_lease == old_set and on_state is not None and on_state.epoch > 1, (i, on_lease, on_state)
+    dep5.sandbox.pause(2)
+    try:
+        refused = acquire(stale, "stale", "--ttl", "30s")
+    finally:
+        dep5.sandbox.resume(2)
+    assert refused.returncode == 5, (refused.returncode, refused.stdout, refused.stderr)
