@@ -210,10 +210,11 @@ def test_a_token_floor_annotated_lower_on_the_state_objects_does_not_repeat_a_to
         assert done.returncode == 0, done.stderr
     # The floors say nothing now; the leases kept their history (token 2).
     assert _token(_acquire(dep3, "third", "--ttl", "30s")) == 3
-    # The acquisition made the floors coordinator's again, at the new token.
-    for i in (1, 2, 3):
-        floor = anyio.run(dep3.raw, i, "GET", path)["metadata"]["annotations"]["coordinator.io/token-floor"]
-        assert floor == "3", (i, floor)
+    # The acquisition made the floors of a majority coordinator's again, at the new token
+    # (it counts once a majority has it: the third may land after the command returned).
+    floors = [anyio.run(dep3.raw, i, "GET", path)["metadata"]["annotations"]["coordinator.io/token-floor"]
+              for i in (1, 2, 3)]  # fmt: skip
+    assert floors.count("3") >= 2 and set(floors) <= {"0", "3"}, floors
     # Both records edited: the leases' tokens too. Nothing proves a new token but every
     # member's lease with a majority of floors, and the floors are gone: nothing is taken.
     assert dep3.cli("lock", "release", "web", "--holder", "third").returncode == 0
