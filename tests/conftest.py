@@ -34,6 +34,7 @@ import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import cliserver
 import pytest
@@ -94,10 +95,58 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+class FirstClusters:
+    """The first ``n`` clusters of a session sandbox, as a sandbox of ``n`` clusters.
+
+    ``sandbox3`` is the first three clusters of ``sandbox5``: a worker then runs five
+    idle clusters, not eight (an idle cluster costs 1.5-2 % of a core, CONTRIBUTING.md),
+    and starts three fewer. Tests run one at a time on a worker and every paused or
+    killed server is back before the next test, so sharing the clusters is no more than
+    what the tests of one sandbox already share. What counts clusters (``n``, the
+    contexts, the record) sees ``n``; the kubeconfig and the directory are the whole
+    sandbox's."""
+
+    def __init__(self, whole: sb.Sandbox, n: int) -> None:
+        self._whole = whole
+        self._n = n
+
+    def __repr__(self) -> str:
+        return f"FirstClusters({self._whole!r}, {self._n})"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._whole, name)
+
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @property
+    def record(self) -> Any:
+        whole = self._whole.record
+        return whole.model_copy(update={"clusters": whole.clusters[: self._n]})
+
+    @property
+    def contexts(self) -> list[str]:
+        return self._whole.contexts[: self._n]
+
+    @property
+    def restricted_contexts(self) -> list[str]:
+        return self._whole.restricted_contexts[: self._n]
+
+    @property
+    def token_contexts(self) -> list[str]:
+        return self._whole.token_contexts[: self._n]
+
+    @property
+    def servers(self) -> list[str]:
+        return self._whole.servers[: self._n]
+
+
 @pytest.fixture(scope="session")
-def sandbox3(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> sb.Sandbox:
-    """Three independent clusters, shared by the whole session."""
-    return _session_sandbox(3, tmp_path_factory, request)
+def sandbox3(sandbox5: sb.Sandbox) -> sb.Sandbox:
+    """Three independent clusters, shared by the whole session: the first three of
+    ``sandbox5`` (see FirstClusters)."""
+    return FirstClusters(sandbox5, 3)  # type: ignore[return-value]
 
 
 @pytest.fixture(scope="session")
