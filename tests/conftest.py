@@ -141,6 +141,11 @@ class FirstClusters:
     def servers(self) -> list[str]:
         return self._whole.servers[: self._n]
 
+    def mint_kubeconfig(self, user: str, groups: Any = (), *, clusters: Any = None, path: Any = None) -> Any:
+        """A kubeconfig of ``user`` for these clusters only (by default)."""
+        chosen = range(1, self._n + 1) if clusters is None else clusters
+        return self._whole.mint_kubeconfig(user, groups, clusters=chosen, path=path)
+
 
 @pytest.fixture(scope="session")
 def sandbox3(sandbox5: sb.Sandbox) -> sb.Sandbox:
