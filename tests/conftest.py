@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import dataclasses
 import secrets
 import signal
 import sys
@@ -42,6 +43,7 @@ import pytest
 import coordinator_sandbox as sb
 from coordinator.errors import UsageError
 from coordinator_sandbox import process as sb_process
+from coordinator_sandbox.records import cluster_of
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -140,6 +142,35 @@ class FirstClusters:
     @property
     def servers(self) -> list[str]:
         return self._whole.servers[: self._n]
+
+    def _index(self, index: int) -> int:
+        cluster_of(self.record, index)  # the same UsageError as a sandbox of n clusters
+        return index
+
+    def status(self) -> Any:
+        whole = self._whole.status()
+        return dataclasses.replace(whole, clusters=[c for c in whole.clusters if c.index <= self._n])
+
+    def pause(self, index: int, **kw: Any) -> None:
+        self._whole.pause(self._index(index), **kw)
+
+    def resume(self, index: int, **kw: Any) -> None:
+        self._whole.resume(self._index(index), **kw)
+
+    def kill(self, index: int, **kw: Any) -> None:
+        self._whole.kill(self._index(index), **kw)
+
+    def start(self, index: int) -> None:
+        self._whole.start(self._index(index))
+
+    def admin(self, index: int, **kw: Any) -> Any:
+        return self._whole.admin(self._index(index), **kw)
+
+    def context(self, index: int) -> str:
+        return self._whole.context(self._index(index))
+
+    def server(self, index: int) -> str:
+        return self._whole.server(self._index(index))
 
     def mint_kubeconfig(self, user: str, groups: Any = (), *, clusters: Any = None, path: Any = None) -> Any:
         """A kubeconfig of ``user`` for these clusters only (by default)."""

@@ -340,8 +340,10 @@ def restored(ctx: click.Context, name: str, yes: bool) -> None:
     says so. This makes every coordinator lease on NAME a tombstone: held by an unknown
     holder for one maximum TTL, keeping no token history, so that no lock that was live
     when the member was restored can be taken over, and the next fencing token is proven
-    by the other members. Run it as soon as the member answers again, before anyone
-    acquires. Exits 4 when NAME cannot be listed.
+    by the other members. The member-set note of every coordinator state object on NAME
+    is removed too (the backup's would speak for an old member set). Run it as soon as
+    the member answers again, before anyone acquires. Exits 4 when NAME cannot be listed
+    or an object could not be marked.
 
     Example: coordinator cluster restored eu-1 --yes
     """
@@ -382,21 +384,26 @@ def restored(ctx: click.Context, name: str, yes: bool) -> None:
             f"Could not list the leases on {name!r} ({error.kind}: {error.detail}); nothing was changed. Run "
             "this again when it answers, before anyone acquires a lock of its deployments."
         )
-    rows = [
-        {"namespace": t.namespace, "deployment": t.deployment, "outcome": t.outcome, "detail": t.detail} for t in done
-    ]
+    leases = [t for t in done if t.object == "lease"]
+    states = [t for t in done if t.object == "state"]
+
+    def rows_of(items: list[Any]) -> list[dict[str, str]]:
+        return [{"namespace": t.namespace, "deployment": t.deployment, "outcome": t.outcome, "detail": t.detail}
+                for t in items]  # fmt: skip
 
     def text() -> None:
-        ok = sum(1 for t in done if t.outcome == "ok")
-        say(f"Marked {ok} of {len(done)} lease(s) on {name} as held by an unknown holder for one maximum TTL.")
-        if rows:
+        ok = sum(1 for t in leases if t.outcome == "ok")
+        say(f"Marked {ok} of {len(leases)} lease(s) on {name} as held by an unknown holder for one maximum TTL.")
+        noted = sum(1 for t in states if t.outcome == "ok")
+        say(f"Removed the member-set note of {noted} of {len(states)} state object(s) on {name}.")
+        if done:
             table(
-                ["namespace", "deployment", "outcome", "detail"],
-                [[r["namespace"], r["deployment"], r["outcome"], r["detail"]] for r in rows],
+                ["object", "namespace", "deployment", "outcome", "detail"],
+                [[t.object, t.namespace, t.deployment, t.outcome, t.detail] for t in done],
             )
 
-    emit(ctx, {"cluster": name, "leases": rows}, text)
+    emit(ctx, {"cluster": name, "leases": rows_of(leases), "state_objects": rows_of(states)}, text)
     failed = [t for t in done if t.outcome != "ok"]
     if failed:
-        which = ", ".join(f"{t.namespace}/{t.deployment}: {t.outcome}" for t in failed)
-        raise NoQuorumError(f"{len(failed)} lease(s) on {name!r} could not be marked ({which}); run this again.")
+        which = ", ".join(f"{t.object} {t.namespace}/{t.deployment}: {t.outcome}" for t in failed)
+        raise NoQuorumError(f"{len(failed)} object(s) on {name!r} could not be marked ({which}); run this again.")

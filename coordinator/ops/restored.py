@@ -9,6 +9,13 @@ given out. So the operator says the member was restored, and every coordinator l
 becomes a tombstone: held by an unknown holder for one maximum TTL, with no token history
 (coordinator/rules/lease.py). Every lock that was live when the member was restored has ended
 before such a lease can be taken, and the next token is proven by the other members.
+
+The member's state objects come back with the member-set note of the backup's day too, and
+with its leases tombstoned (silent) that note would speak for the member: a machine whose
+record predates a member change made since would find it agreeing. So the note is removed
+from every coordinator state object on the member; a state object without one stays
+silent (coordinator/engine/lock/floor.py), and the member speaks by its leases again once
+they are taken.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from coordinator.kube import client as kube
 from coordinator.kube.client import KubeClient, KubeError
 from coordinator.rules.evidence import with_records
 from coordinator.rules.lease import A_NEXT, A_UID, A_VANISHED, HOLDER_ANNOTATIONS
+from coordinator.rules.membership import A_MEMBERSHIP
 from coordinator.rules.resources import FIELD_MANAGER, micro_time
 
 ALL_LEASES = "/apis/coordination.k8s.io/v1/leases"
@@ -30,14 +38,19 @@ SELECTOR = "coordinator.io/managed-by=coordinator"
 LEASE_PREFIX = "coordinator-lock-"
 
 
+STATE_KINDS = (("ConfigMap", "/api/v1/configmaps"), ("Secret", "/api/v1/secrets"))
+STATE_PREFIX = "coordinator-state-"
+
+
 @dataclass
 class Tombstoned:
-    """What became of one lease of the restored member."""
+    """What became of one lease (or state object) of the restored member."""
 
     namespace: str
     deployment: str
     outcome: str  # ok, or why not
     detail: str
+    object: str = "lease"
 
 
 def tombstone_body(obj: dict[str, Any], now: str) -> dict[str, Any]:
@@ -91,9 +104,57 @@ async def _tombstone(client: KubeClient, item: dict[str, Any]) -> Tombstoned | N
     assert_never(result)
 
 
+def silenced_state_body(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """``obj`` (a state object) without its member-set note; None when it has none."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if A_MEMBERSHIP not in annotations:
+        return None
+    meta = dict(obj.get("metadata") or {})
+    meta["annotations"] = {k: v for k, v in annotations.items() if k != A_MEMBERSHIP}
+    return {**obj, "metadata": meta}
+
+
+async def _silence(client: KubeClient, kind: str, item: dict[str, Any]) -> Tombstoned | None:
+    """Remove the member-set note from one state object (see the module doc)."""
+    meta = item.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    if not name.startswith(STATE_PREFIX):
+        return None
+    namespace = str(meta.get("namespace", ""))
+    plural = "configmaps" if kind == "ConfigMap" else "secrets"
+    path = f"/api/v1/namespaces/{namespace}/{plural}/{name}"
+
+    async def read() -> dict[str, Any]:
+        body: dict[str, Any] = (await client.request("GET", path)).body
+        return body
+
+    def decide(obj: dict[str, Any]) -> cas.Put[dict[str, Any]] | cas.Keep[None]:
+        body = silenced_state_body(obj)
+        return cas.Keep(None) if body is None else cas.Put(body)
+
+    async def write(obj: dict[str, Any], body: dict[str, Any]) -> None:
+        body = with_records(body, obj, clock.token_hex(6))
+        await client.request("PUT", path, body=body, query={"fieldManager": FIELD_MANAGER})
+
+    deployment = name[len(STATE_PREFIX) :]
+    result = await cas.compare_and_swap(read, decide, write, current=item)
+    match result:
+        case cas.Written() | cas.Decided():
+            return Tombstoned(namespace, deployment, "ok", "member-set note removed", object="state")
+        case cas.ReadFailed(error=err) | cas.WriteFailed(error=err):
+            if err.kind == kube.NOT_FOUND:
+                return Tombstoned(namespace, deployment, "ok", "deleted meanwhile", object="state")
+            return Tombstoned(namespace, deployment, str(err.kind), err.detail, object="state")
+        case cas.Raced():
+            return Tombstoned(namespace, deployment, "conflict", "lost the compare-and-swap race repeatedly",
+                              object="state")  # fmt: skip
+    assert_never(result)
+
+
 async def tombstone_member(clusters: ClusterSet, name: str) -> tuple[list[Tombstoned], KubeError | None]:
-    """Make every coordinator lease on cluster ``name`` a tombstone. Returns what became
-    of each, and the error that kept the cluster from being listed (None if it was)."""
+    """Make every coordinator lease on cluster ``name`` a tombstone, and remove the
+    member-set note of every coordinator state object there. Returns what became of
+    each, and the error that kept the leases from being listed (None if they were)."""
     client = clusters.client(name)
     try:
         await clusters.check_identity(name)
@@ -104,4 +165,13 @@ async def tombstone_member(clusters: ClusterSet, name: str) -> tuple[list[Tombst
     for item in listed.get("items") or []:
         if isinstance(item, dict) and (one := await _tombstone(client, item)) is not None:
             done.append(one)
+    for kind, collection in STATE_KINDS:
+        try:
+            objects = (await client.request("GET", collection, query={"labelSelector": SELECTOR})).body
+        except KubeError as err:
+            done.append(Tombstoned("*", "*", str(err.kind), f"could not list {kind}s: {err.detail}", object="state"))
+            continue
+        for item in objects.get("items") or []:
+            if isinstance(item, dict) and (one := await _silence(client, kind, item)) is not None:
+                done.append(one)
     return done, None

@@ -462,7 +462,7 @@ class Injector:
 
         def put_back() -> None:
             from coordinator.engine.register import DATA_KEY, PROMISE_ANNOTATION
-            from coordinator.ops.restored import tombstone_body
+            from coordinator.ops.restored import silenced_state_body, tombstone_body
             from coordinator.rules.resources import FIELD_MANAGER, micro_time
 
             def same_state(a: Any, b: Any) -> bool:
@@ -491,6 +491,14 @@ class Injector:
                                                  query={"fieldManager": FIELD_MANAGER}, force=True)  # fmt: skip
                 if status != 200:
                     sim.recorder.problem(f"restore of {name}: the tombstoning write answered {status}")
+            # ... which also removes the state object's member-set note of the snapshot.
+            state = store.objects.get(state_key)
+            silenced = silenced_state_body(copy.deepcopy(state)) if state is not None else None
+            if silenced is not None:
+                status, _ = self._server_request(name, "PUT", self._state_path(), body=silenced,
+                                                 query={"fieldManager": FIELD_MANAGER}, force=True)  # fmt: skip
+                if status != 200:
+                    sim.recorder.problem(f"restore of {name}: removing the state object's note answered {status}")
             sim.note(f"restored {name} from the snapshot of {fault.at:.1f}s and tombstoned its lease")
 
         return restore

@@ -267,12 +267,16 @@ class Acquire:
                 return  # the other members' answers may still make up for it
             views = list(reads.values())
             stored = {c: self.core.stored_membership(v) for c, v in reads.items()}
-            for c in stored:
+            for c in list(stored):
                 # A state object that keeps a newer set than this machine's speaks against
                 # its member whatever the lease says: a lease can miss the steps of a change
-                # that the state object saw.
-                on_state = state_reads[c].value if c in state_reads and state_reads[c].ok else None
-                newer = self.core.newer_set(on_state[1]) if on_state is not None else None
+                # that the state object saw. One that could not be read (unreachable, or an
+                # envelope garbled) may be such a one: its member is not heard at all.
+                on_state = state_reads.get(c)
+                if on_state is None or not on_state.ok:
+                    del stored[c]
+                    continue
+                newer = self.core.newer_set(on_state.value[1]) if on_state.value is not None else None
                 if newer is not None:
                     stored[c] = newer
             verdict = self.core.check_members(stored)

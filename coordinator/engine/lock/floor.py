@@ -81,9 +81,15 @@ def _set_on_state_is_behind(obj: dict[str, Any], ours: Membership) -> bool:
 
 
 def _kept_is_behind(noted: Stored, ours: Membership) -> bool:
-    """Whether a state object's noted set (see set_on_state) is older than ``ours``, or
-    missing: noting ``ours`` there loses nothing."""
-    return not isinstance(noted, Membership) or noted.epoch < ours.epoch
+    """Whether a state object's noted set (see set_on_state) is an older one of
+    coordinator's than ``ours``: only such a note is raised to ``ours``.
+
+    A missing note (never written, removed, or written by another client) is left
+    missing. A write is decided before it lands, and may land late: a note written where
+    none is could put back a set from before a member change that someone's removal of
+    the note had left silent, and a member that then says nothing on its lease would
+    agree with a stale record. Raising an older note never goes below what is there."""
+    return isinstance(noted, Membership) and noted.epoch < ours.epoch
 
 
 def has_floor(obj: dict[str, Any]) -> bool:
@@ -147,11 +153,12 @@ def kept_set_speaks(lease_set: Stored, kept: Stored, ours: Membership) -> Member
 
 
 def genesis_state_object(
-    deployment: str, storage: str, membership: dict[str, Any], *, seeded: bool = False
+    deployment: str, storage: str, membership: dict[str, Any] | None, *, seeded: bool = False
 ) -> dict[str, Any]:
-    """A state object holding the empty state of ``deployment`` and its member set;
-    ``seeded`` for `deployment create`'s (an answer to reads, register.SEEDED_ANNOTATION),
-    not for one made later where the object was missing (it may have been deleted)."""
+    """A state object holding the empty state of ``deployment`` and its member set (None:
+    no note of one); ``seeded`` for `deployment create`'s (an answer to reads,
+    register.SEEDED_ANNOTATION), not for one made later where the object was missing (it
+    may have been deleted)."""
     from coordinator.engine.register import DATA_KEY, NOTE, NOTE_ANNOTATION, SEEDED_ANNOTATION, genesis_text
 
     text = genesis_text(deployment, membership)
@@ -159,7 +166,7 @@ def genesis_state_object(
     annotations = {NOTE_ANNOTATION: NOTE, A_TOKEN_FLOOR: "0"}  # no token granted yet
     if seeded:
         annotations[SEEDED_ANNOTATION] = "true"
-    noted = Membership.parse(membership)
+    noted = Membership.parse(membership) if membership is not None else None
     if noted is not None:
         annotations[A_MEMBERSHIP] = noted.dump()
     body: dict[str, Any] = {
@@ -303,7 +310,7 @@ class TokenFloor:
         note, or the lease, lets the state object speak for the newer set, never for an
         older one a machine with a stale record would take for agreement. ``known`` is
         the state object as this attempt read it; where it already stores this set (or
-        a newer one), or is missing, nothing is written."""
+        a newer one), or is missing or carries no note, nothing is written."""
         if known is not None and known.ok and known.value is not None:
             if known.detail == ABSENT or not _kept_is_behind(known.value[1], self.core.membership):
                 return None
@@ -331,7 +338,10 @@ class TokenFloor:
             if obj is None:
                 if token is None:
                     return cas.Keep(0)
-                body = genesis_state_object(self.core.dep.name, self.core.dep.storage, self.core.membership.document())
+                # Made with the floor and no member-set note: this write may land long
+                # after it was decided, where the object was deleted after a member
+                # change, and a note of this engine's set could be a stale one.
+                body = genesis_state_object(self.core.dep.name, self.core.dep.storage, None)
                 body["metadata"]["annotations"][A_TOKEN_FLOOR] = str(token)
                 return cas.Put(body)
             changes: dict[str, str] = {}

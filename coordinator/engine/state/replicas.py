@@ -15,7 +15,7 @@ from coordinator.engine import cas
 from coordinator.engine.clusters import ClusterSet
 from coordinator.engine.fanout import ClusterResult, fan_out
 from coordinator.engine.lock.core import checked, membership_error, recorded_membership
-from coordinator.engine.lock.floor import envelope_evidence, kept_set_speaks, set_on_state
+from coordinator.engine.lock.floor import envelope_evidence, has_floor, kept_set_speaks, set_on_state, token_floor
 from coordinator.engine.register import (
     Choice,
     Kind,
@@ -107,13 +107,18 @@ class Replicas:
             resp = await client.request("POST", self.collection, body=body, query=query)
         return decode_replica(rep.cluster, resp.body, self.storage, deployment=self.dep.name)
 
-    async def cas(self, rep: Replica, stamp: Stamp, kind: Kind, text: str | None) -> ClusterResult[Replica]:
+    async def cas(
+        self, rep: Replica, stamp: Stamp, kind: Kind, text: str | None, *, holder: bool = False
+    ) -> ClusterResult[Replica]:
         """Give ``rep`` the promise (``text`` None) or the envelope ``text`` of ``stamp``,
-        if the replica's rule lets it take it; compare-and-swap, re-judged on each retry."""
+        if the replica's rule lets it take it; compare-and-swap, re-judged on each retry.
+        ``holder``: a lock holder's own write under its token (fenced by the token floor
+        too, see floor_fenced); a repair or a sync writes a value with the stamp it was
+        written under."""
         cluster = rep.cluster
 
         def decide(rep: Replica) -> cas.Put[dict[str, Any]] | cas.Keep[ClusterResult[Replica]]:
-            fenced = self.fenced(rep)
+            fenced = self.fenced(rep) or (self.floor_fenced(rep, stamp) if holder else None)
             if fenced is not None:
                 return cas.Keep(ClusterResult(cluster, Outcome.CONFLICT, rep, detail=fenced))
             verdict = judge(rep, stamp, kind)
@@ -167,6 +172,20 @@ class Replicas:
                 f"counts with epoch {self.membership.epoch})"
             )
         return None
+
+    @staticmethod
+    def floor_fenced(rep: Replica, stamp: Stamp) -> str | None:
+        """Why the object refuses a lock holder's promise or write under ``stamp``: its
+        token floor (coordinator's) is above the stamp's fencing token. The floor is
+        raised before an acquisition counts, so a lock with a higher token was granted
+        since this one: the holder of this stamp's lock lost it, whatever else was
+        removed from the object (its member-set note, say)."""
+        if not rep.obj or not has_floor(rep.obj):
+            return None
+        floor = token_floor(rep.obj)
+        if floor <= stamp.token:
+            return None
+        return f"refused: a lock with a higher fencing token was granted since (token floor {floor} > {stamp.token})"
 
     async def read_all(
         self, *, early: bool = False, newer_ok: bool = False, writing: bool = False

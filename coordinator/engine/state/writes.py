@@ -226,7 +226,7 @@ class Writes:
         promises = await fan_out(
             list(reps),
             lambda c: self.replicas.cas(
-                reps[c], stamp, Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE, None
+                reps[c], stamp, Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE, None, holder=True
             ),
             timeout=self.replicas.clusters.timeout,
         )
@@ -239,7 +239,7 @@ class Writes:
                 latest[k] = r.value
         writes = await fan_out(
             list(reps),
-            lambda c: self.replicas.cas(latest[c], stamp, kinds[c], text),
+            lambda c: self.replicas.cas(latest[c], stamp, kinds[c], text, holder=True),
             timeout=self.replicas.clusters.timeout,
         )
         merged: dict[str, ClusterResult[Any]] = {}

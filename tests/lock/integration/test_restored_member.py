@@ -90,3 +90,27 @@ def test_cluster_restored_needs_yes_without_a_terminal_and_a_known_cluster(dep3:
     assert asked.returncode == 2 and "use --yes" in asked.stderr
     # Nothing was changed: the lease is still free and takeable.
     assert dep3.cli("lock", "acquire", "web", "--holder", "x", "--ttl", "5s").returncode == 0
+
+
+# Broke before the fix (outside attack on the member-set order, finding F2): `cluster
+# restored` tombstoned the leases and left the state objects' member-set note of the
+# backup's day, which then spoke for the member in place of its silent lease.
+
+
+def test_cluster_restored_removes_the_member_set_note_of_the_state_objects(sandbox3: Any, tmp_path: Path) -> None:
+    env = make_env(sandbox3, tmp_path)
+    _, state = _paths(env)
+    before = anyio.run(env.raw, 1, "GET", state)["metadata"]["annotations"]
+    assert "coordinator.io/membership" in before, before
+    done = env.cli("-o", "json", "cluster", "restored", "c1", "--yes")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["state_objects"]
+    assert {
+        "namespace": env.namespace,
+        "deployment": "web",
+        "outcome": "ok",
+        "detail": "member-set note removed",
+    } in rows
+    after = anyio.run(env.raw, 1, "GET", state)["metadata"]["annotations"]
+    assert "coordinator.io/membership" not in after, after
+    assert "coordinator.io/membership" in anyio.run(env.raw, 2, "GET", state)["metadata"]["annotations"]

@@ -121,6 +121,44 @@ def test_a_state_object_with_a_newer_set_speaks_against_its_member(dep5: Env, tm
     dep5.sandbox.pause(2)
     try:
         refused = acquire(stale, "stale", "--ttl", "30s")
+        assert refused.returncode == 5, (refused.returncode, refused.stdout, refused.stderr)
+        # A state object that cannot be read may be such a one: its member is not heard
+        # (finding F3 of the second attack: garbled, the envelope silenced the note).
+        for i in (1, 3):
+            patch = '{"data":{"envelope.json":"garbled"}}'
+            succeeded(kubectl_on(dep5, i, "patch", "configmap", STATE, "--type=merge", "-p", patch))
+        unheard = acquire(stale, "stale", "--ttl", "30s")
+        assert unheard.returncode == 4, (unheard.returncode, unheard.stdout, unheard.stderr)
     finally:
         dep5.sandbox.resume(2)
-    assert refused.returncode == 5, (refused.returncode, refused.stdout, refused.stderr)
+
+
+# Broke before the fix (outside attack on the member-set order, finding F1): a floor raise
+# decided under the old set and landing after the change, where the state object's note
+# had been removed (or the object deleted), wrote the old set there as coordinator's.
+
+
+def test_a_late_write_never_notes_an_old_set_where_the_note_was_removed(dep5: Env, tmp_path: Path) -> None:
+    """After `replace-cluster pay c3 c4`, c1's state object loses its note (`kubectl
+    annotate ... coordinator.io/membership-`), then is deleted. Writes of a machine
+    whose record predates the change, landing now as a delayed one would (the token
+    floor of its acquisition, the note before a take), leave it without a note: it stays
+    silent, never speaking for the old set."""
+    pay(dep5, "c1", "c2", "c3")
+    stale = machine(dep5, tmp_path, "stale")
+    succeeded(dep5.cli("deployment", "replace-cluster", DEP, "c3", "c4", "--ttl", "10s"))
+    state = f"{configmaps_path(dep5.namespace)}/{STATE}"
+    succeeded(kubectl_on(dep5, 1, "annotate", "configmap", STATE, f"{A_MEMBERSHIP}-"))
+
+    async def late(delete_first: bool) -> None:
+        if delete_first:
+            await dep5.raw(1, "DELETE", state)
+        async with stale.api(timeout=COMMIT_TIMEOUT_S) as c:
+            floor = c.lock_engine(DEP)._floor
+            assert await floor.set_first("c1") is None
+            assert (await floor._raise_floor("c1", 1)).ok
+
+    for delete_first in (False, True):
+        anyio.run(late, delete_first)
+        annotations = anyio.run(dep5.raw, 1, "GET", state)["metadata"]["annotations"]
+        assert A_MEMBERSHIP not in annotations, (delete_first, annotations)

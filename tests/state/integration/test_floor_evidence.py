@@ -351,8 +351,9 @@ def test_a_namespace_recreated_on_one_member_neither_repeats_a_token_nor_blocks_
     c3's namespace is wiped (one member: its lease and state object gone together); then
     the leases of c1 and c2 are deleted too. HELD. Bob's state read hears c1 last: c3's
     missing object says nothing, so the read must wait for c1 and Bob's token be above T;
-    his acquisition recreates c3's state object with a floor and the member set. Every
-    lease deleted again: Carol above Bob."""
+    his acquisition recreates c3's state object with a floor and no member-set note (a
+    floor write may land late, after a member change: docs/design.md). Every lease
+    deleted again: Carol above Bob, the notes of c1 and c2 confirming the set."""
     alice = take(short, "alice")
     release(short, "alice")
     # (the sandbox runs no namespace controller, so a deleted namespace never finishes
@@ -365,7 +366,7 @@ def test_a_namespace_recreated_on_one_member_neither_repeats_a_token_nor_blocks_
     assert isinstance(bob, int) and bob > alice["fencing_token"], (alice, bob)
     recreated = state_obj(short, 3)
     assert recreated is not None and floor_on(short, 3) is not None, recreated
-    assert A_MEMBERSHIP in recreated["metadata"]["annotations"], recreated["metadata"]
+    assert A_MEMBERSHIP not in recreated["metadata"]["annotations"], recreated["metadata"]
     delete_all_leases(short)
     carol = acquire_with_c1_slow(short, "carol", monkeypatch)
     assert isinstance(carol, int) and carol > bob, (alice, bob, carol)
@@ -410,3 +411,41 @@ def test_the_longest_floor_read_does_not_leave_the_lock_unrecoverable(short: Env
         carol = acquire(short, "carol", "--ttl", "8s", "--wait", "20s", "--max-server-skew", "0s")
     assert carol.returncode == 0, (lengths, first, carol.returncode, carol.stderr.strip()[-400:])
     assert doc(carol)["fencing_token"] > bob["fencing_token"]
+
+
+# Broke before the fix (outside attack on the member-set order, finding F4): a state write
+# paused after its promises, resumed after its lock was lost and a member change noted a
+# newer set, landed where someone had removed that note: confirmed on a majority, then
+# lost. The token floor, which no holder of that write's lock can be above, now fences it.
+
+
+def test_a_promise_or_write_below_a_state_objects_floor_is_refused(dep3: Env) -> None:
+    """Two locks were granted (tokens 1 and 2), so the floors say 2: a lock holder's
+    promise or write with token 1 is refused by the object itself, whatever the lease
+    says. (A read repair or a sync writes a value back with the stamp it was written
+    under, and is not fenced so: tests/security/integration/test_granted_user_limits.py
+    syncs a garbled replica after a later acquisition.)"""
+    from coordinator.engine.register import Kind, Stamp
+
+    for holder in ("first", "second"):
+        assert doc(acquire(dep3, holder, "--ttl", "30s"))["fencing_token"] >= 1
+        assert dep3.cli("lock", "release", "web", "--holder", holder).returncode == 0
+
+    async def main() -> None:
+        async with dep3.api(timeout=10) as c:
+            replicas = c.state("web").replicas
+            judged = 0
+            for cluster in ("c1", "c2", "c3"):
+                rep = (await replicas.read_one(cluster, with_lease=False)).replica
+                floor = int(rep.obj["metadata"]["annotations"][FLOOR])
+                if floor < 2:
+                    continue  # the floor is raised on a majority; this one was not reached
+                stale = Stamp(token=1, version=99, write_id="late")
+                for kind in (Kind.PROMISE, Kind.WRITE):
+                    refused = await replicas.cas(rep, stale, kind, None if kind is Kind.PROMISE else "{}", holder=True)
+                    assert not refused.ok and "granted since" in refused.detail, (cluster, kind, refused.detail)
+                assert replicas.floor_fenced(rep, Stamp(token=floor, version=99, write_id="x")) is None
+                judged += 1
+            assert judged >= 2  # a majority carries the floor of the second lock
+
+    anyio.run(main)
