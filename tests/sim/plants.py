@@ -261,10 +261,10 @@ def _sync_over_newer_promise(stack: ExitStack) -> None:
         if what != "sync":
             need_decoded(self, results, what, *args, **kwargs)
 
-    async def overwrite(self: Any, rep: Any, stamp: Any, kind: Any, text: Any) -> Any:
+    async def overwrite(self: Any, rep: Any, stamp: Any, kind: Any, text: Any, **kw: Any) -> Any:
         if syncing.get() and kind is Kind.WRITE and rep.corrupt:
             kind = Kind.OVERWRITE
-        return await cas(self, rep, stamp, kind, text)
+        return await cas(self, rep, stamp, kind, text, **kw)
 
     _set(stack, sync, "corrupt_promised_newer", lambda reps, corrupt, stamp: [])
     _set(stack, sync.Sync, "sync", old_sync)
@@ -274,9 +274,11 @@ def _sync_over_newer_promise(stack: ExitStack) -> None:
 
 def _no_fencing(stack: ExitStack) -> None:
     """Writers do not fence: no check that the lock id holds a majority, no refusal of a
-    newer holder's token, and a stamp that outranks whatever the replicas hold."""
+    newer holder's token (nor by the replicas' token floor), and a stamp that outranks
+    whatever the replicas hold."""
     from coordinator.engine import register
     from coordinator.engine.state import writes
+    from coordinator.engine.state.replicas import Replicas
 
     def holder_token(self: Any, seen: Any, lock_id: str, unheard: Any) -> int:
         tokens = [o.lease.token for o in seen.values() if o.lease is not None]
@@ -292,6 +294,10 @@ def _no_fencing(stack: ExitStack) -> None:
     _set(stack, writes.Writes, "_holder_token", holder_token)
     _set(stack, writes, "newer_token", lambda replicas, token, evidence: None)
     _set(stack, writes, "next_stamp", any_stamp)
+    # (a staticmethod: saved and put back as the class holds it, not as getattr gives it)
+    saved = vars(Replicas)["floor_fenced"]
+    Replicas.floor_fenced = staticmethod(lambda rep, stamp: None)  # type: ignore[method-assign]
+    stack.callback(setattr, Replicas, "floor_fenced", saved)
 
 
 def _no_namespace_for_joining_members(stack: ExitStack) -> None:

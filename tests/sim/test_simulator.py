@@ -197,7 +197,7 @@ FOUND = {
     "namespace-not-made": (1005, 60.0, "store no member set"),
     "no-skew-margin": (1026, 300.0, "critical sections overlap"),
     "no-token-floor": (1000, 120.0, "was reused"),
-    "renew-retakes": (1094, 60.0, "a break did not stick"),
+    "renew-retakes": (1027, 120.0, "a break did not stick"),
     "sync-over-promise": (1028, 120.0, "linearizab"),
     "unconfirmed-take": (5009, 120.0, "critical sections overlap"),
 }
