@@ -374,7 +374,8 @@ def restored(ctx: click.Context, name: str, yes: bool) -> None:
     async def go() -> Any:
         clusters = ClusterSet(cfg, timeout=app.timeout)
         try:
-            return await tombstone_member(clusters, name)
+            known = [(d.namespace, d.name) for d in cfg.deployments.values() if name in (*d.clusters, *(d.joint or ()))]
+            return await tombstone_member(clusters, name, known)
         finally:
             await clusters.aclose()
 

@@ -20,6 +20,7 @@ they are taken.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 
@@ -34,11 +35,10 @@ from coordinator.rules.membership import A_MEMBERSHIP
 from coordinator.rules.resources import FIELD_MANAGER, micro_time
 
 ALL_LEASES = "/apis/coordination.k8s.io/v1/leases"
-SELECTOR = "coordinator.io/managed-by=coordinator"
 LEASE_PREFIX = "coordinator-lock-"
 
 
-STATE_KINDS = (("ConfigMap", "/api/v1/configmaps"), ("Secret", "/api/v1/secrets"))
+STATE_KINDS = (("ConfigMap", "configmaps"), ("Secret", "secrets"))
 STATE_PREFIX = "coordinator-state-"
 
 
@@ -151,27 +151,41 @@ async def _silence(client: KubeClient, kind: str, item: dict[str, Any]) -> Tombs
     assert_never(result)
 
 
-async def tombstone_member(clusters: ClusterSet, name: str) -> tuple[list[Tombstoned], KubeError | None]:
+async def tombstone_member(
+    clusters: ClusterSet, name: str, known: Sequence[tuple[str, str]] = ()
+) -> tuple[list[Tombstoned], KubeError | None]:
     """Make every coordinator lease on cluster ``name`` a tombstone, and remove the
     member-set note of every coordinator state object there. Returns what became of
-    each, and the error that kept the leases from being listed (None if they were)."""
+    each, and the error that kept the leases from being listed (None if they were).
+
+    Objects are found by name, not by coordinator's label, which anyone who may edit
+    them can remove: every Lease of the cluster is listed and those named
+    ``coordinator-lock-*`` are tombstoned; the state objects are looked up by name in
+    each (namespace, deployment) those leases name and in ``known`` (the deployments
+    this machine records with ``name`` as a member: their lease may be gone)."""
     client = clusters.client(name)
     try:
         await clusters.check_identity(name)
-        listed = (await client.request("GET", ALL_LEASES, query={"labelSelector": SELECTOR})).body
+        listed = (await client.request("GET", ALL_LEASES)).body
     except KubeError as err:
         return [], err
     done: list[Tombstoned] = []
+    pairs = dict.fromkeys(known)
     for item in listed.get("items") or []:
         if isinstance(item, dict) and (one := await _tombstone(client, item)) is not None:
             done.append(one)
-    for kind, collection in STATE_KINDS:
-        try:
-            objects = (await client.request("GET", collection, query={"labelSelector": SELECTOR})).body
-        except KubeError as err:
-            done.append(Tombstoned("*", "*", str(err.kind), f"could not list {kind}s: {err.detail}", object="state"))
-            continue
-        for item in objects.get("items") or []:
+            pairs[(one.namespace, one.deployment)] = None
+    for namespace, deployment in pairs:
+        for kind, _ in STATE_KINDS:
+            plural = "configmaps" if kind == "ConfigMap" else "secrets"
+            path = f"/api/v1/namespaces/{namespace}/{plural}/{STATE_PREFIX}{deployment}"
+            try:
+                item = (await client.request("GET", path)).body
+            except KubeError as err:
+                if err.kind != kube.NOT_FOUND:
+                    done.append(Tombstoned(namespace, deployment, str(err.kind), f"{kind}: {err.detail}",
+                                           object="state"))  # fmt: skip
+                continue
             if isinstance(item, dict) and (one := await _silence(client, kind, item)) is not None:
                 done.append(one)
     return done, None

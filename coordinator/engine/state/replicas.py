@@ -256,12 +256,20 @@ class Replicas:
         raise membership_error(verdict, self.dep.name, {self.clusters.record(m).identity: m for m in self.members})
 
     def members_verdict(self, results: Mapping[str, ClusterResult[Observed]]) -> Check:
+        """The members' verdict on this machine's set, each member heard as an
+        acquisition hears it (lock/acquire.py): a state object that keeps another set at
+        the same or a newer epoch speaks against its member whatever the lease says (a
+        lease can miss the steps of a change its state object saw), and where the lease
+        says nothing the state object's set speaks for it."""
         stored: dict[str, Stored] = {}
         for k, r in results.items():
             if not (r.ok and r.value):
                 continue
             found = stored_in_lease(r.value.lease) if r.value.lease is not None else None
-            if says_nothing(found, self.membership) and r.value.replica.obj:  # else no envelope to parse
+            noted = set_on_state(r.value.replica.obj) if r.value.replica.obj else None
+            if noted is not None and noted != self.membership and noted.epoch >= self.membership.epoch:
+                found = noted
+            elif says_nothing(found, self.membership) and r.value.replica.obj:  # else no envelope to parse
                 evidence = envelope_evidence(r.value.replica.obj, secret=self.storage == "secret")
                 speaks = kept_set_speaks(found, evidence[1] if evidence is not None else None, self.membership)
                 if speaks is not None:

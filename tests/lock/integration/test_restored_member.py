@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 from coord_fixtures import Env, make_env
+from faults.kubectl import kubectl
 
 from coordinator.rules.resources import configmaps_path, lease_path
 
@@ -114,3 +115,22 @@ def test_cluster_restored_removes_the_member_set_note_of_the_state_objects(sandb
     after = anyio.run(env.raw, 1, "GET", state)["metadata"]["annotations"]
     assert "coordinator.io/membership" not in after, after
     assert "coordinator.io/membership" in anyio.run(env.raw, 2, "GET", state)["metadata"]["annotations"]
+
+
+# Broke before the fix (second attack on the member-set order, findings G3 and G3b):
+# `cluster restored` found the objects by coordinator's label, which anyone who may edit
+# them can remove: an unlabelled lease kept its old holder and token, an unlabelled state
+# object its old member-set note.
+
+
+def test_cluster_restored_finds_objects_whose_label_was_removed(sandbox3: Any, tmp_path: Path) -> None:
+    env = make_env(sandbox3, tmp_path)
+    lease, state = _paths(env)
+    for kind, name in (("lease", LEASE), ("configmap", "coordinator-state-web")):
+        done = kubectl(env.kubeconfig, 1, env.namespace, "label", kind, name, "coordinator.io/managed-by-")
+        assert done.returncode == 0, done.stderr
+    assert "coordinator.io/managed-by" not in (anyio.run(env.raw, 1, "GET", lease)["metadata"].get("labels") or {})
+    done = env.cli("-o", "json", "cluster", "restored", "c1", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "coordinator.io/vanished" in anyio.run(env.raw, 1, "GET", lease)["metadata"]["annotations"]
+    assert "coordinator.io/membership" not in anyio.run(env.raw, 1, "GET", state)["metadata"]["annotations"]

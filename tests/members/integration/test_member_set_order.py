@@ -122,6 +122,10 @@ def test_a_state_object_with_a_newer_set_speaks_against_its_member(dep5: Env, tm
     try:
         refused = acquire(stale, "stale", "--ttl", "30s")
         assert refused.returncode == 5, (refused.returncode, refused.stdout, refused.stderr)
+        # The state commands hear the members the same way (second attack, finding G4:
+        # a stale read returned the value from before a confirmed write).
+        read = stale.cli("-o", "json", "--timeout", "3s", "state", "get", DEP)
+        assert read.returncode == 5, (read.returncode, read.stdout, read.stderr)
         # A state object that cannot be read may be such a one: its member is not heard
         # (finding F3 of the second attack: garbled, the envelope silenced the note).
         for i in (1, 3):
@@ -162,3 +166,40 @@ def test_a_late_write_never_notes_an_old_set_where_the_note_was_removed(dep5: En
         anyio.run(late, delete_first)
         annotations = anyio.run(dep5.raw, 1, "GET", state)["metadata"]["annotations"]
         assert A_MEMBERSHIP not in annotations, (delete_first, annotations)
+
+
+# Broke before the fix (second attack on the member-set order, finding G1): the state
+# object `deployment create` seeds carried the epoch-1 set and the seeded mark in its
+# create, which has no precondition; held up on the network, it landed after a member
+# change and a deletion of the object, and the old set spoke for c1 again.
+
+
+def test_a_seed_whose_create_lands_alone_says_nothing(dep5: Env) -> None:
+    """The create of a member's seeded state object lands, and the call gives up before
+    the object is marked (as a create held up on the network lands after its command
+    ended): the object carries no member set and no seeded mark, so it speaks for no
+    set and answers no read."""
+    from coordinator.engine.register import SEEDED_ANNOTATION
+    from coordinator.ops.admin import seed_state
+
+    pay(dep5, "c1", "c2", "c3")
+    state = f"{configmaps_path(dep5.namespace)}/{STATE}"
+    anyio.run(dep5.raw, 1, "DELETE", state)
+
+    async def main() -> None:
+        async with dep5.api(timeout=COMMIT_TIMEOUT_S) as c:
+            client = c.clusters.client("c1")
+            original = client.request
+
+            async def gone_after_create(method: str, path: str, *args: Any, **kw: Any) -> Any:
+                if method == "PUT":
+                    raise KubeError(kube.UNREACHABLE, "the call gave up (test)")
+                return await original(method, path, *args, **kw)
+
+            client.request = gone_after_create  # type: ignore[method-assign]
+            rec = c.deployment(DEP)
+            await seed_state(c.clusters, rec, "c1", c.lock_engine(DEP).membership.document())
+
+    anyio.run(main)
+    annotations = anyio.run(dep5.raw, 1, "GET", state)["metadata"].get("annotations") or {}
+    assert A_MEMBERSHIP not in annotations and SEEDED_ANNOTATION not in annotations, annotations
