@@ -143,10 +143,10 @@ def test_partial_write_is_reported_honestly(dep3: Any) -> None:
                 # is sent: the data reaches c1 only.
                 original = state.replicas.cas
 
-                async def flaky(rep: Any, stamp: Any, kind: Any, text: Any) -> Any:
+                async def flaky(rep: Any, stamp: Any, kind: Any, text: Any, **kw: Any) -> Any:
                     if rep.cluster != "c1" and kind == "write":
                         dep3.sandbox.pause(int(rep.cluster[1:]))
-                    return await original(rep, stamp, kind, text)
+                    return await original(rep, stamp, kind, text, **kw)
 
                 state.replicas.cas = flaky  # type: ignore[method-assign]
                 from coordinator.errors import NoQuorumError
