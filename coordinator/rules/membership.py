@@ -14,7 +14,7 @@ No I/O here: the engine gathers what each member stores and :func:`check` decide
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
@@ -284,6 +284,18 @@ def explain_existing(result: Check, deployment: str, namespace: str, names: Mapp
         f" Nothing was recorded. If it is yours, adopt it with `coordinator deployment import {deployment} "
         f"--cluster {confirming[0]}`; otherwise choose another name."
     )
+
+
+def newer_set(
+    stored: Stored, ours: Membership, agrees: Callable[[Membership], bool] | None = None
+) -> Membership | None:
+    """``stored`` when it is another configuration than ``ours`` at the same or a newer
+    epoch (this machine's record is behind or divergent, or the set was edited); None
+    otherwise. ``agrees``: which sets count as ours (by default ``ours`` alone; a change
+    being finished counts each of its steps)."""
+    if not isinstance(stored, Membership) or (agrees(stored) if agrees is not None else stored == ours):
+        return None
+    return stored if stored.epoch >= ours.epoch else None
 
 
 def foreign_set(stored: Stored, ours: Membership) -> bool:

@@ -414,14 +414,7 @@ class Injector:
                 states[c] = ClusterResult(c, Outcome.ERROR, detail="unreadable state envelope")
             else:
                 states[c] = ClusterResult(c, Outcome.OK, found, detail="" if has_floor(obj) else NO_FLOOR)
-        stored = {c: engine.core.stored_membership(v) for c, v in reads.items()}
-        for c in list(stored):
-            # as the acquisition hears a member: not at all where its state object cannot
-            # be read, and by a newer set its state object keeps, whatever the lease says
-            if not states[c].ok:
-                del stored[c]
-            elif (newer := engine.core.newer_set(states[c].value[1])) is not None:
-                stored[c] = newer
+        stored = engine.core.hear_state_objects({c: engine.core.stored_membership(v) for c, v in reads.items()}, states)
         verdict = engine.check_members(stored)
         evidence = engine._floor.judge_state(states)
         if verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED) and evidence:

@@ -266,19 +266,9 @@ class Acquire:
             ):
                 return  # the other members' answers may still make up for it
             views = list(reads.values())
-            stored = {c: self.core.stored_membership(v) for c, v in reads.items()}
-            for c in list(stored):
-                # A state object that keeps a newer set than this machine's speaks against
-                # its member whatever the lease says: a lease can miss the steps of a change
-                # that the state object saw. One that could not be read (unreachable, or an
-                # envelope garbled) may be such a one: its member is not heard at all.
-                on_state = state_reads.get(c)
-                if on_state is None or not on_state.ok:
-                    del stored[c]
-                    continue
-                newer = self.core.newer_set(on_state.value[1]) if on_state.value is not None else None
-                if newer is not None:
-                    stored[c] = newer
+            stored = self.core.hear_state_objects(
+                {c: self.core.stored_membership(v) for c, v in reads.items()}, state_reads
+            )
             verdict = self.core.check_members(stored)
             if verdict.verdict in (Verdict.UNOBSERVABLE, Verdict.UNCONFIRMED) and evidence:
                 # Leases deleted (or their sets removed): the state objects' sets may
@@ -583,19 +573,9 @@ class Acquire:
             )
             return body, action, ""
 
-        if not isinstance(decide(view), ClusterResult):
-            # A take stores this engine's member set on the lease: the state object first
-            # (only where this read says the lease will be taken: a refusal writes nothing).
-            refused = await self.floor.set_first(cluster, state)
-            if refused is not None:
-                return ClusterResult(
-                    cluster,
-                    refused.outcome,
-                    ClusterLease(view, "not attempted"),
-                    detail="not taken: the member set could not be noted on its state object first "
-                    f"({refused.detail or refused.outcome})",
-                )
-        return await self.core.cas(cluster, view, decide)
+        # A take stores this engine's member set on the lease: the state object first.
+        refused = await self.floor.before_lease_write(cluster, view, decide, state, refused_as="not taken")
+        return refused if refused is not None else await self.core.cas(cluster, view, decide)
 
     def _settle(self, result: AcquireResult, *, final: bool) -> AcquireResult:
         if result.acquired:

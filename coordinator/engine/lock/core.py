@@ -56,6 +56,7 @@ from coordinator.rules.membership import (
     Stored,
     Verdict,
     behind_stand_in,
+    newer_set,
     stored_in_lease,
 )
 from coordinator.rules.membership import check as check_membership
@@ -665,9 +666,25 @@ class EngineCore:
     def newer_set(self, stored: Stored) -> Membership | None:
         """``stored`` when it is another configuration than this engine's, at the same or
         a newer epoch (see other_set)."""
-        if not isinstance(stored, Membership) or self.agrees(stored):
-            return None
-        return stored if stored.epoch >= self.membership.epoch else None
+        return newer_set(stored, self.membership, self.agrees)
+
+    def hear_state_objects(
+        self, stored: Mapping[str, Stored], states: Mapping[str, ClusterResult[tuple[int, Stored]]]
+    ) -> dict[str, Stored]:
+        """What each member stores (``stored``, from the leases) once its state object is
+        heard too (``states``, as TokenFloor.state_one reads them): a state object that
+        keeps a newer set than this engine's speaks against its member whatever the
+        lease says (a lease can miss the steps of a change that the state object saw),
+        and a member whose state object could not be read (unreachable, or an envelope
+        garbled) may be such a one, so it is not heard at all."""
+        heard: dict[str, Stored] = {}
+        for c, found in stored.items():
+            on_state = states.get(c)
+            if on_state is None or not on_state.ok:
+                continue
+            newer = self.newer_set(on_state.value[1]) if on_state.value is not None else None
+            heard[c] = newer if newer is not None else found
+        return heard
 
     def stored_membership(self, view: LeaseView) -> Stored:
         """What one member's lease says about the member set: nothing when it is missing

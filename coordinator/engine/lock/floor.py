@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any, assert_never
 
@@ -18,12 +18,13 @@ from coordinator.engine.clusters import failed
 from coordinator.engine.fanout import ClusterResult, fan_out
 from coordinator.engine.lock.core import EngineCore
 from coordinator.engine.lock.release import Release
-from coordinator.engine.lock.results import AcquireResult
+from coordinator.engine.lock.results import AcquireResult, ClusterLease, Decision
 from coordinator.errors import NoQuorumError
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.logs import get_logger
 from coordinator.rules.evidence import with_records
+from coordinator.rules.lease import LeaseView
 from coordinator.rules.membership import (
     A_MEMBERSHIP,
     Membership,
@@ -316,6 +317,31 @@ class TokenFloor:
                 return None
         result = await self._raise_floor(cluster, None)
         return None if result.ok else result
+
+    async def before_lease_write(
+        self,
+        cluster: str,
+        view: LeaseView,
+        decide: Callable[[LeaseView], Decision],
+        known: ClusterResult[tuple[int, Stored]] | None = None,
+        *,
+        refused_as: str = "not written",
+    ) -> ClusterResult[ClusterLease] | None:
+        """set_first where ``decide`` says this read of the lease will be written (a
+        refusal writes nothing anywhere): None when the lease may be written, else the
+        lease's result, ``refused_as`` saying what became of it."""
+        if isinstance(decide(view), ClusterResult):
+            return None
+        refused = await self.set_first(cluster, known)
+        if refused is None:
+            return None
+        return ClusterResult(
+            cluster,
+            refused.outcome,
+            ClusterLease(view, "not attempted"),
+            detail=f"{refused_as}: the member set could not be noted on its state object first "
+            f"({refused.detail or refused.outcome})",
+        )
 
     async def _raise_floor(self, cluster: str, token: int | None) -> ClusterResult[int]:
         """Raise ``cluster``'s token floor to ``token`` and note this engine's set on its

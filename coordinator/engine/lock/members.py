@@ -180,18 +180,9 @@ class Members:
                 body = self.core.lease_body(view, lock_id=lock_id, token=token, ttl_s=ttl_s, holder=holder)
                 return body, "seeded with the lock" if cluster in seeding else "taken with the lock", ""
 
-            # The lease is written only after its state object stores the set (where this
-            # read says it will be written: a refusal writes nothing anywhere).
-            refused = None if isinstance(decide(view), ClusterResult) else await self.floor.set_first(cluster)
-            if refused is not None:
-                return ClusterResult(
-                    cluster,
-                    refused.outcome,
-                    ClusterLease(view, "not attempted"),
-                    detail="not written: the member set could not be noted on its state object first "
-                    f"({refused.detail or refused.outcome})",
-                )
-            return await self.core.cas(cluster, view, decide)
+            # The lease is written only after its state object stores the set.
+            refused = await self.floor.before_lease_write(cluster, view, decide)
+            return refused if refused is not None else await self.core.cas(cluster, view, decide)
 
         results = await fan_out(self.core.members, one, timeout=self.core.timeout, silent=self.core.clusters.silent)
         self.core.raise_on_mismatch(results)

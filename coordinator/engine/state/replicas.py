@@ -36,7 +36,7 @@ from coordinator.logs import get_logger
 from coordinator.rules import quorum
 from coordinator.rules.evidence import with_records
 from coordinator.rules.lease import LeaseView, history_known
-from coordinator.rules.membership import Check, Stored, says_nothing, stored_in_lease
+from coordinator.rules.membership import Check, Stored, newer_set, says_nothing, stored_in_lease
 from coordinator.rules.membership import check as check_membership
 from coordinator.rules.outcome import Outcome
 from coordinator.rules.resources import FIELD_MANAGER, lease_name, lease_path, state_name, state_paths
@@ -266,8 +266,8 @@ class Replicas:
             if not (r.ok and r.value):
                 continue
             found = stored_in_lease(r.value.lease) if r.value.lease is not None else None
-            noted = set_on_state(r.value.replica.obj) if r.value.replica.obj else None
-            if noted is not None and noted != self.membership and noted.epoch >= self.membership.epoch:
+            noted = newer_set(set_on_state(r.value.replica.obj), self.membership) if r.value.replica.obj else None
+            if noted is not None:
                 found = noted
             elif says_nothing(found, self.membership) and r.value.replica.obj:  # else no envelope to parse
                 evidence = envelope_evidence(r.value.replica.obj, secret=self.storage == "secret")
