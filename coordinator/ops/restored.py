@@ -32,14 +32,14 @@ from coordinator.kube.client import KubeClient, KubeError
 from coordinator.rules.evidence import with_records
 from coordinator.rules.lease import A_NEXT, A_UID, A_VANISHED, HOLDER_ANNOTATIONS
 from coordinator.rules.membership import A_MEMBERSHIP
-from coordinator.rules.resources import FIELD_MANAGER, micro_time
+from coordinator.rules.resources import FIELD_MANAGER, micro_time, state_paths
 
 ALL_LEASES = "/apis/coordination.k8s.io/v1/leases"
 LEASE_PREFIX = "coordinator-lock-"
 
 
-STATE_KINDS = (("ConfigMap", "configmaps"), ("Secret", "secrets"))
-STATE_PREFIX = "coordinator-state-"
+# The state object's kind by the deployment's storage (resources.state_paths).
+STATE_KINDS = (("ConfigMap", "configmap"), ("Secret", "secret"))
 
 
 @dataclass
@@ -114,15 +114,9 @@ def silenced_state_body(obj: dict[str, Any]) -> dict[str, Any] | None:
     return {**obj, "metadata": meta}
 
 
-async def _silence(client: KubeClient, kind: str, item: dict[str, Any]) -> Tombstoned | None:
-    """Remove the member-set note from one state object (see the module doc)."""
-    meta = item.get("metadata") or {}
-    name = str(meta.get("name", ""))
-    if not name.startswith(STATE_PREFIX):
-        return None
-    namespace = str(meta.get("namespace", ""))
-    plural = "configmaps" if kind == "ConfigMap" else "secrets"
-    path = f"/api/v1/namespaces/{namespace}/{plural}/{name}"
+async def _silence(client: KubeClient, namespace: str, deployment: str, path: str, item: dict[str, Any]) -> Tombstoned:
+    """Remove the member-set note from one state object (see the module doc), ``item`` as
+    just read at ``path``."""
 
     async def read() -> dict[str, Any]:
         body: dict[str, Any] = (await client.request("GET", path)).body
@@ -136,7 +130,6 @@ async def _silence(client: KubeClient, kind: str, item: dict[str, Any]) -> Tombs
         body = with_records(body, obj, clock.token_hex(6))
         await client.request("PUT", path, body=body, query={"fieldManager": FIELD_MANAGER})
 
-    deployment = name[len(STATE_PREFIX) :]
     result = await cas.compare_and_swap(read, decide, write, current=item)
     match result:
         case cas.Written() | cas.Decided():
@@ -176,9 +169,8 @@ async def tombstone_member(
             done.append(one)
             pairs[(one.namespace, one.deployment)] = None
     for namespace, deployment in pairs:
-        for kind, _ in STATE_KINDS:
-            plural = "configmaps" if kind == "ConfigMap" else "secrets"
-            path = f"/api/v1/namespaces/{namespace}/{plural}/{STATE_PREFIX}{deployment}"
+        for kind, storage in STATE_KINDS:
+            _, path = state_paths(namespace, deployment, storage)
             try:
                 item = (await client.request("GET", path)).body
             except KubeError as err:
@@ -186,6 +178,5 @@ async def tombstone_member(
                     done.append(Tombstoned(namespace, deployment, str(err.kind), f"{kind}: {err.detail}",
                                            object="state"))  # fmt: skip
                 continue
-            if isinstance(item, dict) and (one := await _silence(client, kind, item)) is not None:
-                done.append(one)
+            done.append(await _silence(client, namespace, deployment, path, item))
     return done, None
