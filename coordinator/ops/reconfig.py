@@ -228,16 +228,35 @@ async def change_members(
             # on old majorities only, and the new set must remember them without its
             # leases (the change's own token is above all of them).
             await joint.raise_token_floor(token, held.lock_id)
-            # The copy takes the value from the old members (a read of a majority of them
-            # meets the majority that confirmed the last write; what a joining member
-            # holds is not this deployment's state yet) and writes every member.
-            union = joint_rec.model_copy(update={"clusters": _union(rec, joint_rec), "joint": None})
-            synced = await c.state(name).under(union).sync(empty_ok=True, sources=list(rec.clusters))
+            # The copy takes the value from the old members (a majority of them meets the
+            # majority that confirmed the last write; what a joining member holds is not
+            # this deployment's state yet) and writes it on every member as a new version
+            # under this change's token: a write of an older lock still on its way is
+            # refused by the stamp itself wherever the copy landed.
+            # It counts with the epoch of this change's commit: a run that finishes the
+            # change may find the commit noted on the state objects already (a note-first
+            # step of the run before it), which is no newer change.
+            union = joint_rec.model_copy(
+                update={"clusters": _union(rec, joint_rec), "joint": None, "epoch": joint_rec.epoch + 1}
+            )
+            synced = (
+                await c.state(name)
+                .under(union)
+                .carry(
+                    token,
+                    list(rec.clusters),
+                    joint.membership.document(),
+                    who=who,
+                    note=f"member change to {', '.join(target)}",
+                )
+            )
             _confirm_copy(synced, rec, target)
+            what = (
+                "the empty state (none written yet)" if synced.get("empty") else f"state version {synced.get('copied')}"
+            )
             report.steps.append(
-                "nothing to copy yet (no state written)"
-                if synced.get("empty")
-                else f"state copied to the members ({_sync_summary(synced)})"
+                f"{what} written as version {synced.get('version')} under this change's token {token} on "
+                f"{', '.join(synced.get('holding') or []) or 'none'}"
             )
             final_rec = joint_rec.model_copy(
                 update={"epoch": joint_rec.epoch + 1, "clusters": list(target), "joint": None}
@@ -335,8 +354,6 @@ def _confirm_copy(synced: Mapping[str, Any], rec: DeploymentRecord, target: list
             "committed (the joint configuration stays: safe). Look at that object, delete it if it is not "
             "yours, and run the same command again."
         )
-    if synced.get("empty"):
-        return
     holding = set(synced.get("holding") or [])
     short = [
         names for names in (list(rec.clusters), list(target)) if len(holding.intersection(names)) < len(names) // 2 + 1
@@ -568,14 +585,6 @@ def _save(c: Coordinator, rec: DeploymentRecord) -> None:
         return
     with c.store.edit() as cfg:
         cfg.deployments[rec.name] = rec
-
-
-def _sync_summary(synced: Any) -> str:
-    if isinstance(synced, dict):
-        repaired = synced.get("repaired") or synced.get("written") or []
-        if isinstance(repaired, list | tuple | set):
-            return f"repaired {', '.join(sorted(map(str, repaired))) or 'none'}"
-    return "done"
 
 
 def new_members(rec: DeploymentRecord, *, add: str | None = None, remove: str | None = None) -> list[str]:

@@ -122,10 +122,15 @@ class StateClient:
         """Every member's stamp, checksum and standing against the value a read returns."""
         return await self._sync.diff()
 
-    async def sync(
-        self, backup_dir: Path | None = None, *, empty_ok: bool = False, sources: list[str] | None = None
-    ) -> dict[str, Any]:
+    async def sync(self, backup_dir: Path | None = None) -> dict[str, Any]:
         """Bring every reachable replica to the value a read returns, saving corrupt ones
         to ``backup_dir`` first; suspect replicas are left alone and listed (see
         :meth:`Sync.sync`)."""
-        return await self._sync.sync(backup_dir, empty_ok=empty_ok, sources=sources)
+        return await self._sync.sync(backup_dir)
+
+    async def carry(
+        self, token: int, sources: list[str], joint: Mapping[str, Any], *, who: str, note: str
+    ) -> dict[str, Any]:
+        """A member change's copy: the old members' value written again on every member
+        under the change's token (see :meth:`Sync.carry`)."""
+        return await self._sync.carry(token, sources, joint, who=who, note=note)

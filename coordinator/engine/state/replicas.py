@@ -108,17 +108,28 @@ class Replicas:
         return decode_replica(rep.cluster, resp.body, self.storage, deployment=self.dep.name)
 
     async def cas(
-        self, rep: Replica, stamp: Stamp, kind: Kind, text: str | None, *, holder: bool = False
+        self,
+        rep: Replica,
+        stamp: Stamp,
+        kind: Kind,
+        text: str | None,
+        *,
+        holder: bool = False,
+        unchanged: Stamp | None = None,
     ) -> ClusterResult[Replica]:
         """Give ``rep`` the promise (``text`` None) or the envelope ``text`` of ``stamp``,
         if the replica's rule lets it take it; compare-and-swap, re-judged on each retry.
         ``holder``: a lock holder's own write under its token (fenced by the token floor
         too, see floor_fenced); a repair or a sync writes a value with the stamp it was
-        written under."""
+        written under. ``unchanged``: the stamp the replica held when the value sent was
+        chosen; a replica that holds another one since is not written over (a member
+        change's copy: what landed there may be a write the copy did not see)."""
         cluster = rep.cluster
 
         def decide(rep: Replica) -> cas.Put[dict[str, Any]] | cas.Keep[ClusterResult[Replica]]:
             fenced = self.fenced(rep) or (self.floor_fenced(rep, stamp) if holder else None)
+            if fenced is None and unchanged is not None and rep.stamp not in (unchanged, stamp):
+                fenced = f"refused: it holds {rep.stamp.short()} since the value was chosen (then {unchanged.short()})"
             if fenced is not None:
                 return cas.Keep(ClusterResult(cluster, Outcome.CONFLICT, rep, detail=fenced))
             verdict = judge(rep, stamp, kind)

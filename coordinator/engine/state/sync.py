@@ -1,15 +1,30 @@
-"""Comparing the replicas (diff) and bringing them to the value a read returns (sync), also
-onto the new members of a member change."""
+"""Comparing the replicas (diff), bringing them to the value a read returns (sync), and a
+member change's copy of the state onto the new members (carry)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from coordinator import clock
 from coordinator.config.models import STATE_SCHEMA
-from coordinator.engine.fanout import fan_out
-from coordinator.engine.register import NO_STAMP, Kind, Replica, Stamp, encode_envelope, stamp_of
+from coordinator.engine.fanout import ClusterResult, fan_out
+from coordinator.engine.register import (
+    NO_STAMP,
+    Kind,
+    Replica,
+    Stamp,
+    build_envelope,
+    check_size,
+    choose,
+    encode_envelope,
+    new_write_id,
+    newer_token,
+    next_stamp,
+    stamp_of,
+)
 from coordinator.engine.state.replicas import Replicas
 from coordinator.engine.state.results import _per_cluster, _replicas
 from coordinator.errors import NoQuorumError, StateConflictError, UsageError
@@ -17,7 +32,7 @@ from coordinator.rules import quorum
 
 
 class Sync:
-    """Diff and sync."""
+    """Diff, sync and a member change's copy."""
 
     def __init__(self, replicas: Replicas) -> None:
         self.replicas = replicas
@@ -92,43 +107,15 @@ class Sync:
             rows.append(row)
         return rows
 
-    async def sync(
-        self, backup_dir: Path | None = None, *, empty_ok: bool = False, sources: list[str] | None = None
-    ) -> dict[str, Any]:
+    async def sync(self, backup_dir: Path | None = None) -> dict[str, Any]:
         """Bring every reachable replica to the value a read returns (saving corrupt ones
-        first). Suspect replicas are left alone and listed: `state sync --from` decides.
-        With ``empty_ok``, a state nobody has written yet (no replica holds anything,
-        none is corrupt or suspect) is nothing to copy rather than an error.
-
-        ``sources`` (a member change: the members before it) are the only replicas, and
-        leases, the value is chosen from; the other members are only written to. One of
-        those that already holds something newer or different than that value is listed
-        under ``holds_other`` and left alone (it is not this deployment's state as its
-        members know it). ``holding`` lists the members that hold the value afterwards."""
+        first). Suspect replicas are left alone and listed: `state sync --from` decides."""
         results = await self.replicas.read_all()
         self.replicas.need_quorum(results, "sync")
-        if sources is None:
-            self.replicas.refuse_other_members(results)
-        judged = results if sources is None else {k: r for k, r in results.items() if k in sources}
-        if sources is not None and sum(1 for r in judged.values() if r.ok) < quorum.quorum_size(len(sources)):
-            # The value is chosen from the old members: a majority of them must answer, to
-            # meet the majority that confirmed the last write.
-            raise NoQuorumError(
-                f"Cannot copy the state of {self.replicas.dep.name!r}: fewer than a majority of {', '.join(sources)} "
-                f"answered ({_per_cluster(judged)}). Nothing was copied; retry when they answer."
-            )
-        q = None if sources is None else quorum.quorum_size(len(sources))
-        choice, _ = self.replicas.judge(judged, q=q)
+        self.replicas.refuse_other_members(results)
+        choice, _ = self.replicas.judge(results)
         self.replicas.refuse_conflict(choice, "sync")
         winner = choice.winner
-        joining = {k: rep for k, rep in _replicas(results).items() if k not in judged}
-        if winner is None:
-            # Nothing written yet: a joining member must hold nothing written either.
-            other = sorted(k for k, rep in joining.items() if rep.envelope is not None and rep.stamp.version > 0)
-            if empty_ok and not other and not choice.suspect and not choice.corrupt:
-                return {"repaired": [], "empty": True, "holds_other": [], "holding": []}
-            if other:
-                return {"repaired": [], "empty": True, "holds_other": other, "holding": []}
         if winner is None or winner.envelope is None:
             more = (
                 f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
@@ -139,7 +126,7 @@ class Sync:
             raise UsageError(
                 f"No valid replica of the state of {self.replicas.dep.name!r} exists; nothing to sync.{more}"
             )
-        self.replicas.need_decoded(judged, "sync", q)
+        self.replicas.need_decoded(results, "sync")
         env = winner.envelope
         stamp = stamp_of(env)
         text = encode_envelope(env)
@@ -156,31 +143,11 @@ class Sync:
                 f"configmap {self.replicas.name} -o yaml`), then write the right document with `coordinator state "
                 f"apply {self.replicas.dep.name} -f FILE` under the lock."
             )
-        corrupt = dict(choice.corrupt)
-        stale = list(choice.stale)
-        current = list(choice.current)
-        holds_other: list[str] = []
-        for k, rep in sorted(joining.items()):
-            if rep.corrupt:
-                corrupt[k] = rep.corrupt
-            elif rep.newer_schema:
-                holds_other.append(k)
-            elif rep.stamp == stamp and rep.checksum == winner.checksum:
-                current.append(k)
-            elif rep.stamp < stamp and (rep.promise or stamp) <= stamp:
-                stale.append(k)
-            else:
-                holds_other.append(k)
-        saved = {k: str(self.replicas.save_replica(reps[k], backup_dir, why)) for k, why in corrupt.items()}
-        # A member's corrupt replica takes the value as a write, judged again on every
+        saved = {k: str(self.replicas.save_replica(reps[k], backup_dir, why)) for k, why in choice.corrupt.items()}
+        # A corrupt replica takes the value as a write, judged again on every
         # compare-and-swap retry: should a newer write land on it meanwhile, it refuses the
-        # older value. A joining member's object is not this deployment's state yet: it is
-        # overwritten whatever it names.
-        targets = (
-            {k: Kind.REPAIR for k in stale}
-            | {k: Kind.OVERWRITE for k in corrupt}
-            | {k: Kind.WRITE for k in choice.corrupt}
-        )
+        # older value.
+        targets = {k: Kind.REPAIR for k in choice.stale} | {k: Kind.WRITE for k in choice.corrupt}
         fixed = await fan_out(
             list(targets),
             lambda c: self.replicas.cas(reps[c], stamp, targets[c], text),
@@ -198,9 +165,176 @@ class Sync:
             "unreachable": self.replicas.unheard(results),
             "saved_corrupt": saved,
             "suspect": dict(choice.suspect),
-            "holds_other": holds_other,
-            "holding": sorted({*current, *repaired}),
         }
+
+    async def carry(
+        self, token: int, sources: list[str], joint: Mapping[str, Any], *, who: str, note: str
+    ) -> dict[str, Any]:
+        """A member change's copy of the state, under its lock (token ``token``): the value
+        the members before the change (``sources``) hold, written again on every member as
+        a new version under the change's own token.
+
+        A new stamp, not the old one copied: a write of an older lock that is still on
+        its way (paused, held up on the network) is then refused by every replica the
+        copy wrote, by the envelope's stamp itself, which nobody can remove without
+        making the replica corrupt. (The change's member-set note and token floor refuse
+        it too, but they are annotations anyone who may annotate the object can remove.)
+
+        The stamp is promised first, on every member that answered, and the value chosen
+        from the old members' replicas as they were when they took the promise: an older
+        write confirmed before the promise is on a majority of the old set, which the
+        promised majority meets; one that comes after is refused by the promise. The
+        value is written only where the replica still holds the stamp it held then.
+
+        ``joint`` (the change's joint configuration) is kept in the envelope: on a run of
+        the same change again, a joining member that holds this change's earlier copy is
+        written over, where any other state on it stops the change (``holds_other``: not
+        this deployment's state as its members know it, left alone).
+        ``holding`` lists the members that hold the new version afterwards."""
+        name = self.replicas.dep.name
+        results = await self.replicas.read_all()
+        self.replicas.need_quorum(results, "copy")
+        q = quorum.quorum_size(len(sources))
+        judged = {k: r for k, r in results.items() if k in sources}
+        if sum(1 for r in judged.values() if r.ok) < q:
+            # The value is chosen from the old members: a majority of them must answer, to
+            # meet the majority that confirmed the last write.
+            raise NoQuorumError(
+                f"Cannot copy the state of {name!r}: fewer than a majority of {', '.join(sources)} "
+                f"answered ({_per_cluster(judged)}). Nothing was copied; retry when they answer."
+            )
+        choice, evidence = self.replicas.judge(judged, q=q)
+        self.replicas.refuse_conflict(choice, "copy")
+        reps = _replicas(results)
+        joining = {k: rep for k, rep in reps.items() if k not in sources}
+        winner = choice.winner if choice.winner is not None and choice.winner.envelope is not None else None
+        if winner is None and (choice.suspect or choice.corrupt):
+            more = (
+                f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
+                f"`coordinator state sync {name} --from CLUSTER` under the lock."
+                if choice.suspect
+                else ""
+            )
+            raise UsageError(f"No valid replica of the state of {name!r} exists; nothing to copy.{more}")
+        if winner is not None:
+            self.replicas.need_decoded(judged, "copy", q)
+        # Nothing written yet is copied too, as the empty state: its version then fences
+        # the first write of an older lock as any other.
+        top = winner.stamp if winner is not None else NO_STAMP
+        ours = [k for k, rep in joining.items() if _carried(rep, joint)]
+        holds_other = sorted(
+            k
+            for k, rep in joining.items()
+            if k not in ours
+            and not rep.corrupt
+            and (
+                rep.newer_schema
+                or rep.stamp > top
+                or (rep.envelope is not None and rep.stamp == top and winner is not None
+                    and rep.checksum != winner.checksum)
+            )
+        )  # fmt: skip
+        if holds_other:
+            return {"empty": winner is None, "holds_other": holds_other, "holding": []}
+        newer = corrupt_promised_newer(reps, choice.corrupt, top)
+        if newer:
+            raise StateConflictError(
+                f"Cannot copy the state of {name!r}: the corrupt replica(s) on {', '.join(newer)} carry a newer "
+                f"stamp than the newest readable one ({top.short()}), so the newest confirmed state may be theirs. "
+                "Nothing was copied. Inspect them, then write the right document with `coordinator state apply "
+                f"{name} -f FILE` under the lock."
+            )
+        trusted = {k: rep for k, rep in reps.items() if k not in choice.suspect}
+        higher = newer_token(trusted.values(), token, evidence)
+        if higher is not None:
+            raise StateConflictError(
+                f"Cannot copy the state of {name!r}: it was written or promised with fencing token {higher}, "
+                f"higher than the change's token {token}; a newer holder has taken the lock. Nothing was copied."
+            )
+        stamp = next_stamp(trusted.values(), token, evidence, new_write_id())
+        # A joining member's object is not this deployment's state yet (or is this
+        # change's earlier copy): it is overwritten whatever it holds. A member's corrupt
+        # replica takes the value as a write, judged again on every retry.
+        kinds = {
+            k: Kind.OVERWRITE if k in joining and (rep.corrupt or k in ours) else Kind.WRITE
+            for k, rep in trusted.items()
+        }
+        corrupt = {k: rep.corrupt for k, rep in trusted.items() if rep.corrupt}
+        saved = {k: str(self.replicas.save_replica(reps[k], None, why)) for k, why in corrupt.items()}
+        promises = await fan_out(
+            list(kinds),
+            lambda c: self.replicas.cas(
+                reps[c], stamp, Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE, None, holder=True
+            ),
+            timeout=self.replicas.clusters.timeout,
+            silent=self.replicas.clusters.silent,
+        )
+        latest = {k: r.value for k, r in promises.items() if r.ok and r.value is not None}
+        chosen = choose({k: rep for k, rep in latest.items() if k in sources}, evidence)
+        decoded = [k for k, rep in latest.items() if k in sources and (rep.answers or winner is None)]
+        if len(decoded) < q or chosen.conflict or (winner is not None and chosen.winner is None):
+            raise NoQuorumError(
+                f"Cannot copy the state of {name!r}: version {stamp.version} could be reserved on "
+                f"{', '.join(sorted(latest)) or 'none'} with a replica that decodes on only "
+                f"{', '.join(sorted(decoded)) or 'none'}, fewer than a majority of {', '.join(sources)} "
+                f"({_per_cluster(promises)}). No data was sent; retry when they answer."
+            )
+        # The newest value seen: what the promised majority held, or newer, what the first
+        # read saw (a read may have returned it already).
+        seen = [rep for rep in (chosen.winner, winner) if rep is not None and rep.envelope is not None]
+        best = max(seen, key=lambda rep: rep.stamp) if seen else None
+        base = best.envelope if best is not None else None
+        what = (
+            f"version {base.version} (stamp {best.stamp.short()}) written again"
+            if base is not None and best is not None
+            else "the empty state (nothing written yet) written"
+        )
+        _env, text = build_envelope(
+            base,
+            copy.deepcopy(base.data) if base is not None else {},
+            stamp,
+            who=who,
+            host=clock.host(),
+            command="member change",
+            now=clock.wall_now(),
+            members=self.replicas.members,
+            member_ids={m: self.replicas.clusters.record(m).identity for m in self.replicas.members},
+            namespace=self.replicas.dep.namespace,
+            storage=self.replicas.storage,
+            keys=[],
+            note=f"{note}: {what}",
+            membership=dict(joint),
+            deployment=name,
+        )
+        check_size(text, self.replicas.storage)
+        writes: dict[str, ClusterResult[Replica]] = await fan_out(
+            list(latest),
+            lambda c: self.replicas.cas(latest[c], stamp, kinds[c], text, holder=True, unchanged=latest[c].stamp),
+            timeout=self.replicas.clusters.timeout,
+            silent=self.replicas.clusters.silent,
+        )
+        holding = sorted(k for k, r in writes.items() if r.ok)
+        return {
+            "version": stamp.version,
+            "token": token,
+            "write_id": stamp.write_id,
+            "empty": base is None,
+            "copied": base.version if base is not None else 0,
+            "winner": best.cluster if best is not None else None,
+            "failed": {k: f"{r.outcome}: {r.detail}" for k, r in {**promises, **writes}.items() if not r.ok},
+            "unreachable": self.replicas.unheard(results),
+            "saved_corrupt": saved,
+            "suspect": dict(choice.suspect),
+            "holds_other": [],
+            "holding": holding,
+        }
+
+
+def _carried(rep: Replica, joint: Mapping[str, Any]) -> bool:
+    """Whether ``rep`` holds a copy this member change (its joint configuration
+    ``joint``) made on an earlier run."""
+    env = rep.envelope
+    return env is not None and getattr(env, "membership", None) == dict(joint)
 
 
 def corrupt_promised_newer(reps: Mapping[str, Replica], corrupt: Iterable[str], stamp: Stamp) -> list[str]:

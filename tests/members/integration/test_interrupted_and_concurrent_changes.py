@@ -101,10 +101,10 @@ _SLOW_THEN_KILLED = """
 import os, signal, sys
 import anyio
 from coordinator.engine.state import StateClient
-async def sync(self, *a, **kw):  # the state copy is slow (a big state, a slow member), then the run dies
+async def carry(self, *a, **kw):  # the state copy is slow (a big state, a slow member), then the run dies
     await anyio.sleep(float(os.environ["ADVERSARY_SLEEP"]))
     os.kill(os.getpid(), signal.SIGKILL)
-StateClient.sync = sync
+StateClient.carry = carry
 sys.argv = ["coordinator", *sys.argv[1:]]
 from coordinator.cli import main
 main()

@@ -256,9 +256,10 @@ def test_remove_a_dead_member_with_force_dead(dep5: Env, tmp_path: Path) -> None
 
 
 def test_a_member_change_before_any_state_write_and_the_token_floor_follows(dep5: Env) -> None:
-    """A deployment changed before anyone wrote its state: nothing to copy is not an
-    error, and the new member's state object carries the token floor, so the new set
-    remembers the tokens granted before the change even if every lease were deleted."""
+    """A deployment changed before anyone wrote its state: the change writes the empty
+    state under its token (no error), and the new member's state object carries the
+    token floor, so the new set remembers the tokens granted before the change even if
+    every lease were deleted."""
     args = [a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]
     succeeded(dep5.cli("deployment", "create", "pay", "-n", dep5.namespace, *args))
     taken = json.loads(
@@ -266,7 +267,7 @@ def test_a_member_change_before_any_state_write_and_the_token_floor_follows(dep5
     )
     succeeded(dep5.cli("lock", "release", "pay", "--holder", "w"))
     replaced = succeeded(dep5.cli("deployment", "replace-cluster", "pay", "c3", "c4"))
-    assert "nothing to copy" in replaced.stdout, replaced.stdout
+    assert "the empty state (none written yet) written as version 1" in replaced.stdout, replaced.stdout
     path = f"{configmaps_path(dep5.namespace)}/coordinator-state-pay"
     floor = anyio.run(dep5.raw, 4, "GET", path)["metadata"]["annotations"]["coordinator.io/token-floor"]
     assert int(floor) > taken["fencing_token"]
@@ -442,7 +443,7 @@ def test_a_member_change_works_before_the_first_state_write(dep3: Env) -> None:
     shown = dep3.cli("-o", "json", "deployment", "show", "web")
     locked = acquire(dep3, "alice")
     assert removed.returncode == 0, removed.stderr
-    assert "nothing to copy" in removed.stdout, removed.stdout
+    assert "the empty state (none written yet) written as version 1" in removed.stdout, removed.stdout
     assert json.loads(shown.stdout)["change_in_progress"] is None, shown.stdout
     assert json.loads(shown.stdout)["clusters"] == ["c1", "c2"], shown.stdout
     assert locked.returncode == 0, locked.stderr

@@ -11,13 +11,14 @@ the later one with the lower token. Everything runs on the real 5-cluster sandbo
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from coord_fixtures import COMMIT_TIMEOUT_S, Env
-from helpers.members import DEP, LEASE, STATE, acquire, kubectl_on, machine, pay, record, succeeded
+from helpers.members import DEP, LEASE, STATE, acquire, json_doc, kubectl_on, machine, pay, record, succeeded
 
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
@@ -209,3 +210,61 @@ def test_a_seed_whose_create_lands_alone_says_nothing(dep5: Env) -> None:
     anyio.run(main)
     annotations = anyio.run(dep5.raw, 1, "GET", state)["metadata"].get("annotations") or {}
     assert A_MEMBERSHIP not in annotations and SEEDED_ANNOTATION not in annotations, annotations
+
+
+# Broke before the fix (outside attack on the member-set order, third round, G2): the copy
+# wrote the old value under its old stamp, so a write of the lock the change took over
+# was fenced on the old members only by the change's member-set note and token floor,
+# annotations anyone who may annotate the object can remove. Both removed, the paused
+# write landed on c1 and c2 (a majority of the old set: confirmed) and the new set, c3,
+# c4 and c5, never saw it.
+
+
+@pytest.mark.parametrize("written", [True, False], ids=["written", "empty"])
+def test_a_write_of_a_lock_lost_across_a_change_is_refused_by_the_copys_stamp(dep5: Env, written: bool) -> None:
+    """Holder `a` promised its stamp on c1, c2, c3 and paused before its data went out;
+    its lock was released, and a change moved `pay` to c3, c4, c5. With the member-set
+    note, the token floor and the promise removed from c1's and c2's state objects, its
+    data then arrives: every member refuses it (the change wrote the state again under
+    its own token, a higher stamp), and the new set reads the value from before. Also
+    where no state was written before (`empty`): the change writes the empty state."""
+    from coordinator.engine.register import PROMISE_ANNOTATION, Kind, build_envelope, new_write_id, next_stamp
+    from coordinator.ops.reconfig import change_members
+    from coordinator.rules.resources import A_TOKEN_FLOOR
+
+    if written:
+        pay(dep5, "c1", "c2", "c3")
+    else:
+        members = [a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]
+        succeeded(dep5.cli("deployment", "create", DEP, "-n", dep5.namespace, *members))
+    token = json_doc(succeeded(acquire(dep5, "a", "--ttl", "30s")))["fencing_token"]
+    old = ("c1", "c2", "c3")
+
+    async def main() -> dict[str, Any]:
+        async with dep5.api(timeout=COMMIT_TIMEOUT_S) as c:
+            replicas = c.state(DEP).replicas  # `a`'s view: the record from before the change
+            reps = {k: (await replicas.read_one(k, with_lease=False)).replica for k in old}
+            stamp = next_stamp(reps.values(), token, None, new_write_id())
+            base = reps["c1"].envelope
+            _env, text = build_envelope(
+                base, {"release": "9.9.9"}, stamp, who="a", host="h", command="state set",
+                now=datetime.now(UTC), members=list(old),
+                member_ids={}, namespace=dep5.namespace, storage="configmap", keys=["release"],
+                membership=replicas.membership.document(), deployment=DEP,
+            )  # fmt: skip
+            promised = {k: await replicas.cas(reps[k], stamp, Kind.PROMISE, None, holder=True) for k in old}
+            assert all(r.ok for r in promised.values()), promised
+            succeeded(dep5.cli("lock", "release", DEP, "--holder", "a"))
+            await change_members(c, DEP, ["c3", "c4", "c5"], ttl=20)
+            for i in (1, 2):
+                stripped = [f"{A_MEMBERSHIP}-", f"{A_TOKEN_FLOOR}-", f"{PROMISE_ANNOTATION}-"]
+                succeeded(kubectl_on(dep5, i, "annotate", "configmap", STATE, *stripped))
+            return {k: await replicas.cas(promised[k].value, stamp, Kind.WRITE, text, holder=True) for k in old}  # type: ignore[arg-type]
+
+    landed = anyio.run(main)
+    assert record(dep5).clusters == ["c3", "c4", "c5"]
+    assert not any(r.ok for r in landed.values()), {k: (r.outcome, r.detail) for k, r in landed.items()}
+    for k in ("c1", "c2"):
+        assert "fencing token" in landed[k].detail, (k, landed[k].detail)
+    read = json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))
+    assert read == ({"release": "1.2.0"} if written else {}), read
