@@ -136,6 +136,18 @@ def stamp_of(env: StateEnvelope) -> Stamp:
 # object anyone reads has an envelope with a token. Decoded, it holds nothing.
 GENESIS_WRITE_ID = "genesis"
 
+# The envelope's own field for a promise (Replica.sealed): a member change's copy keeps
+# its promise there, where removing it makes the replica corrupt (the annotation is
+# anyone's to remove who may annotate the object).
+SEAL_FIELD = "promise"
+
+
+def sealed_text(text: str, stamp: Stamp) -> str:
+    """The envelope ``text`` with the promise of ``stamp`` kept inside it."""
+    doc = json.loads(text)
+    doc[SEAL_FIELD] = str(stamp)
+    return json.dumps(doc, sort_keys=False, separators=(",", ":"))
+
 
 # ------------------------------------------------------------------ envelope
 
@@ -265,6 +277,9 @@ class Replica:
     # on what it may hold or have promised.
     claimed: Stamp = NO_STAMP
     seeded: bool = False  # the empty state `deployment create` made, as coordinator wrote it
+    # A promise kept inside the envelope (SEAL_FIELD; a member change's copy makes one):
+    # unlike the annotation, nobody removes it without making the replica corrupt.
+    sealed: Stamp | None = None
 
     @property
     def answers(self) -> bool:
@@ -452,6 +467,14 @@ def _decode(
     if schema < STATE_SCHEMA:
         rep.corrupt = f"the envelope's schema {schema} is older than any release of coordinator writes ({STATE_SCHEMA})"
         return rep
+    seal = doc.get(SEAL_FIELD)
+    if seal is not None:
+        try:
+            rep.sealed = Stamp.parse(str(seal))
+        except ValueError:
+            rep.corrupt = f"the envelope's {SEAL_FIELD} {printable(repr(seal))[:80]} is not a stamp"
+            return rep
+        rep.promise = max(rep.promise or NO_STAMP, rep.sealed)
     try:
         env = StateEnvelope.model_validate(doc)
     except ValidationError as err:
@@ -505,6 +528,14 @@ def build_object(
     meta["annotations"] = dict(meta.get("annotations") or {}) | ours
     if envelope_text is None and not rep.exists:
         envelope_text = genesis_text(deployment)
+    if envelope_text is not None and rep.sealed is not None and promise >= rep.sealed:
+        # A write below the seal (a repair) keeps it: it is still promised.
+        written = json.loads(envelope_text)
+        if (
+            Stamp(int(written.get("token", 0)), int(written.get("version", 0)), str(written.get("write_id", "")))
+            < rep.sealed
+        ):
+            envelope_text = sealed_text(envelope_text, rep.sealed)
     if envelope_text is not None:
         value = base64.b64encode(envelope_text.encode()).decode() if storage == "secret" else envelope_text
         obj["data"] = {DATA_KEY: value}

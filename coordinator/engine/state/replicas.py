@@ -112,7 +112,7 @@ class Replicas:
         rep: Replica,
         stamp: Stamp,
         kind: Kind,
-        text: str | None,
+        text: str | Callable[[Replica], str | None] | None,
         *,
         holder: bool = False,
         unchanged: Stamp | None = None,
@@ -123,7 +123,9 @@ class Replicas:
         too, see floor_fenced); a repair or a sync writes a value with the stamp it was
         written under. ``unchanged``: the stamp the replica held when the value sent was
         chosen; a replica that holds another one since is not written over (a member
-        change's copy: what landed there may be a write the copy did not see)."""
+        change's copy: what landed there may be a write the copy did not see). ``text``
+        may be made from the replica as it is at each try (a promise kept inside the
+        envelope it holds)."""
         cluster = rep.cluster
 
         def decide(rep: Replica) -> cas.Put[dict[str, Any]] | cas.Keep[ClusterResult[Replica]]:
@@ -144,7 +146,7 @@ class Replicas:
                     deployment=self.dep.name,
                     storage=self.storage,
                     promise=promise_after(rep, stamp, kind),
-                    envelope_text=text,
+                    envelope_text=text(rep) if callable(text) else text,
                 )
             )
 
@@ -154,7 +156,7 @@ class Replicas:
         result = await cas.compare_and_swap(reread, decide, self.put, current=rep, reread_last=True)
         match result:
             case cas.Written(value=new):
-                verb = "promised" if text is None else "wrote"
+                verb = "promised" if kind is Kind.PROMISE or text is None else "wrote"
                 return ClusterResult(cluster, Outcome.OK, new, detail=f"{verb} version {stamp.version}")
             case cas.Decided(value=done):
                 return done

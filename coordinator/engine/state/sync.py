@@ -20,9 +20,11 @@ from coordinator.engine.register import (
     check_size,
     choose,
     encode_envelope,
+    genesis_text,
     new_write_id,
     newer_token,
     next_stamp,
+    sealed_text,
     stamp_of,
 )
 from coordinator.engine.state.replicas import Replicas
@@ -167,6 +169,16 @@ class Sync:
             "suspect": dict(choice.suspect),
         }
 
+    def _sealed(self, rep: Replica, stamp: Stamp) -> str | None:
+        """The envelope ``rep`` holds with the promise of ``stamp`` kept inside it (a
+        new object: the empty state's). None where it holds no envelope of ours to keep
+        it in (corrupt, or written with a newer schema): the annotation alone."""
+        if rep.corrupt or rep.newer_schema:
+            return None
+        if not rep.exists or rep.raw is None:
+            return sealed_text(genesis_text(self.replicas.dep.name), stamp)
+        return sealed_text(rep.raw, stamp)
+
     async def carry(
         self, token: int, sources: list[str], joint: Mapping[str, Any], *, who: str, note: str
     ) -> dict[str, Any]:
@@ -216,8 +228,11 @@ class Sync:
                 else ""
             )
             raise UsageError(f"No valid replica of the state of {name!r} exists; nothing to copy.{more}")
-        if winner is not None:
-            self.replicas.need_decoded(judged, "copy", q)
+        # A majority of the old members must answer with a replica that decodes (or the
+        # empty state `deployment create` seeded): a missing or corrupt one may stand
+        # where the newest confirmed write was, also when nothing else was seen.
+        self.replicas.need_decoded(judged, "copy", q)
+        nothing_anywhere = all(rep.blank for rep in _replicas(judged).values()) and all(r.ok for r in judged.values())
         # Nothing written yet is copied too, as the empty state: its version then fences
         # the first write of an older lock as any other.
         top = winner.stamp if winner is not None else NO_STAMP
@@ -264,14 +279,18 @@ class Sync:
         promises = await fan_out(
             list(kinds),
             lambda c: self.replicas.cas(
-                reps[c], stamp, Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE, None, holder=True
+                reps[c],
+                stamp,
+                Kind.PROMISE if kinds[c] is Kind.WRITE else Kind.OVERWRITE,
+                lambda rep: self._sealed(rep, stamp) if kinds[c] is Kind.WRITE else None,
+                holder=True,
             ),
             timeout=self.replicas.clusters.timeout,
             silent=self.replicas.clusters.silent,
         )
         latest = {k: r.value for k, r in promises.items() if r.ok and r.value is not None}
         chosen = choose({k: rep for k, rep in latest.items() if k in sources}, evidence)
-        decoded = [k for k, rep in latest.items() if k in sources and (rep.answers or winner is None)]
+        decoded = [k for k, rep in latest.items() if k in sources and (rep.answers or nothing_anywhere)]
         if len(decoded) < q or chosen.conflict or (winner is not None and chosen.winner is None):
             raise NoQuorumError(
                 f"Cannot copy the state of {name!r}: version {stamp.version} could be reserved on "

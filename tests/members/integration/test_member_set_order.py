@@ -268,3 +268,96 @@ def test_a_write_of_a_lock_lost_across_a_change_is_refused_by_the_copys_stamp(de
         assert "fencing token" in landed[k].detail, (k, landed[k].detail)
     read = json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))
     assert read == ({"release": "1.2.0"} if written else {}), read
+
+
+# Broke before the fix (outside attack on the copy under the change's token, break A):
+# the copy's promise was an annotation only. Removed from c2 and c3 between the copy's
+# promise and its data, together with the note and the floor, it let the paused write
+# land there (confirmed on the old set); the copy then wrote the old value on c1 and c4
+# under its higher token, which every later read preferred.
+
+
+def test_a_write_landing_between_the_copys_promise_and_its_data_is_refused(dep5: Env, monkeypatch: Any) -> None:
+    """Holder `a` promised its stamp on c1, c2, c3 and paused; its lock was released and
+    a change to c3, c4, c5 promised its copy's stamp. Between that promise and the copy's
+    data, the promise, note and floor annotations are removed from c2's and c3's state
+    objects and `a`'s data arrives: refused everywhere (the copy keeps its promise inside
+    the envelope), and the change's value is the state."""
+    from coordinator.engine.register import PROMISE_ANNOTATION, Kind, build_envelope, new_write_id, next_stamp
+    from coordinator.engine.state.replicas import Replicas
+    from coordinator.ops.reconfig import change_members
+    from coordinator.rules.resources import A_TOKEN_FLOOR
+
+    pay(dep5, "c1", "c2", "c3")
+    token = json_doc(succeeded(acquire(dep5, "a", "--ttl", "30s")))["fencing_token"]
+    old = ("c1", "c2", "c3")
+    original = Replicas.cas
+    landed: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with dep5.api(timeout=COMMIT_TIMEOUT_S) as c:
+            replicas = c.state(DEP).replicas  # `a`'s view: the record from before the change
+            reps = {k: (await replicas.read_one(k, with_lease=False)).replica for k in old}
+            stamp = next_stamp(reps.values(), token, None, new_write_id())
+            _env, text = build_envelope(
+                reps["c1"].envelope, {"release": "9.9.9"}, stamp, who="a", host="h", command="state set",
+                now=datetime.now(UTC), members=list(old), member_ids={}, namespace=dep5.namespace,
+                storage="configmap", keys=["release"], membership=replicas.membership.document(), deployment=DEP,
+            )  # fmt: skip
+            promised = {k: await original(replicas, reps[k], stamp, Kind.PROMISE, None, holder=True) for k in old}
+            assert all(r.ok for r in promised.values()), promised
+            succeeded(dep5.cli("lock", "release", DEP, "--holder", "a"))
+            attacked = anyio.Event()
+
+            async def hooked(self: Replicas, *args: Any, **kw: Any) -> Any:
+                if kw.get("unchanged") is not None:  # the copy's data, after its promise
+                    if not landed:
+                        landed["started"] = True
+                        for i in (2, 3):
+                            stripped = [f"{A_MEMBERSHIP}-", f"{A_TOKEN_FLOOR}-", f"{PROMISE_ANNOTATION}-"]
+                            succeeded(kubectl_on(dep5, i, "annotate", "configmap", STATE, *stripped))
+                        for k in old:
+                            fresh = (await replicas.read_one(k, with_lease=False)).replica
+                            landed[k] = await original(replicas, fresh, stamp, Kind.WRITE, text, holder=True)
+                        attacked.set()
+                    await attacked.wait()
+                return await original(self, *args, **kw)
+
+            monkeypatch.setattr(Replicas, "cas", hooked)
+            await change_members(c, DEP, ["c3", "c4", "c5"], ttl=20)
+
+    anyio.run(main)
+    assert "started" in landed, "the copy wrote no data"
+    accepted = [k for k in old if landed[k].ok]
+    assert not accepted, {k: (landed[k].outcome, landed[k].detail) for k in old}
+    assert record(dep5).clusters == ["c3", "c4", "c5"]
+    read = json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))
+    assert read == {"release": "1.2.0"}, read
+
+
+# Broke before the fix (the same attack, break B): with no value seen, the copy counted a
+# deleted state object as an answer, and wrote the empty state over a confirmed write.
+
+
+def test_a_copy_that_cannot_hear_a_majority_of_replicas_writes_nothing(dep5: Env) -> None:
+    """x=1 is confirmed on c1 and c2 (c3 paused, it keeps the seeded empty state); then
+    c2 is paused and c1's state object deleted. `add-cluster pay c4` cannot know the
+    newest state (one replica of three answers): exit 4, and x=1 stays the state."""
+    members = [a for m in ("c1", "c2", "c3") for a in ("--cluster", m)]
+    succeeded(dep5.cli("deployment", "create", DEP, "-n", dep5.namespace, *members))
+    dep5.sandbox.pause(3)
+    try:
+        lock = json_doc(succeeded(acquire(dep5, "w", "--ttl", "30s")))
+        succeeded(dep5.cli("--timeout", "3s", "state", "set", DEP, "x=1", "--lock-id", lock["lock_id"]))
+        succeeded(dep5.cli("--timeout", "3s", "lock", "release", DEP, "--holder", "w"))
+    finally:
+        dep5.sandbox.resume(3)
+    dep5.sandbox.pause(2)
+    try:
+        succeeded(kubectl_on(dep5, 1, "delete", "configmap", STATE))
+        added = dep5.cli("--timeout", "3s", "deployment", "add-cluster", DEP, "c4", "--ttl", "10s")
+    finally:
+        dep5.sandbox.resume(2)
+    assert added.returncode == 4, (added.returncode, added.stdout, added.stderr)
+    read = json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))
+    assert read == {"x": "1"}, read
