@@ -198,10 +198,15 @@ class Sync:
         promised majority meets; one that comes after is refused by the promise. The
         value is written only where the replica still holds the stamp it held then.
 
+        The promise is kept inside the envelope too (Replica.sealed): the annotation is
+        anyone's to remove who may annotate the object, and a write that lands between
+        the promise and the data would be outranked by the copy's higher token.
+
         ``joint`` (the change's joint configuration) is kept in the envelope: on a run of
         the same change again, a joining member that holds this change's earlier copy is
-        written over, where any other state on it stops the change (``holds_other``: not
-        this deployment's state as its members know it, left alone).
+        written over. One that holds a newer state, or the same stamp with other data,
+        stops the change (``holds_other``: not this deployment's state as its members know
+        it, left alone); an older one is written over, as a stale replica.
         ``holding`` lists the members that hold the new version afterwards."""
         name = self.replicas.dep.name
         results = await self.replicas.read_all()
