@@ -83,7 +83,9 @@ ENVELOPE_LIMIT = OBJECT_LIMIT - 16 * 1024
 
 _WRITE_ID = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 # A number as str() writes it: ASCII digits (not '٣', which int() reads too), no leading zero.
-_DECIMAL = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+# At most 19 digits: no write's token or version is longer, and a longer one (planted)
+# would not even print (Python's limit on converting long integers to text).
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
 # How deep a state document may be nested (the data mapping is level 1, a value in it
 # level 2): `state set` and `state apply` refuse deeper input, and a replica holding
 # deeper data is corrupt, since printing it (as JSON or YAML) would recurse past any
@@ -362,7 +364,8 @@ def decode_replica(
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return value if ok else None
 
 
 def claimed_stamp(obj: dict[str, Any], storage: str) -> Stamp:
@@ -413,6 +416,13 @@ def _decode(
     rep = Replica(cluster, exists=True, obj=obj)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     present = ((obj.get("data") or {}).get(DATA_KEY) is not None, PROMISE_ANNOTATION in annotations)
+    if present[1] and (from_file or writer(obj, annotation(PROMISE_ANNOTATION)) is Writer.OURS):
+        # A promise coordinator wrote is this object's word even where its envelope is
+        # not: a writer's data lands only where its own promise shows (judge).
+        try:
+            rep.promise = Stamp.parse(str(annotations.get(PROMISE_ANNOTATION)))
+        except ValueError:
+            rep.promise = None
     for path, what, there in (
         (("data", DATA_KEY), f"its {DATA_KEY}", present[0]),
         (annotation(PROMISE_ANNOTATION), "its promise", present[1]),
@@ -575,6 +585,8 @@ def judge(rep: Replica, stamp: Stamp, kind: Kind) -> Verdict:
         # this very attempt, retried). A writer saved it to a file first.
         if stamp < rep.bound:
             return Verdict(False, reason=_refusal(rep, stamp))
+        if kind is Kind.WRITE and rep.promise != stamp:
+            return Verdict(False, reason=_unpromised(rep, stamp))
         return Verdict(True)
     held, promised = rep.stamp, rep.promise or NO_STAMP
     if kind is Kind.PROMISE:
@@ -587,7 +599,18 @@ def judge(rep: Replica, stamp: Stamp, kind: Kind) -> Verdict:
         return Verdict(True, done=True)
     if stamp < held or (kind is Kind.WRITE and stamp < promised):
         return Verdict(False, reason=_refusal(rep, stamp))
+    if kind is Kind.WRITE and promised != stamp:
+        return Verdict(False, reason=_unpromised(rep, stamp))
     return Verdict(True)
+
+
+def _unpromised(rep: Replica, stamp: Stamp) -> str:
+    """A write's data lands only where the replica shows that write's own promise, as
+    coordinator wrote it: where it was removed or rewritten by another client (the
+    replica then counts as corrupt, or as having promised nothing), a write of a lock
+    lost since could otherwise land under a newer holder's value."""
+    shown = rep.promise.short() if rep.promise is not None else "none"
+    return f"refused: it does not show this write's promise {stamp.short()} (it shows {shown})"
 
 
 def _refusal(rep: Replica, stamp: Stamp) -> str:

@@ -11,6 +11,7 @@ the later one with the lower token. Everything runs on the real 5-cluster sandbo
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 from coord_fixtures import COMMIT_TIMEOUT_S, Env
 from helpers.members import DEP, LEASE, STATE, acquire, json_doc, kubectl_on, machine, pay, record, succeeded
 
+from coordinator.errors import CoordinatorError
 from coordinator.kube import client as kube
 from coordinator.kube.client import KubeError
 from coordinator.rules.membership import A_MEMBERSHIP, Membership, in_lease_object
@@ -277,12 +279,24 @@ def test_a_write_of_a_lock_lost_across_a_change_is_refused_by_the_copys_stamp(de
 # under its higher token, which every later read preferred.
 
 
-def test_a_write_landing_between_the_copys_promise_and_its_data_is_refused(dep5: Env, monkeypatch: Any) -> None:
+# And (a second attack on it, break 1): with the envelope rewritten by another field
+# manager as well, the replica counted as corrupt, its seal unread, and a corrupt replica
+# took any write at or above the stamps it names. A write's data now lands only where
+# its own promise shows, as coordinator wrote it.
+
+
+@pytest.mark.parametrize("tamper", ["annotations", "rewritten"])
+def test_a_write_landing_between_the_copys_promise_and_its_data_is_refused(
+    dep5: Env, monkeypatch: Any, tamper: str
+) -> None:
     """Holder `a` promised its stamp on c1, c2, c3 and paused; its lock was released and
     a change to c3, c4, c5 promised its copy's stamp. Between that promise and the copy's
     data, the promise, note and floor annotations are removed from c2's and c3's state
-    objects and `a`'s data arrives: refused everywhere (the copy keeps its promise inside
-    the envelope), and the change's value is the state."""
+    objects (`rewritten`: and their envelope is written again by another field manager,
+    without the copy's promise in it) and `a`'s data arrives: refused everywhere (the
+    copy keeps its promise inside the envelope; a replica that shows no promise of the
+    write takes no data), and with only annotations removed the change's value is the
+    state."""
     from coordinator.engine.register import PROMISE_ANNOTATION, Kind, build_envelope, new_write_id, next_stamp
     from coordinator.engine.state.replicas import Replicas
     from coordinator.ops.reconfig import change_members
@@ -316,6 +330,14 @@ def test_a_write_landing_between_the_copys_promise_and_its_data_is_refused(dep5:
                         for i in (2, 3):
                             stripped = [f"{A_MEMBERSHIP}-", f"{A_TOKEN_FLOOR}-", f"{PROMISE_ANNOTATION}-"]
                             succeeded(kubectl_on(dep5, i, "annotate", "configmap", STATE, *stripped))
+                            if tamper == "rewritten":
+                                client = c.clusters.client(f"c{i}")
+                                path = f"{configmaps_path(dep5.namespace)}/{STATE}"
+                                obj = (await client.request("GET", path)).body
+                                envelope = json.loads(obj["data"]["envelope.json"])
+                                envelope.pop("promise", None)
+                                obj["data"]["envelope.json"] = json.dumps(envelope)
+                                await client.request("PUT", path, body=obj, query={"fieldManager": "evil"})
                         for k in old:
                             fresh = (await replicas.read_one(k, with_lease=False)).replica
                             landed[k] = await original(replicas, fresh, stamp, Kind.WRITE, text, holder=True)
@@ -324,12 +346,19 @@ def test_a_write_landing_between_the_copys_promise_and_its_data_is_refused(dep5:
                 return await original(self, *args, **kw)
 
             monkeypatch.setattr(Replicas, "cas", hooked)
-            await change_members(c, DEP, ["c3", "c4", "c5"], ttl=20)
+            try:
+                await change_members(c, DEP, ["c3", "c4", "c5"], ttl=20)
+            except CoordinatorError:
+                # The rewritten replicas hold another stamp than when the copy promised:
+                # it does not write over them, and cannot reach the old set's majority.
+                assert tamper == "rewritten"
 
     anyio.run(main)
     assert "started" in landed, "the copy wrote no data"
     accepted = [k for k in old if landed[k].ok]
     assert not accepted, {k: (landed[k].outcome, landed[k].detail) for k in old}
+    if tamper == "rewritten":
+        return
     assert record(dep5).clusters == ["c3", "c4", "c5"]
     read = json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))
     assert read == {"release": "1.2.0"}, read

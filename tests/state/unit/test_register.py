@@ -252,8 +252,9 @@ S1, S2, S3 = Stamp(1, 1, "aa"), Stamp(1, 2, "aa"), Stamp(1, 3, "aa")
         (S1, S3, Kind.WRITE, S2, False, False),
         (S2, S2, Kind.WRITE, S2, True, True),
         (S3, S3, Kind.WRITE, S2, False, False),
-        (None, None, Kind.WRITE, S1, True, False),
-        (S1, None, Kind.WRITE, Stamp(1, 1, "ab"), True, False),
+        (None, None, Kind.WRITE, S1, False, False),  # not promised there: the data does not land
+        (S1, S2, Kind.WRITE, Stamp(1, 2, "ab"), False, False),  # another write's promise shows
+        (S1, Stamp(1, 1, "ab"), Kind.WRITE, Stamp(1, 1, "ab"), True, False),
         (S1, None, Kind.WRITE, Stamp(1, 1, "a0"), False, False),
         # repairs: newer than held; promises do not hold them up
         (S1, S3, Kind.REPAIR, S2, True, False),
@@ -273,8 +274,14 @@ def test_judge(held: Stamp | None, promised: Stamp | None, kind: Kind, stamp: St
 
 def test_judge_corrupt_and_newer_schema() -> None:
     corrupt = reg.decode_replica("c1", served({"data": {reg.DATA_KEY: "{nope"}}), "configmap")
-    assert reg.judge(corrupt, S1, Kind.WRITE).accept  # a writer saved it to a file first
+    assert not reg.judge(corrupt, S1, Kind.WRITE).accept  # not promised there yet
     assert reg.judge(corrupt, S1, Kind.PROMISE).accept
+    annotations = {reg.PROMISE_ANNOTATION: str(S1)}
+    promised = reg.decode_replica(
+        "c1", served({"metadata": {"annotations": annotations}, "data": {reg.DATA_KEY: "{nope"}}), "configmap"
+    )
+    assert promised.corrupt and promised.promise == S1
+    assert reg.judge(promised, S1, Kind.WRITE).accept  # promised: a writer saved it to a file first
     refused = reg.judge(corrupt, S1, Kind.REPAIR)
     assert not refused.accept and "state sync" in refused.reason
     newer = _decode_doc(_written({}) | {"schema": STATE_SCHEMA + 1})
@@ -470,8 +477,13 @@ def test_a_corrupt_replica_takes_no_stamp_below_its_bound() -> None:
         verdict = reg.judge(rep, fenced, kind)
         assert not verdict.accept and "fencing token 3 > 2" in verdict.reason, verdict
         assert not reg.judge(rep, Stamp(3, 1, "zz"), kind).accept  # older version, same token
-        assert reg.judge(rep, Stamp(3, 3, "aa"), kind).accept  # newer: the next write replaces it
-        assert reg.judge(rep, newer, kind).accept  # the same attempt, retried
+    assert reg.judge(rep, Stamp(3, 3, "aa"), Kind.PROMISE).accept  # newer: the next write promises there
+    assert reg.judge(rep, newer, Kind.PROMISE).accept  # the same attempt, retried
+    # Its data lands only once its own promise shows, as coordinator wrote it: this
+    # object's promise annotation is another client's, so it is not.
+    unpromised = reg.judge(rep, Stamp(3, 3, "aa"), Kind.WRITE)
+    assert not unpromised.accept and "does not show this write's promise" in unpromised.reason
+    assert not reg.judge(rep, newer, Kind.WRITE).accept
     assert reg.judge(rep, fenced, Kind.OVERWRITE).accept  # `state sync --from`, deliberately
     # A writer is fenced out by the token, and draws its version above the bound.
     assert reg.newer_token([rep], 2, evidence=3) == 3

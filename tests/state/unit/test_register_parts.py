@@ -209,13 +209,15 @@ def test_a_newer_schema_number_is_refused_and_an_older_one_is_corrupt() -> None:
     assert old.envelope is None and old.corrupt is not None and "older" in old.corrupt
 
 
-@pytest.mark.parametrize("text", ["٣/1/ab", "1/٣/ab", "01/1/ab", "1/01/ab", "+1/1/ab", " 1/1/ab", "1/1/ab "])
+@pytest.mark.parametrize(
+    "text", ["٣/1/ab", "1/٣/ab", "01/1/ab", "1/01/ab", "+1/1/ab", " 1/1/ab", "1/1/ab ", "1/" + "9" * 4300 + "/x"]
+)
 def test_stamp_parse_takes_only_what_str_writes(text: str) -> None:
     with pytest.raises(ValueError, match="is not a stamp"):
         Stamp.parse(text)
 
 
-@given(st.integers(0, 10**30), st.integers(0, 10**30))
+@given(st.integers(0, 10**19 - 1), st.integers(0, 10**19 - 1))
 def test_stamp_parse_is_the_inverse_of_str(token: int, version: int) -> None:
     stamp = Stamp(token, version, reg.new_write_id())
     assert Stamp.parse(str(stamp)) == stamp
