@@ -17,9 +17,12 @@ An interrupted change leaves the joint configuration stored, which is safe: runn
 same command again finishes it, also when the run was killed after the members stored
 the joint set (or the commit) and before this machine's record followed — the members
 then store this very change (the joint set of this record's set and the target, or the
-commit that follows it), which the run recognises. Machines whose record predates the
-change are refused (the members store a newer epoch) for every other command until they
-run ``deployment import``.
+commit that follows it), which the run recognises, on a lease or on a state object (a
+step notes its set on a member's state object before it writes the lease, and can fail
+in between). Machines whose record predates the change are refused (the members store a
+newer epoch) for every other command; running the same change brings their record along
+too (and finishes the change if it is still in progress), as does ``deployment import``
+once the leases store the set.
 
 A new member whose lease stores another member set (another deployment of the same name
 and namespace lives there, or someone planted one) is not taken over: the change stops
@@ -400,24 +403,43 @@ async def _own_change(
 ) -> DeploymentRecord | None:
     """When members store the joint configuration or the commit of the change from
     ``rec`` to ``target`` (written by coordinator), bring the local record there: the
-    committed record when a majority of both sets store the commit, the joint one
-    otherwise (the change then continues). None when the members store no trace of it."""
+    committed record when a majority of both sets store the commit on their leases, the
+    joint one otherwise (the change then continues). None when the members store no
+    trace of it.
+
+    The state objects are read too: a step notes its set on a member's state object
+    before it writes that member's lease, so a step that failed on the leases (refused,
+    or the leases deleted since) can have left its set on state objects alone. Every
+    machine whose record predates the change is refused there (the note is newer than
+    its record); this rerun is the way on."""
     _, joint_m, final_m = _configs(c.clusters, rec, target)
     union = rec.model_copy(update={"clusters": list(dict.fromkeys([*rec.clusters, *target])), "joint": None})
     reader = engine.under(union)
-    results = await reader.core.read_everywhere()
-    reader.core.raise_on_mismatch(results)
-    views = {k: r.value.view for k, r in results.items() if r.ok and r.value and r.value.view}
+
+    async def one(cluster: str) -> ClusterResult[tuple[LeaseView, Stored]]:
+        on_state: list[ClusterResult[tuple[int, Stored]]] = []
+
+        async def read_state() -> None:
+            on_state.append(await reader.state_one(cluster))  # its own failure is its result
+
+        try:
+            view = await reader.core.checked_read(cluster, read_state)
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+        noted = on_state[0].value[1] if on_state and on_state[0].ok and on_state[0].value is not None else None
+        return ClusterResult(cluster, Outcome.OK, (view, noted))
+
+    results = await fan_out(reader.members, one, timeout=reader.timeout, silent=reader.clusters.silent)
+    reader.core.raise_on_mismatch(results)  # type: ignore[arg-type]
+    views = {k: r.value[0] for k, r in results.items() if r.ok and r.value is not None}
     stored = {k: reader.core.stored_membership(v) for k, v in views.items()}
     ours = {k: v for k, v in stored.items() if of_this_change_on(v, views[k])}
-    if not any(v in (joint_m, final_m) for v in ours.values()):
-        return None
+    noted = {k: r.value[1] for k, r in results.items() if r.ok and r.value is not None}
     groups = [list(rec.clusters), list(target)]
-
-    def on_majorities(value: Membership) -> bool:
-        return all(sum(1 for m in g if ours.get(m) == value) >= len(g) // 2 + 1 for g in groups)
-
-    if on_majorities(final_m):
+    step = step_of_change(joint_m, final_m, groups, ours, noted)
+    if step is None:
+        return None
+    if step == final_m:
         final_rec = rec.model_copy(update={"epoch": final_m.epoch, "clusters": list(target), "joint": None})
         _save(c, final_rec)
         report.epoch = final_rec.epoch
@@ -430,12 +452,49 @@ async def _own_change(
     joint_rec = rec.model_copy(update={"epoch": joint_m.epoch, "joint": list(target)})
     if c.deployment(rec.name) != joint_rec:
         _save(c, joint_rec)
+        on_leases = sorted(k for k, v in ours.items() if v in (joint_m, final_m))
+        where = (
+            f"on the leases of {', '.join(on_leases)}"
+            if on_leases
+            else f"on the state objects of {', '.join(sorted(k for k, v in noted.items() if v in (joint_m, final_m)))} "
+            "only (its lease writes did not land, or the leases were deleted since)"
+        )
         report.steps.append(
-            f"the members store this change in progress (epoch {joint_rec.epoch}): an earlier run was "
-            "interrupted before this machine's record followed; finishing it"
+            f"the members store this change in progress (epoch {joint_rec.epoch}, {where}): an earlier run "
+            "stopped before this machine's record followed; finishing it"
         )
     report.epoch = joint_rec.epoch
     return joint_rec
+
+
+def step_of_change(
+    joint: Membership,
+    final: Membership,
+    groups: list[list[str]],
+    on_leases: Mapping[str, Membership],
+    on_states: Mapping[str, Stored],
+) -> Membership | None:
+    """Which step of a change the members store: ``final`` when a majority of each of
+    ``groups`` (the old set and the new) store the commit on their leases, ``joint``
+    when any lease or state object stores either step, None when none does.
+    ``on_leases``: the sets on leases that may be this change's (of_this_change_on);
+    ``on_states``: the notes on state objects. Only a note a coordinator field manager
+    wrote counts (one another client wrote, or whose writer is unknown, could have been
+    put there by anyone allowed to annotate the object). A commit noted on state objects
+    alone resumes the change at its joint step: the commit is noted there before it is
+    written on the leases, so such a note does not prove it was confirmed, and finishing
+    writes it on the leases."""
+
+    def ours_on_state(value: Stored) -> bool:
+        return isinstance(value, Membership) and value.writers is not None and value.written_by_us
+
+    if all(sum(1 for m in g if on_leases.get(m) == final) >= len(g) // 2 + 1 for g in groups):
+        return final
+    if any(v in (joint, final) for v in on_leases.values()):
+        return joint
+    if any(ours_on_state(v) and v in (joint, final) for v in on_states.values()):
+        return joint
+    return None
 
 
 async def _refuse_foreign(engine: LockEngine, seed: list[str], allow: tuple[Membership, ...] = ()) -> None:

@@ -210,10 +210,31 @@ class Check:
                     f"{stored.writer_text()}): it may have been planted or edited by hand. Find out who changed "
                     f"it; if it is not a member change you know of, remove that annotation on {where} and retry."
                 )
+            adopt = (
+                f"`coordinator deployment delete {deployment}` and `coordinator deployment import {deployment} "
+                f"--cluster {where.split(', ')[0]}` (connect any missing cluster first; the import checks that a "
+                "majority of the stored set's members store it)"
+            )
+            target = change_from(self.local, stored)
+            if target is None:
+                return head + f" Adopt the stored set with {adopt}."
+            change = (
+                f" It is a step of a member change from this machine's member set to "
+                f"{', '.join(name(i) for i in target)}"
+            )
+            run_it = change_command(deployment, self.local, target, name)
+            if stored.joint is not None:
+                # Its joint set: running that change here recognises it (on a lease or
+                # a state object) and finishes it. An import would not do: it reads the
+                # leases, and the joint set may be noted on state objects alone (its
+                # lease writes refused, or the leases deleted since).
+                return head + (
+                    f"{change} (its joint configuration), which stopped before this machine's record followed. "
+                    f"Run that change here to finish it and bring the record along: {run_it}; then retry."
+                )
             return head + (
-                f" Adopt the stored set with `coordinator deployment delete {deployment}` and `coordinator "
-                f"deployment import {deployment} --cluster {where.split(', ')[0]}` (connect any missing cluster "
-                "first; the import checks that a majority of the stored set's members store it)."
+                f"{change} (its commit). Run that change here to bring the record along (it finishes the change "
+                f"if it stopped half-way): {run_it}; or adopt the stored set with {adopt}."
             )
         told = []
         if self.silent:
@@ -252,6 +273,42 @@ class Check:
             f" If the deployment was changed elsewhere, re-import it with `coordinator deployment import "
             f"{deployment} --cluster NAME`; if members are unreachable, retry when they answer."
         )
+
+
+def change_from(local: Membership, stored: Membership) -> tuple[str, ...] | None:
+    """The new member set of the member change from ``local`` (a record not in a change)
+    of which ``stored`` (written by coordinator) is a step, or None: its joint
+    configuration (``local``'s members at the next epoch, changing to the new set) or its
+    commit (the new set two epochs on, sharing a member with ``local``). Such a change,
+    run again from ``local``, recognises the step and finishes it."""
+    if local.joint is not None or not stored.written_by_us:
+        return None
+    if stored.joint is not None:
+        return stored.joint if stored.epoch == local.epoch + 1 and stored.members == local.members else None
+    if stored.epoch == local.epoch + 2 and set(stored.members).intersection(local.members):
+        return stored.members
+    return None
+
+
+def change_command(deployment: str, local: Membership, going: Sequence[str], name: Callable[[str], str]) -> str:
+    """The command that changes ``local``'s members to ``going`` (identities; ``name``
+    gives a cluster's local name), in words: one added, removed or replaced cluster is
+    one command; any other change is named by its target set."""
+    added = [name(i) for i in going if i not in local.members]
+    removed = [name(i) for i in local.members if i not in going]
+    unknown = [n for n in (*added, *removed) if n.startswith("identity ")]
+    if unknown:
+        return (
+            f"the change to {', '.join(name(i) for i in going)} (connect {', '.join(unknown)} first with "
+            "`coordinator cluster connect`)"
+        )
+    if len(added) == 1 and not removed:
+        return f"`coordinator deployment add-cluster {deployment} {added[0]}`"
+    if len(removed) == 1 and not added:
+        return f"`coordinator deployment remove-cluster {deployment} {removed[0]}`"
+    if len(added) == 1 and len(removed) == 1:
+        return f"`coordinator deployment replace-cluster {deployment} {removed[0]} {added[0]}`"
+    return f"the change to {', '.join(name(i) for i in going)}"
 
 
 def explain_existing(result: Check, deployment: str, namespace: str, names: Mapping[str, str]) -> str:

@@ -735,7 +735,11 @@ class EngineCore:
         return membership_error(result, self.dep.name, self.identity_names())
 
     def identity_names(self) -> dict[str, str]:
-        return {self.clusters.record(m).identity: m for m in self.members}
+        """Local names by identity: of every cluster connected here, not only of this
+        record's members (a set the members store may name a cluster this record lacks,
+        which a message then names as the user knows it)."""
+        names = {c.identity: c.name for c in self.clusters.config.clusters.values()}
+        return names | {self.clusters.record(m).identity: m for m in self.members}
 
     def raise_on_member_conflict(self, results: Mapping[str, ClusterResult[ClusterLease]]) -> None:
         """Stop when a member stores another member set under the same or a newer epoch

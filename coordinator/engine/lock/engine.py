@@ -219,5 +219,10 @@ class LockEngine:
     async def store_set_on_state(self, token: int) -> dict[str, ClusterResult[int]]:
         return await self._floor.store_set_on_state(token)
 
+    async def state_one(self, cluster: str) -> ClusterResult[tuple[int, Stored]]:
+        """What ``cluster``'s state object records: its token and the member set a
+        coordinator field manager noted there (see TokenFloor.state_one)."""
+        return await self._floor.state_one(cluster)
+
     def check_members(self, stored: Mapping[str, Stored]) -> Check:
         return self.core.check_members(stored)

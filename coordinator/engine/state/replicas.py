@@ -266,7 +266,11 @@ class Replicas:
         verdict = self.members_verdict(results)
         if verdict.ok:
             return
-        raise membership_error(verdict, self.dep.name, {self.clusters.record(m).identity: m for m in self.members})
+        # local names of every cluster connected here: a stored set may name one this record lacks
+        names = {c.identity: c.name for c in self.clusters.config.clusters.values()}
+        raise membership_error(
+            verdict, self.dep.name, names | {self.clusters.record(m).identity: m for m in self.members}
+        )
 
     def members_verdict(self, results: Mapping[str, ClusterResult[Observed]]) -> Check:
         """The members' verdict on this machine's set, each member heard as an

@@ -390,3 +390,90 @@ def test_a_copy_that_cannot_hear_a_majority_of_replicas_writes_nothing(dep5: Env
     assert added.returncode == 4, (added.returncode, added.stdout, added.stderr)
     read = json_doc(succeeded(dep5.cli("-o", "json", "state", "get", DEP)))
     assert read == {"x": "1"}, read
+
+
+# Broke before the fix (simulator seed 8110, two machines changing members): a rerun of a
+# member change recognised its own steps on the leases only. A joint step that noted its
+# set on the state objects of a majority and then failed on the leases left every
+# machine's record behind that note: refused by it (exit 5), and told to import a set
+# no lease stored.
+
+_JOINT_REFUSED = "joint set refused (test)"
+
+
+def _refuse_joint_leases(env: Env, indices: tuple[int, ...], epoch: int) -> list[tuple[int, str]]:
+    """A ValidatingAdmissionPolicy on each of ``indices`` that refuses every write of the
+    deployment's lease storing a member set at ``epoch`` (a change's joint step), and
+    lets every other write of it through (takes, renewals and releases of the set before)."""
+    from faults.admission import add_policy
+
+    ns = env.namespace
+    name = f"refuse-joint-{ns}"
+    anns = "object.metadata.annotations"
+    expr = (f"request.namespace != '{ns}' || object.metadata.name != '{LEASE}' || !has({anns}) || "
+            f"!('{A_MEMBERSHIP}' in {anns}) || !{anns}['{A_MEMBERSHIP}'].contains('\"epoch\":{epoch},')")  # fmt: skip
+    made = []
+    for i in indices:
+        add_policy(env.sandbox.admin(i), name, expr, _JOINT_REFUSED, api_group="coordination.k8s.io",
+                   resource="leases", exist_ok=False)  # fmt: skip
+        made.append((i, name))
+    for i in indices:
+        _until_joint_refused(env, i, epoch, refused=True)
+    return made
+
+
+def _until_joint_refused(env: Env, index: int, epoch: int, *, refused: bool) -> None:
+    """Wait until cluster ``index`` refuses (or no longer refuses) a lease storing a set at ``epoch``."""
+    import json
+
+    from helpers.members import until_admission
+
+    noted = json.dumps({"epoch": epoch, "members": ["x"]}, separators=(",", ":"))
+    probe = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": LEASE, "namespace": env.namespace, "annotations": {A_MEMBERSHIP: noted}}}  # fmt: skip
+    until_admission(env, index, ("-f", "-"), refused=refused, message=_JOINT_REFUSED, stdin=json.dumps(probe))
+
+
+def test_a_change_whose_joint_step_noted_its_set_on_state_objects_only_is_finished_by_running_it_again(
+    dep5: Env, tmp_path: Path
+) -> None:
+    """`add-cluster pay c4` while every member refuses lease writes that store the joint
+    set (epoch 2): the joint step notes it on the state objects of c1, c2, c3 (a lease is
+    written only after its state object stores its set) and then fails on every lease
+    (exit 4, the record stays at epoch 1). A second machine, whose record predates the
+    note too, is refused (exit 5) and told which command finishes the change. With the
+    policy gone, running the change again recognises its joint set on the state objects
+    and finishes it; on the second machine the same command brings the record along. The
+    confirmed write survives."""
+    from faults.admission import remove_policy
+    from helpers.members import json_doc
+
+    pay(dep5, "c1", "c2", "c3")
+    other = machine(dep5, tmp_path, "other")
+    made = _refuse_joint_leases(dep5, (1, 2, 3, 4), epoch=2)
+    try:
+        stopped = dep5.cli("deployment", "add-cluster", DEP, "c4", "--ttl", "10s")
+        assert stopped.returncode == 4, (stopped.returncode, stopped.stdout, stopped.stderr)
+    finally:
+        for i, name in made:
+            remove_policy(dep5.sandbox.admin(i), name)
+    for i, _ in made:
+        _until_joint_refused(dep5, i, 2, refused=False)
+    assert record(dep5).epoch == 1 and record(dep5).joint is None
+    for i in (1, 2, 3):
+        on_lease, on_state = _sets(dep5, i)
+        assert on_lease is not None and on_lease.epoch == 1, (i, on_lease)
+        assert on_state is not None and on_state.epoch == 2 and on_state.joint is not None, (i, on_state)
+    refused = acquire(other, "b", "--ttl", "10s")
+    rerun = dep5.cli("deployment", "add-cluster", DEP, "c4", "--ttl", "10s", "--wait", "30s")
+    assert rerun.returncode == 0, (rerun.returncode, rerun.stdout, rerun.stderr)
+    assert "on the state objects of c1, c2, c3 only" in rerun.stdout, rerun.stdout
+    assert record(dep5).epoch == 3 and record(dep5).clusters == ["c1", "c2", "c3", "c4"], record(dep5)
+    assert refused.returncode == 5, (refused.returncode, refused.stdout, refused.stderr)
+    told = refused.stderr + refused.stdout
+    assert f"`coordinator deployment add-cluster {DEP} c4`" in told and "deployment import" not in told, told
+    succeeded(other.cli("deployment", "add-cluster", DEP, "c4", "--ttl", "10s", "--wait", "30s"))
+    assert record(other).epoch == 3 and record(other).clusters == ["c1", "c2", "c3", "c4"], record(other)
+    for machine_ in (dep5, other):
+        read = json_doc(succeeded(machine_.cli("-o", "json", "state", "get", DEP)))
+        assert read["release"] == "1.2.0", read

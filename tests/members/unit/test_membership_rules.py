@@ -509,3 +509,51 @@ def test_a_record_with_a_change_in_progress_is_told_to_finish_it_not_to_import()
     assert "run that change again" in text and "deployment import" not in text
     plain = check(BEFORE, {"eu-1": None, "eu-2": None, "us-1": BEFORE}, OLD).explain("pay", IDS)
     assert "deployment import pay --cluster NAME" in plain and "in progress" not in plain
+
+
+def test_a_record_behind_a_step_of_a_change_from_it_is_told_to_run_that_change() -> None:
+    # A change of the record's own set (epoch 2) stopped after its joint step noted epoch 3
+    # on the state objects: an import reads the leases, which never stored it; running the
+    # change here recognises the step and finishes it.
+    joint = by(Membership.of(LOCAL.members, epoch=3, joint=["uid-a", "uid-b", "uid-c", "uid-d"]), "coordinator")
+    text = run({"eu-1": joint, "eu-2": joint, "us-1": LOCAL}).explain("web", IDS)
+    assert "differs from this machine's record" in text
+    assert "a member change from this machine's member set to eu-1, eu-2, us-1, us-2" in text, text
+    assert "`coordinator deployment add-cluster web us-2`" in text and "deployment import" not in text
+    # its commit (epoch 4) names the command as well; a removal and a replacement
+    # (the commit: an import adopts it too, once the leases of a majority store it)
+    commit = by(Membership.of(["uid-a", "uid-b"], epoch=4), "coordinator")
+    text = run({"eu-1": commit}).explain("web", IDS)
+    assert "`coordinator deployment remove-cluster web us-1`" in text and "deployment import web" in text, text
+    swap = by(Membership.of(LOCAL.members, epoch=3, joint=["uid-a", "uid-b", "uid-e"]), "coordinator")
+    assert "`coordinator deployment replace-cluster web us-1 ap-1`" in run({"eu-1": swap}).explain("web", IDS)
+    # a cluster not connected here is named by identity, and must be connected first
+    text = run({"eu-1": joint}).explain("web", {k: v for k, v in IDS.items() if k != "uid-d"})
+    assert "connect identity uid-d first" in text, text
+    # not a step from this record: the joint set of another set, a later epoch, or not
+    # coordinator's (the planted-set advice): no change to run
+    other = by(Membership.of(["uid-a", "uid-b", "uid-d"], epoch=3, joint=["uid-a", "uid-b"]), "coordinator")
+    later = by(Membership.of(LOCAL.members, epoch=5, joint=["uid-a", "uid-b"]), "coordinator")
+    forged = by(Membership.of(LOCAL.members, epoch=3, joint=["uid-a", "uid-b"]), "kubectl")
+    for stored in (other, later, forged):
+        text = run({"eu-1": stored}).explain("web", IDS)
+        assert "Run that change here" not in text, (stored, text)
+
+
+def test_a_rerun_finds_its_change_on_state_objects_only_where_coordinator_noted_it() -> None:
+    from coordinator.ops.reconfig import step_of_change
+
+    final = Membership.of(["uid-a", "uid-b", "uid-c", "uid-d"], epoch=4)
+    joint = Membership.of(LOCAL.members, epoch=3, joint=final.members)
+    groups = [MEMBERS, [*MEMBERS, "us-2"]]
+    noted = by(joint, "coordinator")
+    assert step_of_change(joint, final, groups, {}, {"eu-1": noted}) == joint
+    # the commit noted on state objects alone: resumed at the joint step (the commit is
+    # noted before its lease writes, so such a note does not prove it was confirmed)
+    everywhere = {m: by(final, "coordinator") for m in groups[1]}
+    assert step_of_change(joint, final, groups, {}, everywhere) == joint
+    assert step_of_change(joint, final, groups, {m: final for m in groups[1]}, {}) == final
+    # a note another client wrote, or whose writer is unknown (managedFields stripped),
+    # or an older set: no trace of the change
+    for stored in (by(joint, "kubectl"), by(joint), by(final, "kubectl-annotate"), by(LOCAL, "coordinator")):
+        assert step_of_change(joint, final, groups, {}, {"eu-1": stored, "eu-2": stored}) is None, stored
