@@ -666,16 +666,51 @@ async def seed_state(
     before any write could have landed there (by `deployment create`, or by a member
     change for a joining member, which no write has reached yet)."""
     from coordinator.engine.lock.floor import genesis_state_object
+    from coordinator.engine.register import SEEDED_ANNOTATION
+    from coordinator.rules.evidence import with_records
+    from coordinator.rules.membership import A_MEMBERSHIP, Membership
 
-    collection, _ = state_paths(record.namespace, record.name, record.storage)
-    body = genesis_state_object(record.name, record.storage, membership, seeded=True)
+    # Made in two steps. The create carries neither the seeded mark nor the member set:
+    # a create has no precondition, and one held up on the network can land long after,
+    # where the object was deleted since (after a member change, say), so what it carries
+    # must say nothing. The mark and the set follow in a compare-and-swap on the very
+    # object the create made, which fails wherever anything happened to it since.
+    collection, path = state_paths(record.namespace, record.name, record.storage)
+    client = clusters.client(cluster)
+    body = genesis_state_object(record.name, record.storage, None)
     try:
-        await clusters.client(cluster).request("POST", collection, body=body, query={"fieldManager": FIELD_MANAGER})
+        made: dict[str, Any] = (
+            await client.request("POST", collection, body=body, query={"fieldManager": FIELD_MANAGER})
+        ).body
     except KubeError as err:
         if err.kind == kube.ALREADY_EXISTS:
             return ClusterResult(cluster, Outcome.OK, "exists")
         return failed(cluster, err)  # type: ignore[return-value]
-    return ClusterResult(cluster, Outcome.OK, "created")
+    uid = (made.get("metadata") or {}).get("uid")
+    noted = Membership.parse(membership)
+    current = made
+    for _ in range(3):
+        meta = dict(current.get("metadata") or {})
+        if meta.get("uid") != uid or (meta.get("annotations") or {}).get(SEEDED_ANNOTATION):
+            break  # another object by now (deleted and made again), or marked already
+        annotations = dict(meta.get("annotations") or {}) | {SEEDED_ANNOTATION: "true"}
+        if noted is not None:
+            annotations[A_MEMBERSHIP] = noted.dump()
+        meta["annotations"] = annotations
+        marked = with_records({**current, "metadata": meta}, current, clock.token_hex(6))
+        try:
+            await client.request("PUT", path, body=marked, query={"fieldManager": FIELD_MANAGER})
+            return ClusterResult(cluster, Outcome.OK, "created")
+        except KubeError as err:
+            if err.kind != kube.CONFLICT:
+                return failed(cluster, err)  # type: ignore[return-value]
+        try:
+            current = (await client.request("GET", path)).body
+        except KubeError as err:
+            return failed(cluster, err)  # type: ignore[return-value]
+    return ClusterResult(
+        cluster, Outcome.CONFLICT, "created", detail="created, but changed before it was marked seeded"
+    )
 
 
 def delete_deployment_record(store: ConfigStore, name: str) -> DeploymentRecord:

@@ -177,12 +177,6 @@ def test_a_late_write_never_notes_an_old_set_where_the_note_was_removed(dep5: En
 # change and a deletion of the object, and the old set spoke for c1 again.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/regressions.md, G1): the seed's create carries the member set and the seeded mark; "
-    "marking the object in a second compare-and-swap closes it, but moved the simulator's histories onto a "
-    "liveness limit of the note-first rule (seed 8110, two machines changing members) not yet fixed",
-)
 def test_a_seed_whose_create_lands_alone_says_nothing(dep5: Env) -> None:
     """The create of a member's seeded state object lands, and the call gives up before
     the object is marked (as a create held up on the network lands after its command
