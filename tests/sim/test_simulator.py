@@ -192,14 +192,14 @@ def test_clocks_beyond_their_bounds_are_caught_and_within_them_pass() -> None:
 # has the full-length search for every plant.
 FOUND = {
     "creation-timestamp": (1002, 60.0, "critical sections overlap"),
-    "equal-token-taken": (1000, 120.0, "was reused"),
+    "equal-token-taken": (1060, 120.0, "was reused"),
     "missing-free": (1000, 60.0, "token went down"),
     "namespace-not-made": (1005, 60.0, "store no member set"),
     "no-skew-margin": (1026, 300.0, "critical sections overlap"),
     "no-token-floor": (1000, 120.0, "was reused"),
-    "renew-retakes": (1027, 120.0, "a break did not stick"),
+    "renew-retakes": (1004, 120.0, "a break did not stick"),
     "sync-over-promise": (1028, 120.0, "linearizab"),
-    "unconfirmed-take": (5009, 120.0, "critical sections overlap"),
+    "unconfirmed-take": (5103, 120.0, "critical sections overlap"),
 }
 
 
