@@ -195,7 +195,7 @@ FOUND = {
     "equal-token-taken": (1060, 120.0, "was reused"),
     "missing-free": (1000, 60.0, "token went down"),
     "namespace-not-made": (1005, 60.0, "store no member set"),
-    "no-skew-margin": (1026, 300.0, "critical sections overlap"),
+    "no-skew-margin": (1067, 300.0, "critical sections overlap"),
     "no-token-floor": (1000, 120.0, "was reused"),
     "renew-retakes": (1004, 120.0, "a break did not stick"),
     "sync-over-promise": (1028, 120.0, "linearizab"),
