@@ -192,7 +192,7 @@ def test_clocks_beyond_their_bounds_are_caught_and_within_them_pass() -> None:
 # has the full-length search for every plant.
 FOUND = {
     "creation-timestamp": (1002, 60.0, "critical sections overlap"),
-    "equal-token-taken": (1060, 120.0, "was reused"),
+    "equal-token-taken": (1068, 120.0, "was reused"),
     "missing-free": (1000, 60.0, "token went down"),
     "namespace-not-made": (1005, 60.0, "store no member set"),
     "no-skew-margin": (1067, 300.0, "critical sections overlap"),
