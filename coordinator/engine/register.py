@@ -86,6 +86,12 @@ _WRITE_ID = re.compile(r"^[0-9a-z][0-9a-z-]{0,63}$")
 # At most 19 digits: no write's token or version is longer, and a longer one (planted)
 # would not even print (Python's limit on converting long integers to text).
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
+# Every token and version a stamp names is below LIMIT. A writer draws its version one
+# above the versions it reads, so a version at or above VERSION_CEILING (far above any
+# that one write after another reaches) is planted and raises nobody's version: the
+# stamp drawn above it could not be written down.
+LIMIT = 2**63
+VERSION_CEILING = 2**62
 # How deep a state document may be nested (the data mapping is level 1, a value in it
 # level 2): `state set` and `state apply` refuse deeper input, and a replica holding
 # deeper data is corrupt, since printing it (as JSON or YAML) would recurse past any
@@ -116,7 +122,10 @@ class Stamp:
         parts = str(text).split("/")
         if len(parts) != 3 or not all(_DECIMAL.fullmatch(p) for p in parts[:2]) or not _WRITE_ID.fullmatch(parts[2]):
             raise ValueError(f"{text!r} is not a stamp (TOKEN/VERSION/WRITE-ID)")
-        return cls(int(parts[0]), int(parts[1]), parts[2])
+        token, version = int(parts[0]), int(parts[1])
+        if token >= LIMIT or version >= LIMIT:
+            raise ValueError(f"{text!r} is not a stamp (its numbers are at most {LIMIT - 1})")
+        return cls(token, version, parts[2])
 
 
 NO_STAMP = Stamp(0, 0, "")
@@ -364,7 +373,7 @@ def decode_replica(
 
 
 def _int(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < LIMIT
     return value if ok else None
 
 
@@ -692,9 +701,10 @@ def choose(replicas: Mapping[str, Replica], evidence: int | None) -> Choice:
 
 def next_stamp(replicas: Iterable[Replica], token: int, evidence: int | None, write_id: str) -> Stamp:
     """A write's stamp: a version above every version held or promised by the replicas
-    read (a majority), or named by a corrupt one, suspect ones aside."""
+    read (a majority), or named by a corrupt one, suspect ones and planted versions (at or
+    above VERSION_CEILING) aside."""
     trusted = [r for r in replicas if suspicion(r, evidence) is None]
-    version = max((r.bound.version for r in trusted), default=0) + 1
+    version = max((v for r in trusted if (v := r.bound.version) < VERSION_CEILING), default=0) + 1
     return Stamp(token, version, write_id)
 
 

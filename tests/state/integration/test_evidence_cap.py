@@ -413,3 +413,28 @@ def test_nothing_written_one_replica_corrupt_and_one_member_silent_is_no_quorum_
     assert "c1" in got.stderr and "not known to be empty" in got.stderr, got.stderr
     heard = dep3.cli("-o", "json", "state", "get", "web")
     assert heard.returncode == 0, heard.stderr
+
+
+# Broke before the fix (third outside attack on the write rule, finding 1): another
+# client's promise annotation naming version 9999999999999999999 on c1 alone made the
+# next write draw version 10**19, which no stamp can name: its promises made c2's and c3's
+# replicas unreadable too, and no write could land until c1 was edited back.
+
+
+@pytest.mark.parametrize("version", [str(10**19 - 1), str(2**62 + 5)])
+def test_a_planted_huge_version_on_one_member_does_not_stop_the_writes(dep3: Env, version: str) -> None:
+    """With the planted promise on c1, `state set` still confirms on c2 and c3 (c1, a
+    minority, refuses or is skipped), and the value reads back."""
+    from helpers.web import acquire, doc, kubectl
+
+    lock = doc(acquire(dep3, "w", "--ttl", "60s"))["lock_id"]
+    assert dep3.cli("state", "set", "web", "a=1", "--lock-id", lock).returncode == 0
+    planted = f"coordinator.io/state-promise=1/{version}/x"
+    kubectl(
+        dep3, 1, "annotate", "configmap", "coordinator-state-web", planted, "--overwrite", "--field-manager=mallory"
+    )
+    for value in ("2", "3"):
+        wrote = dep3.cli("state", "set", "web", f"b={value}", "--lock-id", lock)
+        assert wrote.returncode == 0, (wrote.stdout, wrote.stderr)
+    read = dep3.cli("-o", "json", "state", "get", "web")
+    assert read.returncode == 0 and json.loads(read.stdout) == {"a": "1", "b": "3"}, (read.stdout, read.stderr)

@@ -492,3 +492,24 @@ def test_a_corrupt_replica_takes_no_stamp_below_its_bound() -> None:
     planted = reg.decode_replica("c1", _unowned(replica("c1", {"k": 1}, Stamp(10**9, 10**9, "x"))), "configmap")
     assert reg.suspicion(planted, 3) and "corrupt and carries fencing token" in (reg.suspicion(planted, 3) or "")
     assert reg.newer_token([planted], 3, 3) is None and reg.next_stamp([planted], 3, 3, "w") == Stamp(3, 1, "w")
+
+
+def test_a_planted_version_too_large_to_follow_raises_no_writers_version() -> None:
+    """Another client's promise annotation naming version 10**19 - 1 on one replica
+    (found by an outside attack): the next stamp drawn above it would not parse back, so
+    every promise written would make its replica unreadable. Such a version raises no
+    writer's version; the replica still refuses the write (its bound is above it)."""
+    beyond = reg.decode_replica(
+        "c1", _unowned(replica("c1", {"a": 1}, S1, promise=Stamp(1, 10**19 - 1, "x"))), "configmap"
+    )
+    assert beyond.corrupt and beyond.bound == S1  # no stamp at all: at most 2**63 - 1
+    with pytest.raises(ValueError, match="at most"):
+        Stamp.parse(f"1/{2**63}/x")
+    planted = Stamp(1, reg.VERSION_CEILING + 5, "x")
+    rep = reg.decode_replica("c1", _unowned(replica("c1", {"a": 1}, S1, promise=planted)), "configmap")
+    assert rep.corrupt and rep.bound == planted
+    other = replica("c2", {"a": 1}, S1)
+    stamp = reg.next_stamp([rep, beyond, other], 1, None, "ww")
+    assert stamp == Stamp(1, 2, "ww") and Stamp.parse(str(stamp)) == stamp
+    assert not reg.judge(rep, stamp, Kind.PROMISE).accept  # that replica refuses it
+    assert reg.judge(other, stamp, Kind.PROMISE).accept  # the others take it
