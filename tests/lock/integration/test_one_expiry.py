@@ -20,10 +20,13 @@ def _doc(proc: Any, code: int = 0) -> Any:
 
 
 def test_status_fleet_and_a_refusal_show_the_expiry_acquire_showed(dep3: Env) -> None:
+    before = time.monotonic()
     took = _doc(dep3.cli("-o", "json", "lock", "acquire", "web", "--holder", "alice", "--ttl", "60s"))
     after = time.monotonic()
     valid = took["expires_in_s"]
-    assert 57 <= valid <= 60, took
+    # The TTL less what the acquisition took (a busy machine makes that seconds) and the
+    # same few seconds of margin as on a quiet one.
+    assert 60 - (after - before) - 3 <= valid <= 60, (took, after - before)
 
     st = _doc(dep3.cli("-o", "json", "lock", "status", "web"))
     # Only this test's namespace: other tests' deployments on the shared sandbox may be
