@@ -425,13 +425,14 @@ def _decode(
     rep = Replica(cluster, exists=True, obj=obj)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     present = ((obj.get("data") or {}).get(DATA_KEY) is not None, PROMISE_ANNOTATION in annotations)
+    unparsed = None  # the promise's text, where coordinator wrote one that is no stamp
     if present[1] and (from_file or writer(obj, annotation(PROMISE_ANNOTATION)) is Writer.OURS):
         # A promise coordinator wrote is this object's word even where its envelope is
         # not: a writer's data lands only where its own promise shows (judge).
         try:
             rep.promise = Stamp.parse(str(annotations.get(PROMISE_ANNOTATION)))
         except ValueError:
-            rep.promise = None
+            unparsed = str(annotations.get(PROMISE_ANNOTATION))
     for path, what, there in (
         (("data", DATA_KEY), f"its {DATA_KEY}", present[0]),
         (annotation(PROMISE_ANNOTATION), "its promise", present[1]),
@@ -445,13 +446,9 @@ def _decode(
             who = f"by another client ({printable(', '.join(named))[:80]})" if named else "with no recorded writer"
             rep.corrupt = f"{what} was written {who}, not by coordinator"
             return rep
-    promise_text = annotations.get(PROMISE_ANNOTATION)
-    if promise_text is not None:
-        try:
-            rep.promise = Stamp.parse(promise_text)
-        except ValueError:
-            rep.corrupt = f"the {PROMISE_ANNOTATION} annotation {str(promise_text)[:80]!r} is not a stamp"
-            return rep
+    if unparsed is not None:
+        rep.corrupt = f"the {PROMISE_ANNOTATION} annotation {unparsed[:80]!r} is not a stamp"
+        return rep
     raw = (obj.get("data") or {}).get(DATA_KEY)
     if raw is None:  # even an object made for a promise has one (the genesis envelope)
         rep.corrupt = f"the object has no {DATA_KEY} key"
@@ -547,14 +544,6 @@ def build_object(
     meta["annotations"] = dict(meta.get("annotations") or {}) | ours
     if envelope_text is None and not rep.exists:
         envelope_text = genesis_text(deployment)
-    if envelope_text is not None and rep.sealed is not None and promise >= rep.sealed:
-        # A write below the seal (a repair) keeps it: it is still promised.
-        written = json.loads(envelope_text)
-        if (
-            Stamp(int(written.get("token", 0)), int(written.get("version", 0)), str(written.get("write_id", "")))
-            < rep.sealed
-        ):
-            envelope_text = sealed_text(envelope_text, rep.sealed)
     if envelope_text is not None:
         value = base64.b64encode(envelope_text.encode()).decode() if storage == "secret" else envelope_text
         obj["data"] = {DATA_KEY: value}
@@ -636,6 +625,16 @@ def promise_after(rep: Replica, stamp: Stamp, kind: Kind) -> Stamp:
     if kind is Kind.OVERWRITE:
         return stamp
     return max(rep.promise or NO_STAMP, stamp)
+
+
+def text_after(rep: Replica, stamp: Stamp, kind: Kind, text: str | None) -> str | None:
+    """The envelope text ``rep`` is sent with ``stamp``: ``text``, with the promise sealed
+    inside the replica's envelope kept in it where ``stamp`` is below that promise (a
+    repair: it is still promised). A deliberate overwrite drops it, as it drops the
+    annotation's."""
+    if text is None or rep.sealed is None or kind is Kind.OVERWRITE or stamp >= rep.sealed:
+        return text
+    return sealed_text(text, rep.sealed)
 
 
 # ------------------------------------------------------------------ evidence

@@ -129,6 +129,14 @@ def recorded_membership(clusters: ClusterSet, deployment: DeploymentRecord) -> M
     )
 
 
+def local_names(clusters: ClusterSet, members: list[str]) -> dict[str, str]:
+    """Local names by identity: of every cluster connected here, not only of the
+    ``members`` of a record (a set the members store may name a cluster this record
+    lacks, which a message then names as the user knows it)."""
+    names = {c.identity: c.name for c in clusters.config.clusters.values()}
+    return names | {clusters.record(m).identity: m for m in members}
+
+
 def membership_error(result: Check, deployment: str, names: Mapping[str, str]) -> MembershipError | NoQuorumError:
     """The error for members that do not confirm this machine's member set: exit 4 when
     more answers could still confirm it, else exit 5. ``names``: local names by identity."""
@@ -735,11 +743,7 @@ class EngineCore:
         return membership_error(result, self.dep.name, self.identity_names())
 
     def identity_names(self) -> dict[str, str]:
-        """Local names by identity: of every cluster connected here, not only of this
-        record's members (a set the members store may name a cluster this record lacks,
-        which a message then names as the user knows it)."""
-        names = {c.identity: c.name for c in self.clusters.config.clusters.values()}
-        return names | {self.clusters.record(m).identity: m for m in self.members}
+        return local_names(self.clusters, self.members)
 
     def raise_on_member_conflict(self, results: Mapping[str, ClusterResult[ClusterLease]]) -> None:
         """Stop when a member stores another member set under the same or a newer epoch

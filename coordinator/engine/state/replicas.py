@@ -14,7 +14,7 @@ from coordinator.config.records import DeploymentRecord
 from coordinator.engine import cas
 from coordinator.engine.clusters import ClusterSet
 from coordinator.engine.fanout import ClusterResult, fan_out
-from coordinator.engine.lock.core import checked, membership_error, recorded_membership
+from coordinator.engine.lock.core import checked, local_names, membership_error, recorded_membership
 from coordinator.engine.lock.floor import envelope_evidence, has_floor, kept_set_speaks, set_on_state, token_floor
 from coordinator.engine.register import (
     Choice,
@@ -27,6 +27,7 @@ from coordinator.engine.register import (
     judge,
     lease_evidence,
     promise_after,
+    text_after,
 )
 from coordinator.engine.state.results import Observed, _failed, _replicas
 from coordinator.errors import IdentityMismatchError, NoQuorumError, StateConflictError
@@ -146,7 +147,7 @@ class Replicas:
                     deployment=self.dep.name,
                     storage=self.storage,
                     promise=promise_after(rep, stamp, kind),
-                    envelope_text=text(rep) if callable(text) else text,
+                    envelope_text=text_after(rep, stamp, kind, text(rep) if callable(text) else text),
                 )
             )
 
@@ -266,11 +267,7 @@ class Replicas:
         verdict = self.members_verdict(results)
         if verdict.ok:
             return
-        # local names of every cluster connected here: a stored set may name one this record lacks
-        names = {c.identity: c.name for c in self.clusters.config.clusters.values()}
-        raise membership_error(
-            verdict, self.dep.name, names | {self.clusters.record(m).identity: m for m in self.members}
-        )
+        raise membership_error(verdict, self.dep.name, local_names(self.clusters, self.members))
 
     def members_verdict(self, results: Mapping[str, ClusterResult[Observed]]) -> Check:
         """The members' verdict on this machine's set, each member heard as an
@@ -321,8 +318,8 @@ class Replicas:
         exit 6 (the corrupt or missing replicas must be written first); a read, always 4."""
         q = q or self.q
         answered = _replicas(results)
-        if len(answered) == len(results) and all(rep.blank for rep in answered.values()):
-            return  # nothing anywhere: no state was written, or none is left to lose
+        if nothing_anywhere(results):
+            return  # no state was written, or none is left to lose
         decoded = sorted(k for k, rep in answered.items() if rep.answers)
         if len(decoded) >= q:
             return
@@ -422,3 +419,10 @@ class Replicas:
         )
         log.warning("saved a replica before overwriting it", cluster=rep.cluster, path=str(path))
         return path
+
+
+def nothing_anywhere(results: Mapping[str, ClusterResult[Observed]]) -> bool:
+    """Every replica asked answered, and none holds an object that answers (missing, or
+    empty ones made since): no state was written there, or none is left to lose."""
+    answered = _replicas(results)
+    return len(answered) == len(results) and all(rep.blank for rep in answered.values())

@@ -13,6 +13,7 @@ from coordinator.config.models import STATE_SCHEMA
 from coordinator.engine.fanout import ClusterResult, fan_out
 from coordinator.engine.register import (
     NO_STAMP,
+    Choice,
     Kind,
     Replica,
     Stamp,
@@ -27,7 +28,7 @@ from coordinator.engine.register import (
     sealed_text,
     stamp_of,
 )
-from coordinator.engine.state.replicas import Replicas
+from coordinator.engine.state.replicas import Replicas, nothing_anywhere
 from coordinator.engine.state.results import _per_cluster, _replicas
 from coordinator.errors import NoQuorumError, StateConflictError, UsageError
 from coordinator.rules import quorum
@@ -119,15 +120,7 @@ class Sync:
         self.replicas.refuse_conflict(choice, "sync")
         winner = choice.winner
         if winner is None or winner.envelope is None:
-            more = (
-                f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
-                f"`coordinator state sync {self.replicas.dep.name} --from CLUSTER` under the lock."
-                if choice.suspect
-                else ""
-            )
-            raise UsageError(
-                f"No valid replica of the state of {self.replicas.dep.name!r} exists; nothing to sync.{more}"
-            )
+            raise _no_valid_replica(self.replicas.dep.name, choice, "sync")
         self.replicas.need_decoded(results, "sync")
         env = winner.envelope
         stamp = stamp_of(env)
@@ -224,20 +217,14 @@ class Sync:
         self.replicas.refuse_conflict(choice, "copy")
         reps = _replicas(results)
         joining = {k: rep for k, rep in reps.items() if k not in sources}
-        winner = choice.winner if choice.winner is not None and choice.winner.envelope is not None else None
+        winner = choice.winner
         if winner is None and (choice.suspect or choice.corrupt):
-            more = (
-                f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
-                f"`coordinator state sync {name} --from CLUSTER` under the lock."
-                if choice.suspect
-                else ""
-            )
-            raise UsageError(f"No valid replica of the state of {name!r} exists; nothing to copy.{more}")
+            raise _no_valid_replica(name, choice, "copy")
         # A majority of the old members must answer with a replica that decodes (or the
         # empty state `deployment create` seeded): a missing or corrupt one may stand
         # where the newest confirmed write was, also when nothing else was seen.
         self.replicas.need_decoded(judged, "copy", q)
-        nothing_anywhere = all(rep.blank for rep in _replicas(judged).values()) and all(r.ok for r in judged.values())
+        none_written = nothing_anywhere(judged)
         # Nothing written yet is copied too, as the empty state: its version then fences
         # the first write of an older lock as any other.
         top = winner.stamp if winner is not None else NO_STAMP
@@ -295,7 +282,7 @@ class Sync:
         )
         latest = {k: r.value for k, r in promises.items() if r.ok and r.value is not None}
         chosen = choose({k: rep for k, rep in latest.items() if k in sources}, evidence)
-        decoded = [k for k, rep in latest.items() if k in sources and (rep.answers or nothing_anywhere)]
+        decoded = [k for k, rep in latest.items() if k in sources and (rep.answers or none_written)]
         if len(decoded) < q or chosen.conflict or (winner is not None and chosen.winner is None):
             raise NoQuorumError(
                 f"Cannot copy the state of {name!r}: version {stamp.version} could be reserved on "
@@ -352,6 +339,16 @@ class Sync:
             "holds_other": [],
             "holding": holding,
         }
+
+
+def _no_valid_replica(name: str, choice: Choice, what: str) -> UsageError:
+    more = (
+        f" Suspect replicas ({', '.join(sorted(choice.suspect))}) are not trusted: adopt one with "
+        f"`coordinator state sync {name} --from CLUSTER` under the lock."
+        if choice.suspect
+        else ""
+    )
+    return UsageError(f"No valid replica of the state of {name!r} exists; nothing to {what}.{more}")
 
 
 def _carried(rep: Replica, joint: Mapping[str, Any]) -> bool:

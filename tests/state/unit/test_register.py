@@ -513,3 +513,18 @@ def test_a_planted_version_too_large_to_follow_raises_no_writers_version() -> No
     assert stamp == Stamp(1, 2, "ww") and Stamp.parse(str(stamp)) == stamp
     assert not reg.judge(rep, stamp, Kind.PROMISE).accept  # that replica refuses it
     assert reg.judge(other, stamp, Kind.PROMISE).accept  # the others take it
+
+
+def test_a_sealed_promise_stays_in_what_is_written_below_it() -> None:
+    """The promise a member change's copy seals inside an envelope stays there when a
+    repair below it is written, gives way to a newer promise's text, and goes with a
+    deliberate overwrite (as the annotation's does)."""
+    seal = Stamp(3, 3, "cc")
+    rep = Replica("c1", exists=True, sealed=seal)
+    text = json.dumps({"version": 1})
+    kept = reg.text_after(rep, Stamp(1, 1, "aa"), Kind.REPAIR, text)
+    assert kept is not None and json.loads(kept)[reg.SEAL_FIELD] == str(seal)
+    newer = reg.sealed_text(text, Stamp(4, 4, "dd"))
+    assert reg.text_after(rep, Stamp(4, 4, "dd"), Kind.PROMISE, newer) == newer
+    assert reg.text_after(rep, Stamp(1, 1, "aa"), Kind.OVERWRITE, text) == text
+    assert reg.text_after(rep, Stamp(1, 1, "aa"), Kind.PROMISE, None) is None
